@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Peregrine's build and tests need. Idempotent: when every
+# package is already present it only runs `dpkg-query` and exits.
+set -euo pipefail
+
+packages=(
+    build-essential cmake ninja-build pkg-config
+    nlohmann-json3-dev libcli11-dev
+    libgtest-dev libgmock-dev
+    xz-utils
+)
+
+missing=()
+for p in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${missing[*]}"
+sudo_cmd=()
+[ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,67 @@
+// The op interface the model's forward pass is written against. Ops are coarse (one call per
+// layer stage) so that each backend chooses its own kernels, fusion and threading.
+// Activations are f32 [rows, cols] unless noted; weights may be any dtype the backend reports
+// in `supports_weight_dtype`.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "core/tensor.h"
+#include "model/batch.h"
+#include "model/rope.h"
+
+namespace peregrine {
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+
+    virtual Device device() const = 0;
+    virtual std::string name() const = 0;  // e.g. "cpu (avx512, 2 threads)"
+
+    // Device memory, owned by the caller until `release`.
+    virtual Tensor allocate(DType dtype, std::initializer_list<int64_t> shape) = 0;
+    virtual void release(Tensor& t) = 0;
+    // Copies between host memory and a tensor of this backend (a plain memcpy on the CPU).
+    virtual void upload(const void* src, const Tensor& dst) = 0;
+    virtual void download(const Tensor& src, void* dst) = 0;
+
+    // Whether `matmul` reads weights of this dtype directly (others are converted at load).
+    virtual bool supports_weight_dtype(DType t) const = 0;
+
+    // out[i] = table[ids[i]] (any weight dtype, converted to f32). out: [n, hidden].
+    virtual void embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out) = 0;
+
+    // With `residual` non-empty: residual += x, then out = rms_norm(residual) * weight.
+    // Otherwise out = rms_norm(x) * weight. x, residual, out: [rows, dim]; weight: [dim] f32.
+    // `out` may alias `x`. Used per head (rows = tokens * heads, dim = head_dim) for qk-norm.
+    virtual void rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
+                          const Tensor& out) = 0;
+
+    // out = x · wᵀ (+ bias). x: [n, k] f32; w: [m, k]; bias: [m] f32 or empty; out: [n, m] f32.
+    virtual void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) = 0;
+
+    // Rotates q [n, num_heads * head_dim] and k [n, num_kv_heads * head_dim] in place at
+    // `positions`, then writes k and v [n, num_kv_heads * head_dim] into the cache slots of
+    // `slot_mapping`. Caches: [num_blocks, block_size, num_kv_heads, head_dim].
+    virtual void rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& v, const BatchInput& batch,
+                                const RopeTable& rope, int head_dim, const Tensor& k_cache,
+                                const Tensor& v_cache) = 0;
+
+    // Causal attention of every batch token over its sequence's cached keys/values (which
+    // already include this step's). q, out: [n, num_heads * head_dim]. window > 0 limits a
+    // query at position p to keys in (p - window, p]. GQA: query head h reads kv head
+    // h / (num_heads / num_kv_heads).
+    virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchInput& batch,
+                           int num_heads, int head_dim, float scale, int window, const Tensor& out) = 0;
+
+    // out = silu(gate) * up; all [n, dim]. `out` may alias `gate`.
+    virtual void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+
+    // out[i] = x[rows[i]]; x: [n, dim], out: [rows.size(), dim].
+    virtual void gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const Tensor& out) = 0;
+};
+
+}  // namespace peregrine

@@ -1,0 +1,210 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "core/error.h"
+#include "core/quant.h"
+#include "core/thread_pool.h"
+
+namespace peregrine {
+
+namespace {
+void check_f32(const Tensor& t, const char* what) {
+    PG_CHECK(t.dtype == DType::F32 && t.device == Device::CPU, what, " must be an f32 CPU tensor");
+}
+}  // namespace
+
+CpuBackend::CpuBackend(int num_threads) : pool_(std::make_unique<ThreadPool>(num_threads)) {
+    switch (cpu_isa()) {
+        case CpuIsa::Avx512: kernels_ = &cpu::kernels_avx512(); break;
+        case CpuIsa::Avx2: kernels_ = &cpu::kernels_avx2(); break;
+        default: fail("the CPU backend needs AVX2 with FMA and F16C, which this CPU lacks");
+    }
+}
+
+CpuBackend::~CpuBackend() = default;
+
+int CpuBackend::num_threads() const { return pool_->num_threads(); }
+
+std::string CpuBackend::name() const {
+    return str_cat("cpu (", kernels_->name, ", ", pool_->num_threads(), " threads)");
+}
+
+Tensor CpuBackend::allocate(DType dtype, std::initializer_list<int64_t> shape) {
+    Tensor t(nullptr, dtype, shape, Device::CPU);
+    const size_t bytes = std::max<size_t>(64, (t.nbytes() + 63) / 64 * 64);
+    t.data = std::aligned_alloc(64, bytes);
+    if (!t.data) fail("out of memory allocating ", bytes, " bytes");
+    std::memset(t.data, 0, bytes);
+    return t;
+}
+
+void CpuBackend::release(Tensor& t) {
+    std::free(t.data);
+    t.data = nullptr;
+}
+
+void CpuBackend::upload(const void* src, const Tensor& dst) { std::memcpy(dst.data, src, dst.nbytes()); }
+void CpuBackend::download(const Tensor& src, void* dst) { std::memcpy(dst, src.data, src.nbytes()); }
+
+bool CpuBackend::supports_weight_dtype(DType t) const { return cpu::matmul_supports(t); }
+
+void CpuBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out) {
+    check_f32(out, "embedding output");
+    const int64_t dim = table.cols();
+    PG_CHECK(out.cols() == dim && out.rows() >= n);
+    for (int64_t i = 0; i < n; ++i) {
+        PG_CHECK(ids[i] >= 0 && ids[i] < table.rows(), "token id ", ids[i], " out of range");
+        dequantize_row(table.dtype, table.row(ids[i]), out.ptr<float>() + i * dim, dim);
+    }
+}
+
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
+                          const Tensor& out) {
+    check_f32(x, "rms_norm input");
+    check_f32(weight, "rms_norm weight");
+    const int64_t dim = x.cols(), rows = x.rows();
+    PG_CHECK(weight.numel() == dim && out.cols() == dim && out.rows() == rows);
+    const float* w = weight.ptr<float>();
+    pool_->parallel_for(rows, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+            const float* in = x.ptr<float>() + r * dim;
+            float* o = out.ptr<float>() + r * dim;
+            if (!residual.empty()) {
+                float* res = residual.ptr<float>() + r * dim;
+                for (int64_t i = 0; i < dim; ++i) res[i] += in[i];
+                in = res;
+            }
+            double ss = 0;
+            for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(in[i]) * in[i];
+            const float inv = static_cast<float>(1.0 / std::sqrt(ss / dim + eps));
+            for (int64_t i = 0; i < dim; ++i) o[i] = w[i] * (in[i] * inv);
+        }
+    });
+}
+
+void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+    check_f32(x, "matmul input");
+    check_f32(out, "matmul output");
+    PG_CHECK(cpu::matmul_supports(w.dtype), "matmul weights of dtype ", dtype_name(w.dtype));
+    PG_CHECK(w.cols() == x.cols() && out.rows() == x.rows() && out.cols() == w.rows(), "matmul shapes x ",
+             x.shape_str(), " w ", w.shape_str(), " out ", out.shape_str());
+    if (!bias.empty()) PG_CHECK(bias.dtype == DType::F32 && bias.numel() == w.rows());
+    const cpu::MatmulArgs a{x.ptr<float>(), x.rows(), x.cols(), w.data, w.dtype, w.row_bytes(),
+                            bias.empty() ? nullptr : bias.ptr<float>(), out.ptr<float>(), w.rows()};
+    // Split the weight rows; tiles of 4 rows stay within one thread.
+    pool_->parallel_for(a.m, [&](int64_t begin, int64_t end) { kernels_->matmul_rows(a, begin, end); }, 4);
+}
+
+void CpuBackend::rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& v, const BatchInput& batch,
+                                const RopeTable& rope, int head_dim, const Tensor& k_cache, const Tensor& v_cache) {
+    const int64_t n = q.rows();
+    const int num_q_heads = static_cast<int>(q.cols() / head_dim);
+    const int num_kv_heads = static_cast<int>(k.cols() / head_dim);
+    const int half = rope.rotary_dim / 2;
+    const int64_t kv_dim = k.cols();
+    const int64_t num_slots = k_cache.dim(0) * k_cache.dim(1);
+    PG_CHECK(k_cache.cols() == head_dim && k_cache.dim(2) == num_kv_heads);
+    pool_->parallel_for(n, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> cs;
+        cs.resize(2 * half);
+        for (int64_t t = begin; t < end; ++t) {
+            // Angles as Hugging Face forms them: f32 position times f32 inverse frequency.
+            const float pos = static_cast<float>(batch.positions[t]);
+            for (int i = 0; i < half; ++i) {
+                const double angle = static_cast<double>(pos * rope.inv_freq[i]);
+                cs[i] = static_cast<float>(std::cos(angle)) * rope.attention_factor;
+                cs[half + i] = static_cast<float>(std::sin(angle)) * rope.attention_factor;
+            }
+            auto rotate = [&](float* head) {
+                for (int i = 0; i < half; ++i) {
+                    const int a = rope.style == RopeStyle::Neox ? i : 2 * i;
+                    const int b = rope.style == RopeStyle::Neox ? i + half : 2 * i + 1;
+                    const float x0 = head[a], x1 = head[b], c = cs[i], s = cs[half + i];
+                    head[a] = x0 * c - x1 * s;
+                    head[b] = x1 * c + x0 * s;
+                }
+            };
+            for (int h = 0; h < num_q_heads; ++h) rotate(q.ptr<float>() + t * q.cols() + h * head_dim);
+            for (int h = 0; h < num_kv_heads; ++h) rotate(k.ptr<float>() + t * kv_dim + h * head_dim);
+            const int32_t slot = batch.slot_mapping[t];
+            PG_CHECK(slot >= 0 && slot < num_slots, "slot ", slot, " out of range");
+            std::memcpy(k_cache.ptr<float>() + slot * kv_dim, k.ptr<float>() + t * kv_dim, kv_dim * sizeof(float));
+            std::memcpy(v_cache.ptr<float>() + slot * kv_dim, v.ptr<float>() + t * kv_dim, kv_dim * sizeof(float));
+        }
+    });
+}
+
+void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchInput& batch,
+                           int num_heads, int head_dim, float scale, int window, const Tensor& out) {
+    const int64_t n = q.rows();
+    const int num_kv_heads = static_cast<int>(k_cache.dim(2));
+    const int group = num_heads / num_kv_heads;
+    const int block_size = static_cast<int>(k_cache.dim(1));
+    const int64_t kv_dim = static_cast<int64_t>(num_kv_heads) * head_dim;
+    // token -> sequence
+    std::vector<int32_t> seq_of(n);
+    for (int s = 0; s < batch.num_seqs(); ++s)
+        for (int t = batch.query_start[s]; t < batch.query_start[s + 1]; ++t) seq_of[t] = s;
+    const cpu::Kernels& kern = *kernels_;
+    pool_->parallel_for(n * num_heads, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> scores;
+        for (int64_t item = begin; item < end; ++item) {
+            const int64_t t = item / num_heads;
+            const int h = static_cast<int>(item % num_heads);
+            const int s = seq_of[t];
+            const int pos = batch.positions[t];
+            const int ctx = batch.context_lens[s];
+            const int last = std::min(pos, ctx - 1);
+            const int first = window > 0 ? std::max(0, pos - window + 1) : 0;
+            const int32_t* table = batch.block_tables.data() + static_cast<int64_t>(s) * batch.max_blocks_per_seq;
+            const float* qh = q.ptr<float>() + t * q.cols() + h * head_dim;
+            const int64_t head_off = static_cast<int64_t>(h / group) * head_dim;
+            float* o = out.ptr<float>() + t * out.cols() + h * head_dim;
+            std::memset(o, 0, head_dim * sizeof(float));
+            if (last < first) continue;
+            scores.resize(last - first + 1);
+            float mx = -INFINITY;
+            for (int j = first; j <= last; ++j) {
+                const int64_t slot = static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
+                const float sc = kern.dot(qh, k_cache.ptr<float>() + slot * kv_dim + head_off, head_dim) * scale;
+                scores[j - first] = sc;
+                mx = std::max(mx, sc);
+            }
+            double sum = 0;
+            for (float& sc : scores) {
+                sc = std::exp(sc - mx);
+                sum += sc;
+            }
+            const float inv = static_cast<float>(1.0 / sum);
+            for (int j = first; j <= last; ++j) {
+                const int64_t slot = static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
+                kern.axpy(scores[j - first] * inv, v_cache.ptr<float>() + slot * kv_dim + head_off, o, head_dim);
+            }
+        }
+    });
+}
+
+void CpuBackend::silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
+    const int64_t total = gate.numel();
+    PG_CHECK(up.numel() == total && out.numel() == total);
+    const float* g = gate.ptr<float>();
+    const float* u = up.ptr<float>();
+    float* o = out.ptr<float>();
+    pool_->parallel_for(total, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }, 64);
+}
+
+void CpuBackend::gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const Tensor& out) {
+    const int64_t dim = x.cols();
+    PG_CHECK(out.cols() == dim && out.rows() >= static_cast<int64_t>(rows.size()));
+    for (size_t i = 0; i < rows.size(); ++i)
+        std::memmove(out.ptr<float>() + i * dim, x.ptr<float>() + rows[i] * dim, dim * sizeof(float));
+}
+
+}  // namespace peregrine

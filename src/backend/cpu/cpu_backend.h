@@ -1,0 +1,46 @@
+// The CPU backend: f32 activations, weights read in their stored dtype (f32, bf16, f16,
+// q8_0), one thread pool shared by all ops.
+#pragma once
+
+#include <memory>
+
+#include "backend/backend.h"
+#include "backend/cpu/kernels.h"
+
+namespace peregrine {
+
+class ThreadPool;
+
+class CpuBackend final : public Backend {
+public:
+    // num_threads <= 0: one per core. Throws Error if the CPU lacks AVX2.
+    explicit CpuBackend(int num_threads = 0);
+    ~CpuBackend() override;
+
+    Device device() const override { return Device::CPU; }
+    std::string name() const override;
+    int num_threads() const;
+
+    Tensor allocate(DType dtype, std::initializer_list<int64_t> shape) override;
+    void release(Tensor& t) override;
+    void upload(const void* src, const Tensor& dst) override;
+    void download(const Tensor& src, void* dst) override;
+    bool supports_weight_dtype(DType t) const override;
+
+    void embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out) override;
+    void rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
+                  const Tensor& out) override;
+    void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;
+    void rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& v, const BatchInput& batch,
+                        const RopeTable& rope, int head_dim, const Tensor& k_cache, const Tensor& v_cache) override;
+    void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchInput& batch,
+                   int num_heads, int head_dim, float scale, int window, const Tensor& out) override;
+    void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+    void gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const Tensor& out) override;
+
+private:
+    std::unique_ptr<ThreadPool> pool_;
+    const cpu::Kernels* kernels_;
+};
+
+}  // namespace peregrine

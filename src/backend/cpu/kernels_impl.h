@@ -1,0 +1,212 @@
+// Kernel bodies shared by the ISA translation units. Include once per TU after defining
+// PG_KERNEL_AVX512 or PG_KERNEL_AVX2; everything lands in an ISA-named namespace.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cpu/kernels.h"
+
+namespace peregrine::cpu::PG_KERNEL_NS {
+namespace {
+
+#if defined(PG_KERNEL_AVX512)
+using VF = __m512;
+constexpr int kW = 16;
+inline VF vzero() { return _mm512_setzero_ps(); }
+inline VF vset1(float v) { return _mm512_set1_ps(v); }
+inline VF vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, VF v) { _mm512_storeu_ps(p, v); }
+inline VF vfma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+inline VF vmul(VF a, VF b) { return _mm512_mul_ps(a, b); }
+inline float vsum(VF a) {
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+inline VF load_bf16(const void* p) {
+    const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline VF load_f16(const void* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(p))); }
+inline VF load_i8(const void* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p))));
+}
+#elif defined(PG_KERNEL_AVX2)
+using VF = __m256;
+constexpr int kW = 8;
+inline VF vzero() { return _mm256_setzero_ps(); }
+inline VF vset1(float v) { return _mm256_set1_ps(v); }
+inline VF vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, VF v) { _mm256_storeu_ps(p, v); }
+inline VF vfma(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
+inline VF vmul(VF a, VF b) { return _mm256_mul_ps(a, b); }
+inline float vsum(VF a) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+inline VF load_bf16(const void* p) {
+    const __m128i h = _mm_loadu_si128(static_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline VF load_f16(const void* p) { return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(p))); }
+inline VF load_i8(const void* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(p))));
+}
+#else
+#error "define PG_KERNEL_AVX512 or PG_KERNEL_AVX2"
+#endif
+
+inline float half_to_float(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+// Weight-row readers: `load` gives kW consecutive weights from element k as f32 (k a multiple
+// of kW), `at` one weight (for the tail of rows whose length is not a multiple of kW).
+struct WF32 {
+    static VF load(const uint8_t* row, int64_t k) { return vload(reinterpret_cast<const float*>(row) + k); }
+    static float at(const uint8_t* row, int64_t k) {
+        float v;
+        std::memcpy(&v, row + 4 * k, 4);
+        return v;
+    }
+};
+struct WBF16 {
+    static VF load(const uint8_t* row, int64_t k) { return load_bf16(row + 2 * k); }
+    static float at(const uint8_t* row, int64_t k) {
+        uint16_t h;
+        std::memcpy(&h, row + 2 * k, 2);
+        const uint32_t u = static_cast<uint32_t>(h) << 16;
+        float v;
+        std::memcpy(&v, &u, 4);
+        return v;
+    }
+};
+struct WF16 {
+    static VF load(const uint8_t* row, int64_t k) { return load_f16(row + 2 * k); }
+    static float at(const uint8_t* row, int64_t k) { return half_to_float(row + 2 * k); }
+};
+// Q8_0: blocks of 34 bytes, f16 scale then 32 int8; kW divides 32, so a load stays in one block.
+struct WQ8_0 {
+    static VF load(const uint8_t* row, int64_t k) {
+        const uint8_t* b = row + (k >> 5) * 34;
+        return vmul(load_i8(b + 2 + (k & 31)), vset1(half_to_float(b)));
+    }
+    static float at(const uint8_t* row, int64_t k) {
+        const uint8_t* b = row + (k >> 5) * 34;
+        return half_to_float(b) * static_cast<float>(static_cast<int8_t>(b[2 + (k & 31)]));
+    }
+};
+
+// out[r][c] = dot(w[r], x[c]) over k elements: an R x C register tile.
+template <class WL, int R, int C>
+inline void tile(const uint8_t* const* w, const float* const* x, int64_t k, float (&out)[R][C]) {
+    VF acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = vzero();
+    const int64_t kv = k - k % kW;
+    int64_t i = 0;
+    for (; i < kv; i += kW) {
+        VF xv[C];
+        for (int c = 0; c < C; ++c) xv[c] = vload(x[c] + i);
+        for (int r = 0; r < R; ++r) {
+            const VF wv = WL::load(w[r], i);
+            for (int c = 0; c < C; ++c) acc[r][c] = vfma(wv, xv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) out[r][c] = vsum(acc[r][c]);
+    for (; i < k; ++i) {
+        for (int r = 0; r < R; ++r) {
+            const float wv = WL::at(w[r], i);
+            for (int c = 0; c < C; ++c) out[r][c] += wv * x[c][i];
+        }
+    }
+}
+
+template <class WL, int R, int C>
+inline void tile_store(const MatmulArgs& a, int64_t m, int64_t t) {
+    const uint8_t* w[R];
+    const float* x[C];
+    for (int r = 0; r < R; ++r) w[r] = static_cast<const uint8_t*>(a.w) + (m + r) * a.w_row_bytes;
+    for (int c = 0; c < C; ++c) x[c] = a.x + (t + c) * a.k;
+    float out[R][C];
+    tile<WL, R, C>(w, x, a.k, out);
+    for (int r = 0; r < R; ++r) {
+        const float b = a.bias ? a.bias[m + r] : 0.0f;
+        for (int c = 0; c < C; ++c) a.out[(t + c) * a.m + m + r] = out[r][c] + b;
+    }
+}
+
+template <class WL, int R>
+inline void tile_cols(const MatmulArgs& a, int64_t m, int64_t t, int64_t cols) {
+    switch (cols) {
+        case 1: tile_store<WL, R, 1>(a, m, t); break;
+        case 2: tile_store<WL, R, 2>(a, m, t); break;
+        case 3: tile_store<WL, R, 3>(a, m, t); break;
+        default: tile_store<WL, R, 4>(a, m, t); break;
+    }
+}
+
+// Tokens are processed in blocks so that the block's activations stay in L2 while every
+// weight row tile streams past them once.
+constexpr int64_t kTokenBlock = 64;
+constexpr int kRowTile = 4;
+constexpr int kColTile = 4;
+
+template <class WL>
+void matmul_rows_t(const MatmulArgs& a, int64_t m_begin, int64_t m_end) {
+    for (int64_t tb = 0; tb < a.n; tb += kTokenBlock) {
+        const int64_t te = std::min(a.n, tb + kTokenBlock);
+        int64_t m = m_begin;
+        for (; m + kRowTile <= m_end; m += kRowTile)
+            for (int64_t t = tb; t < te; t += kColTile) tile_cols<WL, kRowTile>(a, m, t, std::min<int64_t>(kColTile, te - t));
+        for (; m < m_end; ++m)
+            for (int64_t t = tb; t < te; t += kColTile) tile_cols<WL, 1>(a, m, t, std::min<int64_t>(kColTile, te - t));
+    }
+}
+
+void matmul_rows(const MatmulArgs& a, int64_t m_begin, int64_t m_end) {
+    switch (a.w_dtype) {
+        case DType::F32: matmul_rows_t<WF32>(a, m_begin, m_end); break;
+        case DType::BF16: matmul_rows_t<WBF16>(a, m_begin, m_end); break;
+        case DType::F16: matmul_rows_t<WF16>(a, m_begin, m_end); break;
+        case DType::Q8_0: matmul_rows_t<WQ8_0>(a, m_begin, m_end); break;
+        default: __builtin_trap();  // the backend checks matmul_supports first
+    }
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+    VF acc0 = vzero(), acc1 = vzero();
+    int64_t i = 0;
+    for (; i + 2 * kW <= n; i += 2 * kW) {
+        acc0 = vfma(vload(a + i), vload(b + i), acc0);
+        acc1 = vfma(vload(a + i + kW), vload(b + i + kW), acc1);
+    }
+    for (; i + kW <= n; i += kW) acc0 = vfma(vload(a + i), vload(b + i), acc0);
+    float s = vsum(acc0) + vsum(acc1);
+    for (; i < n; ++i) s += a[i] * b[i];
+    return s;
+}
+
+void axpy(float alpha, const float* x, float* y, int64_t n) {
+    const VF va = vset1(alpha);
+    int64_t i = 0;
+    for (; i + kW <= n; i += kW) vstore(y + i, vfma(va, vload(x + i), vload(y + i)));
+    for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+}  // namespace
+
+const Kernels& table() {
+    static const Kernels k{PG_KERNEL_NAME, &matmul_rows, &dot, &axpy};
+    return k;
+}
+
+}  // namespace peregrine::cpu::PG_KERNEL_NS

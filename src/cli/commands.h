@@ -1,0 +1,12 @@
+// Subcommands of the `peregrine` binary.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace peregrine::cli {
+
+// Registers the subcommand on `app`; returns the function that runs it (exit code).
+std::function<int()> add_generate(CLI::App& app);
+
+}  // namespace peregrine::cli

@@ -1,0 +1,37 @@
+// `peregrine`: the command-line entry point.
+#include <cstdio>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "peregrine/version.h"
+
+int main(int argc, char** argv) {
+    CLI::App app{"Peregrine: an LLM inference engine"};
+    app.require_subcommand(0, 1);
+    bool show_version = false;
+    app.add_flag("--version", show_version, "Print the version and the backends compiled in");
+    auto run_generate = peregrine::cli::add_generate(app);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e);
+    }
+    if (show_version) {
+        std::cout << peregrine::build_info();
+        return 0;
+    }
+    try {
+        if (app.got_subcommand("generate")) return run_generate();
+        std::cout << app.help();
+        return 1;
+    } catch (const peregrine::Error& e) {
+        std::fflush(stdout);
+        std::cerr << "error: " << e.what() << "\n";
+        return 1;
+    } catch (const std::exception& e) {
+        std::fflush(stdout);
+        std::cerr << "error: " << e.what() << "\n";
+        return 1;
+    }
+}

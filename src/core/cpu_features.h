@@ -1,0 +1,23 @@
+// What the CPU we run on can do, read once at start.
+#pragma once
+
+#include <string>
+
+namespace peregrine {
+
+enum class CpuIsa { Scalar, Avx2, Avx512 };
+
+struct CpuFeatures {
+    bool avx2 = false;      // with FMA and F16C
+    bool avx512 = false;    // F, BW, VL, DQ
+    bool avx512_bf16 = false;
+    bool amx = false;
+};
+
+const CpuFeatures& cpu_features();
+
+// The best kernel set this CPU runs, unless PEREGRINE_ISA=avx2|scalar asks for a lower one.
+CpuIsa cpu_isa();
+const char* cpu_isa_name(CpuIsa isa);
+
+}  // namespace peregrine

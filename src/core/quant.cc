@@ -1,0 +1,155 @@
+#include "core/quant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/half.h"
+
+namespace peregrine {
+
+namespace {
+
+// Copies block `i` out of an unaligned byte stream (the compiler turns this into plain loads).
+template <typename Block>
+Block load_block(const uint8_t* src, int64_t i) {
+    Block b;
+    std::memcpy(&b, src + i * static_cast<int64_t>(sizeof(Block)), sizeof(Block));
+    return b;
+}
+
+void dequantize_q8_0(const uint8_t* src, float* dst, int64_t nblocks) {
+    for (int64_t i = 0; i < nblocks; ++i) {
+        const auto b = load_block<BlockQ8_0>(src, i);
+        const float d = f16_to_f32(b.d);
+        float* y = dst + i * kQK8_0;
+        for (int j = 0; j < kQK8_0; ++j) y[j] = d * static_cast<float>(b.qs[j]);
+    }
+}
+
+void dequantize_q4_0(const uint8_t* src, float* dst, int64_t nblocks) {
+    constexpr int kHalf = kQK4_0 / 2;
+    for (int64_t i = 0; i < nblocks; ++i) {
+        const auto b = load_block<BlockQ4_0>(src, i);
+        const float d = f16_to_f32(b.d);
+        float* y = dst + i * kQK4_0;
+        for (int j = 0; j < kHalf; ++j) {
+            y[j] = d * static_cast<float>((b.qs[j] & 0xF) - 8);
+            y[j + kHalf] = d * static_cast<float>((b.qs[j] >> 4) - 8);
+        }
+    }
+}
+
+void dequantize_q4_k(const uint8_t* src, float* dst, int64_t nblocks) {
+    for (int64_t i = 0; i < nblocks; ++i) {
+        const auto b = load_block<BlockQ4_K>(src, i);
+        const float d = f16_to_f32(b.d);
+        const float dmin = f16_to_f32(b.dmin);
+        float* y = dst + i * kQK_K;
+        // Four chunks of 64 elements: 32 from the low nibbles of 32 bytes, then 32 from the high.
+        for (int c = 0; c < 4; ++c) {
+            const uint8_t* q = b.qs + 32 * c;
+            uint8_t sc_lo, m_lo, sc_hi, m_hi;
+            q4_k_scale_min(b.scales, 2 * c, &sc_lo, &m_lo);
+            q4_k_scale_min(b.scales, 2 * c + 1, &sc_hi, &m_hi);
+            const float d_lo = d * sc_lo, min_lo = dmin * m_lo;
+            const float d_hi = d * sc_hi, min_hi = dmin * m_hi;
+            float* y_lo = y + 64 * c;
+            float* y_hi = y_lo + 32;
+            for (int l = 0; l < 32; ++l) {
+                y_lo[l] = d_lo * static_cast<float>(q[l] & 0xF) - min_lo;
+                y_hi[l] = d_hi * static_cast<float>(q[l] >> 4) - min_hi;
+            }
+        }
+    }
+}
+
+void dequantize_q6_k(const uint8_t* src, float* dst, int64_t nblocks) {
+    for (int64_t i = 0; i < nblocks; ++i) {
+        const auto b = load_block<BlockQ6_K>(src, i);
+        const float d = f16_to_f32(b.d);
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t* ql = b.ql + 64 * h;
+            const uint8_t* qh = b.qh + 32 * h;
+            const int8_t* sc = b.scales + 8 * h;
+            float* y = dst + i * kQK_K + 128 * h;
+            for (int l = 0; l < 32; ++l) {
+                const int s = l / 16;  // sub-blocks of 16: elements l + 32k use scale sc[s + 2k]
+                const int q0 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                const int q1 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                const int q2 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                const int q3 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                y[l + 0] = d * static_cast<float>(sc[s + 0]) * static_cast<float>(q0);
+                y[l + 32] = d * static_cast<float>(sc[s + 2]) * static_cast<float>(q1);
+                y[l + 64] = d * static_cast<float>(sc[s + 4]) * static_cast<float>(q2);
+                y[l + 96] = d * static_cast<float>(sc[s + 6]) * static_cast<float>(q3);
+            }
+        }
+    }
+}
+
+}  // namespace
+
+void q4_k_scale_min(const uint8_t* scales, int j, uint8_t* sc, uint8_t* m) {
+    if (j < 4) {
+        *sc = scales[j] & 63;
+        *m = scales[j + 4] & 63;
+    } else {
+        *sc = static_cast<uint8_t>((scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4));
+        *m = static_cast<uint8_t>((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
+    }
+}
+
+void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
+    PG_CHECK(n >= 0 && n % dtype_block_size(t) == 0, n, " elements of ", dtype_name(t),
+             " is not a whole number of blocks");
+    const auto* s = static_cast<const uint8_t*>(src);
+    const int64_t nblocks = n / dtype_block_size(t);
+    switch (t) {
+        case DType::F32:
+            if (n > 0) std::memcpy(dst, s, static_cast<size_t>(n) * sizeof(float));
+            return;
+        case DType::F16:
+            for (int64_t i = 0; i < n; ++i) {
+                uint16_t h;
+                std::memcpy(&h, s + 2 * i, 2);
+                dst[i] = f16_to_f32(h);
+            }
+            return;
+        case DType::BF16:
+            for (int64_t i = 0; i < n; ++i) {
+                uint16_t h;
+                std::memcpy(&h, s + 2 * i, 2);
+                dst[i] = bf16_to_f32(h);
+            }
+            return;
+        case DType::Q8_0: dequantize_q8_0(s, dst, nblocks); return;
+        case DType::Q4_0: dequantize_q4_0(s, dst, nblocks); return;
+        case DType::Q4_K: dequantize_q4_k(s, dst, nblocks); return;
+        case DType::Q6_K: dequantize_q6_k(s, dst, nblocks); return;
+        case DType::I32: break;
+    }
+    PG_CHECK(false, "dequantize_row: ", dtype_name(t), " is not a floating-point type");
+}
+
+void quantize_row_q8_0(const float* src, void* dst, int64_t n) {
+    PG_CHECK(n >= 0 && n % kQK8_0 == 0, n, " elements is not a whole number of Q8_0 blocks");
+    auto* out = static_cast<uint8_t*>(dst);
+    for (int64_t i = 0; i < n / kQK8_0; ++i) {
+        const float* x = src + i * kQK8_0;
+        float amax = 0.0f;
+        for (int j = 0; j < kQK8_0; ++j) amax = std::max(amax, std::fabs(x[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        BlockQ8_0 b;
+        b.d = f32_to_f16(d);
+        for (int j = 0; j < kQK8_0; ++j) {
+            // |x * id| <= 127 up to one rounding step; the clamp only guards that last ulp.
+            b.qs[j] = static_cast<int8_t>(std::clamp(std::round(x[j] * id), -127.0f, 127.0f));
+        }
+        std::memcpy(out + i * static_cast<int64_t>(sizeof(BlockQ8_0)), &b, sizeof(BlockQ8_0));
+    }
+}
+
+}  // namespace peregrine

@@ -1,0 +1,76 @@
+// GGUF/ggml block-quantized layouts and their scalar (reference) dequantization.
+//
+// Every layout here is byte-for-byte ggml's, so GGUF tensor data is used in place. 16-bit
+// scales are IEEE f16 bit patterns (see core/half.h). The scalar code is the reference the
+// SIMD and CUDA kernels are tested against: keep it obviously correct rather than fast.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace peregrine {
+
+inline constexpr int kQK8_0 = 32;  // elements per Q8_0 block
+inline constexpr int kQK4_0 = 32;  // elements per Q4_0 block
+inline constexpr int kQK_K = 256;  // elements per k-quant super-block
+
+// Q8_0: 32 elements, x[i] = d * qs[i].
+struct BlockQ8_0 {
+    uint16_t d;           // f16 scale
+    int8_t qs[kQK8_0];
+};
+static_assert(sizeof(BlockQ8_0) == 34);
+
+// Q4_0: 32 elements. Byte j holds element j in its low nibble and element j + 16 in its high
+// nibble; x = d * (nibble - 8).
+struct BlockQ4_0 {
+    uint16_t d;               // f16 scale
+    uint8_t qs[kQK4_0 / 2];
+};
+static_assert(sizeof(BlockQ4_0) == 18);
+
+// Q4_K: a super-block of 256 = 8 sub-blocks of 32. Sub-block s has a 6-bit scale sc[s] and a
+// 6-bit min m[s] packed into `scales` (see q4_k_scale_min); x = d * sc[s] * q - dmin * m[s]
+// with q a 4-bit value. `qs` is four 32-byte chunks; chunk c holds sub-block 2c in its low
+// nibbles and sub-block 2c + 1 in its high nibbles (element 32 * (2c) + l is qs[32c + l] & 0xF).
+struct BlockQ4_K {
+    uint16_t d;              // f16 super-block scale of the sub-block scales
+    uint16_t dmin;           // f16 super-block scale of the sub-block mins
+    uint8_t scales[12];      // 8 x (6-bit scale, 6-bit min)
+    uint8_t qs[kQK_K / 2];   // 4-bit values
+};
+static_assert(sizeof(BlockQ4_K) == 144);
+
+// Q6_K: a super-block of 256 = 16 sub-blocks of 16, each with an int8 scale; x = d * scales[s] *
+// (q - 32) with q a 6-bit value: low 4 bits in `ql`, high 2 bits in `qh`. Two halves of 128
+// elements; half h uses ql[64h .. 64h+64), qh[32h .. 32h+32), scales[8h .. 8h+8). Within a half,
+// for l in [0, 32): element l      = ql[l] & 0xF      | ((qh[l] >> 0) & 3) << 4
+//                   element l + 32 = ql[l + 32] & 0xF | ((qh[l] >> 2) & 3) << 4
+//                   element l + 64 = ql[l] >> 4       | ((qh[l] >> 4) & 3) << 4
+//                   element l + 96 = ql[l + 32] >> 4  | ((qh[l] >> 6) & 3) << 4
+// and element e of the half uses scales[8h + e / 16].
+struct BlockQ6_K {
+    uint8_t ql[kQK_K / 2];   // low 4 bits
+    uint8_t qh[kQK_K / 4];   // high 2 bits
+    int8_t scales[kQK_K / 16];
+    uint16_t d;              // f16 super-block scale
+};
+static_assert(sizeof(BlockQ6_K) == 210);
+
+// Unpacks the 6-bit scale and min of Q4_K sub-block `j` (0..7) from the 12 packed bytes:
+// sub-blocks 0-3 are the low 6 bits of bytes j (scale) and j + 4 (min); sub-blocks 4-7 take
+// their low 4 bits from byte j + 4 (scale: low nibble, min: high nibble) and their high 2 bits
+// from the top bits of bytes j - 4 (scale) and j (min).
+void q4_k_scale_min(const uint8_t* scales, int j, uint8_t* sc, uint8_t* m);
+
+// Dequantizes `n` elements (a multiple of dtype_block_size(t)) of type t (F32, F16, BF16, Q8_0,
+// Q4_0, Q4_K, Q6_K) from src into dst (f32). src needs no particular alignment.
+void dequantize_row(DType t, const void* src, float* dst, int64_t n);
+
+// Quantizes n (a multiple of 32) f32 values into Q8_0 blocks, as ggml does: d = max|x| / 127
+// (stored as f16), q = round-half-away-from-zero(x * (1 / d)) with the unrounded f32 d, so the
+// bytes match llama.cpp's activation quantization. Inputs must be finite.
+void quantize_row_q8_0(const float* src, void* dst, int64_t n);
+
+}  // namespace peregrine

@@ -1,0 +1,60 @@
+// A fixed pool of worker threads shared by every CPU op. The calling thread takes part as
+// worker 0, so a pool of N threads starts N-1 OS threads. Not reentrant: one job at a time.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <thread>
+#include <vector>
+
+namespace peregrine {
+
+class ThreadPool {
+public:
+    // num_threads <= 0 means one per online core.
+    explicit ThreadPool(int num_threads = 0);
+    ~ThreadPool();
+    ThreadPool(const ThreadPool&) = delete;
+    ThreadPool& operator=(const ThreadPool&) = delete;
+
+    int num_threads() const { return num_threads_; }
+
+    // Calls fn(thread_index, num_threads) once on every thread and returns when all are done.
+    void run(const std::function<void(int, int)>& fn);
+
+    // Splits [0, n) into one contiguous range per thread; fn(begin, end) per non-empty range.
+    // Ranges start at multiples of `align` so that threads do not split a tile.
+    template <typename F>
+    void parallel_for(int64_t n, F&& fn, int64_t align = 1) {
+        if (n <= 0) return;
+        const int64_t units = (n + align - 1) / align;
+        if (num_threads_ == 1 || units == 1) {
+            fn(int64_t{0}, n);
+            return;
+        }
+        run([&](int t, int nt) {
+            const int64_t per = (units + nt - 1) / nt;
+            const int64_t begin = std::min(n, t * per * align);
+            const int64_t end = std::min(n, (t + 1) * per * align);
+            if (begin < end) fn(begin, end);
+        });
+    }
+
+    // The pool used by the CPU backend; created with `set_global_threads` or on first use.
+    static ThreadPool& global();
+    static void set_global_threads(int num_threads);
+
+private:
+    void worker(int index);
+
+    int num_threads_;
+    std::vector<std::thread> threads_;
+    const std::function<void(int, int)>* job_ = nullptr;
+    std::atomic<uint64_t> generation_{0};
+    std::atomic<int> pending_{0};
+    std::atomic<bool> stop_{false};
+};
+
+}  // namespace peregrine
