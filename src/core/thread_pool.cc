@@ -1,16 +1,15 @@
 #include "core/thread_pool.h"
 
-#include <memory>
-#include <mutex>
-
 #include "core/error.h"
 
 namespace peregrine {
 
 namespace {
-// Spins this many polls before sleeping on the futex: a decode step issues hundreds of small
-// jobs back to back, and waking a sleeping thread costs several microseconds each time.
-constexpr int kSpinPolls = 20000;
+// Spins this many polls (tens of microseconds) before sleeping on the futex: a decode step
+// issues hundreds of small jobs back to back, and waking a sleeping thread costs several
+// microseconds; but when the cores are oversubscribed, spinning longer only steals time from
+// the thread being waited for.
+constexpr int kSpinPolls = 2000;
 
 inline void cpu_relax() {
 #if defined(__x86_64__)
@@ -18,14 +17,6 @@ inline void cpu_relax() {
 #endif
 }
 
-std::unique_ptr<ThreadPool>& global_slot() {
-    static std::unique_ptr<ThreadPool> pool;
-    return pool;
-}
-std::mutex& global_mutex() {
-    static std::mutex m;
-    return m;
-}
 }  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
@@ -51,7 +42,15 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
     generation_.fetch_add(1, std::memory_order_release);
     generation_.notify_all();
     fn(0, num_threads_);
-    while (pending_.load(std::memory_order_acquire) != 0) cpu_relax();
+    int left = pending_.load(std::memory_order_acquire);
+    for (int spin = 0; left != 0 && spin < kSpinPolls; ++spin) {
+        cpu_relax();
+        left = pending_.load(std::memory_order_acquire);
+    }
+    while (left != 0) {
+        pending_.wait(left, std::memory_order_acquire);
+        left = pending_.load(std::memory_order_acquire);
+    }
     job_ = nullptr;
 }
 
@@ -70,23 +69,7 @@ void ThreadPool::worker(int index) {
         seen = gen;
         if (stop_.load()) return;
         (*job_)(index, num_threads_);
-        pending_.fetch_sub(1, std::memory_order_acq_rel);
-    }
-}
-
-ThreadPool& ThreadPool::global() {
-    std::lock_guard<std::mutex> lock(global_mutex());
-    auto& slot = global_slot();
-    if (!slot) slot = std::make_unique<ThreadPool>(0);
-    return *slot;
-}
-
-void ThreadPool::set_global_threads(int num_threads) {
-    std::lock_guard<std::mutex> lock(global_mutex());
-    auto& slot = global_slot();
-    if (!slot || (num_threads > 0 && slot->num_threads() != num_threads) || num_threads <= 0) {
-        slot.reset();
-        slot = std::make_unique<ThreadPool>(num_threads);
+        if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
     }
 }
 

@@ -42,10 +42,6 @@ public:
         });
     }
 
-    // The pool used by the CPU backend; created with `set_global_threads` or on first use.
-    static ThreadPool& global();
-    static void set_global_threads(int num_threads);
-
 private:
     void worker(int index);
 

@@ -1,5 +1,6 @@
 #include "formats/gguf.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <iterator>
@@ -16,6 +17,7 @@ constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" read as a little-endian u
 constexpr size_t kDefaultAlignment = 32;
 constexpr int kMaxArrayDepth = 8;              // nested arrays deeper than this are rejected
 constexpr uint64_t kU64Max = std::numeric_limits<uint64_t>::max();
+constexpr size_t kMaxReserve = size_t{1} << 20;  // elements reserved before any has been read
 
 uint64_t sat_add(uint64_t a, uint64_t b) { return a > kU64Max - b ? kU64Max : a + b; }
 uint64_t sat_mul(uint64_t a, uint64_t b) { return b != 0 && a > kU64Max / b ? kU64Max : a * b; }
@@ -154,26 +156,31 @@ int64_t read_int_scalar(Reader& r, GgufType t) {
 void read_value(Reader& r, GgufType type, GgufValue& out, int depth);
 
 void read_array(Reader& r, GgufValue& out, int depth) {
-    if (depth >= kMaxArrayDepth) fail(r.path(), ": ", r.context(), ": arrays nested more than ", kMaxArrayDepth, " deep");
+    if (depth >= kMaxArrayDepth) {
+        fail(r.path(), ": ", r.context(), ": arrays nested more than ", kMaxArrayDepth, " deep");
+    }
     const GgufType et = r.read_type();
     out.array_type = et;
     const uint64_t n = r.read_count("array element", min_element_size(et));
     const auto count = static_cast<size_t>(n);
+    // The count is bounded by the bytes left, but a corrupt one could still ask for far more memory
+    // than the file holds (a string costs 8 bytes on disk, 32 in memory): reserve only so much up front.
+    const size_t reserve = std::min<size_t>(count, kMaxReserve);
     if (et == GgufType::STRING) {
-        out.strings.reserve(count);
+        out.strings.reserve(reserve);
         for (size_t k = 0; k < count; ++k) out.strings.push_back(r.read_string());
     } else if (et == GgufType::ARRAY) {
-        out.array.resize(count);
-        for (size_t k = 0; k < count; ++k) read_value(r, GgufType::ARRAY, out.array[k], depth + 1);
+        out.array.reserve(std::min<size_t>(count, 1024));
+        for (size_t k = 0; k < count; ++k) read_value(r, GgufType::ARRAY, out.array.emplace_back(), depth + 1);
     } else if (et == GgufType::FLOAT32) {
-        out.floats.resize(count);
-        for (size_t k = 0; k < count; ++k) out.floats[k] = r.read<float>();
+        out.floats.reserve(reserve);
+        for (size_t k = 0; k < count; ++k) out.floats.push_back(r.read<float>());
     } else if (et == GgufType::FLOAT64) {
-        out.floats.resize(count);
-        for (size_t k = 0; k < count; ++k) out.floats[k] = r.read<double>();
+        out.floats.reserve(reserve);
+        for (size_t k = 0; k < count; ++k) out.floats.push_back(r.read<double>());
     } else {
-        out.ints.resize(count);
-        for (size_t k = 0; k < count; ++k) out.ints[k] = read_int_scalar(r, et);
+        out.ints.reserve(reserve);
+        for (size_t k = 0; k < count; ++k) out.ints.push_back(read_int_scalar(r, et));
     }
 }
 
@@ -278,8 +285,8 @@ GgufFile::GgufFile(const std::string& path) : file_(std::make_unique<MappedFile>
     const uint64_t n_kv = r.read_count("metadata key/value", 13);
 
     // --- metadata ---
-    keys_.reserve(static_cast<size_t>(n_kv));
-    values_.reserve(static_cast<size_t>(n_kv));
+    keys_.reserve(std::min<size_t>(n_kv, 4096));
+    values_.reserve(std::min<size_t>(n_kv, 4096));
     for (uint64_t k = 0; k < n_kv; ++k) {
         r.set_context(str_cat("metadata key #", k));
         std::string key = r.read_string();
@@ -296,14 +303,14 @@ GgufFile::GgufFile(const std::string& path) : file_(std::make_unique<MappedFile>
         if (!gguf_type_is_integer(a->type)) type_error("general.alignment", *a, "integer");
         const uint64_t al = a->u64();
         if (a->i <= 0 || !std::has_single_bit(al) || al > (uint64_t{1} << 30)) {
-            fail(p, ": metadata key 'general.alignment' is ", a->type == GgufType::UINT64 ? str_cat(a->u64()) : str_cat(a->i),
-                 ", not a power of two (at most 2^30)");
+            const std::string shown = a->type == GgufType::UINT64 ? str_cat(a->u64()) : str_cat(a->i);
+            fail(p, ": metadata key 'general.alignment' is ", shown, ", not a power of two (at most 2^30)");
         }
         alignment_ = static_cast<size_t>(al);
     }
 
     // --- tensor infos ---
-    tensors_.reserve(static_cast<size_t>(n_tensors));
+    tensors_.reserve(std::min<size_t>(n_tensors, 1u << 16));
     for (uint64_t k = 0; k < n_tensors; ++k) {
         r.set_context(str_cat("tensor info #", k));
         GgufTensorInfo t;
@@ -335,8 +342,8 @@ GgufFile::GgufFile(const std::string& path) : file_(std::make_unique<MappedFile>
 
         const int64_t bs = dtype_block_size(t.dtype);
         if (t.shape.back() % bs != 0) {
-            fail(p, ": tensor '", t.name, "' has shape ", shape_str(t.shape), ": its last dimension is not a multiple of ",
-                 "the ", dtype_name(t.dtype), " block size ", bs);
+            fail(p, ": tensor '", t.name, "' has shape ", shape_str(t.shape),
+                 ": its last dimension is not a multiple of the ", dtype_name(t.dtype), " block size ", bs);
         }
         if (t.offset % alignment_ != 0) {
             fail(p, ": tensor '", t.name, "' has data offset ", t.offset, ", not a multiple of the alignment ",
@@ -388,7 +395,9 @@ int64_t GgufFile::get_int(std::string_view key) const {
     const GgufValue& v = require(key);
     if (v.type == GgufType::BOOL) return v.b ? 1 : 0;
     if (!gguf_type_is_integer(v.type)) type_error(key, v, "integer");
-    if (v.type == GgufType::UINT64 && v.i < 0) fail(path(), ": metadata key '", key, "' = ", v.u64(), " overflows int64");
+    if (v.type == GgufType::UINT64 && v.i < 0) {
+        fail(path(), ": metadata key '", key, "' holds ", v.u64(), ", which overflows int64");
+    }
     return v.i;
 }
 
@@ -431,7 +440,9 @@ std::vector<int64_t> GgufFile::get_int_array(std::string_view key) const {
     }
     if (v.array_type == GgufType::UINT64) {
         for (int64_t x : v.ints) {
-            if (x < 0) fail(path(), ": metadata key '", key, "' holds ", static_cast<uint64_t>(x), ", which overflows int64");
+            if (x < 0) {
+                fail(path(), ": metadata key '", key, "' holds ", static_cast<uint64_t>(x), ", which overflows int64");
+            }
         }
     }
     return v.ints;

@@ -235,7 +235,8 @@ TEST(GgufRead, TypedGetterErrors) {
                "metadata key 'general.architecture' has type string, expected integer");
     expect_msg([&] { f.get_string("llama.block_count"); },
                "metadata key 'llama.block_count' has type uint32, expected string");
-    expect_msg([&] { f.get_bool("llama.block_count"); }, "metadata key 'llama.block_count' has type uint32, expected bool");
+    expect_msg([&] { f.get_bool("llama.block_count"); },
+               "metadata key 'llama.block_count' has type uint32, expected bool");
     expect_msg([&] { f.get_float("tokenizer.ggml.tokens"); },
                "metadata key 'tokenizer.ggml.tokens' has type array of string, expected float");
     expect_msg([&] { f.get_string_array("tokenizer.ggml.scores"); },
@@ -451,7 +452,8 @@ TEST(GgufWrite, CustomAlignment) {
     GgufWriter bad;
     bad.header(3, 1, 1).kv_u32("general.alignment", 64).tensor_info("x", {8}, 0, 32).pad(64);
     bad.bytes.resize(bad.bytes.size() + 64, 0);
-    expect_error(tmp.write("misaligned64.gguf", bad.bytes), "tensor 'x' has data offset 32, not a multiple of the alignment 64");
+    expect_error(tmp.write("misaligned64.gguf", bad.bytes),
+                 "tensor 'x' has data offset 32, not a multiple of the alignment 64");
 
     for (uint32_t al : {0u, 3u, 48u}) {
         GgufWriter b;
@@ -460,7 +462,8 @@ TEST(GgufWrite, CustomAlignment) {
     }
     GgufWriter s;
     s.header(3, 0, 1).kv_str("general.alignment", "32");
-    expect_error(tmp.write("stralign.gguf", s.bytes), "metadata key 'general.alignment' has type string, expected integer");
+    expect_error(tmp.write("stralign.gguf", s.bytes),
+                 "metadata key 'general.alignment' has type string, expected integer");
 }
 
 TEST(GgufWrite, NoTensorsAndEmptyArrays) {
@@ -602,8 +605,8 @@ TEST(GgufMalformed, MetadataErrors) {
     }
     {
         GgufWriter w;
-        w.header(3, 0, 1).key("s", GgufType::STRING).put<uint64_t>(100).raw("abc", 3);
-        expect_error(tmp.write("strshort.gguf", w.bytes), "truncated: metadata key 's' needs 100 bytes");
+        w.header(3, 0, 1).key("s", GgufType::STRING).put<uint64_t>(30).raw("abc", 3);
+        expect_error(tmp.write("strshort.gguf", w.bytes), "truncated: metadata key 's' needs 30 bytes at offset 45");
     }
     {
         GgufWriter w;
@@ -652,7 +655,7 @@ TEST(GgufMalformed, RandomCorruptionNeverCrashes) {
     std::mt19937 rng(2024);
     const std::string p = tmp.file("fuzz.gguf");
     int parsed = 0, rejected = 0;
-    for (int iter = 0; iter < 1500; ++iter) {
+    for (int iter = 0; iter < 800; ++iter) {
         auto b = wr.bytes;
         const int flips = 1 + static_cast<int>(rng() % 3);
         for (int k = 0; k < flips; ++k) {
@@ -675,7 +678,7 @@ TEST(GgufMalformed, RandomCorruptionNeverCrashes) {
         }
     }
     EXPECT_GT(rejected, 0);
-    EXPECT_GT(parsed + rejected, 0);
+    EXPECT_GT(parsed, 0);  // flips inside string contents still parse
 }
 
 // ==== quantized fixtures against bf16 =========================================================

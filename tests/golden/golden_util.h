@@ -1,0 +1,122 @@
+// Helpers for tests against the reference data in tests/data (see tests/data/README.md).
+#pragma once
+
+#include <cmath>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "model/llama.h"
+#include "model/loader.h"
+#include "model/sequence_runner.h"
+
+namespace peregrine::testing {
+
+inline std::string data_dir() { return PG_TEST_DATA_DIR; }
+inline std::string models_dir() { return PG_MODELS_DIR; }
+
+inline nlohmann::json read_json_file(const std::string& path) {
+    std::ifstream in(path);
+    return nlohmann::json::parse(in);
+}
+
+inline std::vector<float> read_f32_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    const size_t bytes = static_cast<size_t>(in.tellg());
+    std::vector<float> v(bytes / 4);
+    in.seekg(0);
+    in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(bytes));
+    return v;
+}
+
+// A loaded model with a backend and a one-sequence runner.
+struct TestModel {
+    std::unique_ptr<CpuBackend> backend;
+    std::unique_ptr<LoadedModel> loaded;
+    std::unique_ptr<LlamaModel> model;
+
+    explicit TestModel(const std::string& path, int threads = 2,
+                       const std::function<void(ModelConfig&)>& edit_config = {}) {
+        backend = std::make_unique<CpuBackend>(threads);
+        LoadOptions opt;
+        opt.matmul_dtype_ok = [this](DType t) { return backend->supports_weight_dtype(t); };
+        loaded = load_model(path, opt);
+        if (edit_config) edit_config(loaded->config);
+        model = std::make_unique<LlamaModel>(*loaded, *backend);
+    }
+
+    int vocab() const { return loaded->config.vocab_size; }
+
+    // Logits of every position of `ids`, run in chunks of `chunk` tokens (0 = all at once).
+    std::vector<float> all_logits(const std::vector<int32_t>& ids, int chunk = 0) {
+        SequenceRunner runner(*model, *backend, static_cast<int>(ids.size()) + 1);
+        std::vector<float> out, part;
+        const size_t step = chunk > 0 ? static_cast<size_t>(chunk) : ids.size();
+        for (size_t i = 0; i < ids.size(); i += step) {
+            std::vector<int32_t> piece(ids.begin() + i, ids.begin() + std::min(ids.size(), i + step));
+            runner.run(piece, true, part);
+            out.insert(out.end(), part.begin(), part.end());
+        }
+        return out;
+    }
+
+    // Greedy continuation of `n` tokens (no EOS stop).
+    std::vector<int> greedy(const std::vector<int32_t>& prompt, int n) {
+        SequenceRunner runner(*model, *backend, static_cast<int>(prompt.size()) + n);
+        std::vector<float> logits;
+        runner.run(prompt, false, logits);
+        std::vector<int> out;
+        for (int i = 0; i < n; ++i) {
+            int best = 0;
+            for (int v = 1; v < vocab(); ++v)
+                if (logits[v] > logits[best]) best = v;
+            out.push_back(best);
+            if (i + 1 < n) runner.run({best}, false, logits);
+        }
+        return out;
+    }
+};
+
+struct LogitStats {
+    double max_abs_diff = 0;
+    double mean_kl = 0;        // KL(reference ‖ ours) per position, nats
+    double argmax_agree = 0;   // fraction of positions
+    size_t argmax_mismatches = 0;
+};
+
+inline LogitStats compare_logits(const std::vector<float>& ref, const std::vector<float>& ours, int vocab) {
+    LogitStats s;
+    const size_t rows = ref.size() / vocab;
+    for (size_t r = 0; r < rows; ++r) {
+        const float* a = ref.data() + r * vocab;
+        const float* b = ours.data() + r * vocab;
+        int am = 0, bm = 0;
+        double amax = a[0], bmax = b[0];
+        for (int v = 0; v < vocab; ++v) {
+            s.max_abs_diff = std::max(s.max_abs_diff, static_cast<double>(std::fabs(a[v] - b[v])));
+            if (a[v] > a[am]) am = v;
+            if (b[v] > b[bm]) bm = v;
+            amax = std::max(amax, static_cast<double>(a[v]));
+            bmax = std::max(bmax, static_cast<double>(b[v]));
+        }
+        double za = 0, zb = 0;
+        for (int v = 0; v < vocab; ++v) {
+            za += std::exp(a[v] - amax);
+            zb += std::exp(b[v] - bmax);
+        }
+        double kl = 0;
+        for (int v = 0; v < vocab; ++v) {
+            const double la = a[v] - amax - std::log(za), lb = b[v] - bmax - std::log(zb);
+            kl += std::exp(la) * (la - lb);
+        }
+        s.mean_kl += kl / rows;
+        s.argmax_mismatches += am != bm;
+    }
+    s.argmax_agree = 1.0 - static_cast<double>(s.argmax_mismatches) / rows;
+    return s;
+}
+
+}  // namespace peregrine::testing
