@@ -41,7 +41,10 @@ public:
                           const Tensor& out) = 0;
 
     // out = x · wᵀ (+ bias). x: [n, k] f32; w: [m, k]; bias: [m] f32 or empty; out: [n, m] f32.
-    virtual void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) = 0;
+    // `exact` keeps the inputs at full precision even in a reduced-precision mode: for the LM
+    // head, whose near-ties decide greedy tokens and which runs for few rows.
+    virtual void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
+                        bool exact = false) = 0;
 
     // Rotates q [n, num_heads * head_dim] and k [n, num_kv_heads * head_dim] in place at
     // `positions`, then writes k and v [n, num_kv_heads * head_dim] into the cache slots of

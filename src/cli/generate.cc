@@ -77,10 +77,8 @@ std::function<void(size_t, size_t)> progress_printer() {
 }
 
 int run(const GenerateArgs& a) {
-    if (a.dtype != "auto" && a.dtype != "float32")
-        fail("--dtype ", a.dtype, ": the CPU backend computes activations in float32 (auto = float32 for now)");
     if (a.max_tokens < 0) fail("--max-tokens must be >= 0");
-    CpuBackend backend(a.threads);
+    CpuBackend backend(a.threads, cpu_precision_from_name(a.dtype));
     LoadOptions opt;
     opt.matmul_dtype_ok = [&](DType t) { return backend.supports_weight_dtype(t); };
     opt.progress = progress_printer();
@@ -89,7 +87,7 @@ int run(const GenerateArgs& a) {
     std::unique_ptr<LoadedModel> m = load_model(path, opt);
     const ModelConfig& c = m->config;
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
-    std::fprintf(stderr, "model: %s (%s, %.2fs)\n  %s\n  weights: %s\n  backend: %s, activations f32\n", path.c_str(),
+    std::fprintf(stderr, "model: %s (%s, %.2fs)\n  %s\n  weights: %s\n  backend: %s\n", path.c_str(),
                  m->format.c_str(), load_s, c.summary().c_str(), m->weight_dtypes.c_str(), backend.name().c_str());
 
     const Vocab vocab = load_vocab(*m);
@@ -171,7 +169,7 @@ std::function<int()> add_generate(CLI::App& app) {
     cmd->add_option("--top-k", args->top_k, "Keep the k most likely tokens; 0 = all (default 40)");
     cmd->add_option("--seed", args->seed, "Random seed (default: random)");
     cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep generating after an end-of-sequence token");
-    cmd->add_option("--dtype", args->dtype, "Activation precision: auto | float32 | bfloat16")
+    cmd->add_option("--dtype", args->dtype, "Activation precision: float32 (reference), bfloat16 (bf16 matmul inputs for bf16 weights), auto (bfloat16 where the CPU has AVX512-BF16)")
         ->check(CLI::IsMember({"auto", "float32", "bfloat16"}));
     cmd->add_option("--threads", args->threads, "CPU threads (default: one per core)");
     cmd->add_flag("--json", args->json, "Print one JSON object {prompt_ids, ids, text} as the last line");

@@ -103,7 +103,7 @@ void LlamaModel::forward(const BatchInput& batch, KvCache& cache, std::vector<fl
     const Tensor selected = view(ws_.selected, num_logits, H);
     backend_.gather_rows(normed, batch.logits_indices, selected);
     const Tensor out = view(ws_.logits, num_logits, c.vocab_size);
-    backend_.matmul(selected, weights_.lm_head, none, out);
+    backend_.matmul(selected, weights_.lm_head, none, out, /*exact=*/true);
     logits.resize(static_cast<size_t>(num_logits) * c.vocab_size);
     backend_.download(out, logits.data());
 }

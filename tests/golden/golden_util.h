@@ -39,8 +39,9 @@ struct TestModel {
     std::unique_ptr<LlamaModel> model;
 
     explicit TestModel(const std::string& path, int threads = 2,
-                       const std::function<void(ModelConfig&)>& edit_config = {}) {
-        backend = std::make_unique<CpuBackend>(threads);
+                       const std::function<void(ModelConfig&)>& edit_config = {},
+                       CpuPrecision precision = CpuPrecision::Float32) {
+        backend = std::make_unique<CpuBackend>(threads, precision);
         LoadOptions opt;
         opt.matmul_dtype_ok = [this](DType t) { return backend->supports_weight_dtype(t); };
         loaded = load_model(path, opt);

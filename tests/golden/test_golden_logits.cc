@@ -2,6 +2,7 @@
 // HF fixtures and the GGUF copy of stories260K, and against llama.cpp for quant-tiny.
 #include <gtest/gtest.h>
 
+#include "core/cpu_features.h"
 #include "golden/golden_util.h"
 
 namespace peregrine::testing {
@@ -23,6 +24,8 @@ std::vector<Fixture> fixtures() {
     };
 }
 
+void PrintTo(const Fixture& f, std::ostream* os) { *os << f.name; }
+
 class GoldenTest : public ::testing::TestWithParam<Fixture> {};
 
 TEST_P(GoldenTest, LogitsMatchTransformersInFloat32) {
@@ -36,6 +39,34 @@ TEST_P(GoldenTest, LogitsMatchTransformersInFloat32) {
     EXPECT_LE(s.max_abs_diff, 1e-3) << f.name;
     EXPECT_EQ(s.argmax_mismatches, 0u) << f.name;
     EXPECT_LE(s.mean_kl, 1e-6) << f.name;
+}
+
+LogitStats run_in_mode(const Fixture& f, CpuPrecision precision) {
+    const auto golden = read_json_file(f.golden + "/golden.json");
+    const std::vector<int32_t> prompt = golden["prompt_ids"].get<std::vector<int32_t>>();
+    const std::vector<float> ref = read_f32_file(f.golden + "/logits.f32");
+    TestModel m(f.model, 2, {}, precision);
+    const LogitStats s = compare_logits(ref, m.all_logits(prompt), m.vocab());
+    std::printf("%s (%s): mean KL %.3g, argmax agreement %.4f, max |dlogit| %.3g\n", f.name,
+                cpu_precision_name(precision), s.mean_kl, s.argmax_agree, s.max_abs_diff);
+    return s;
+}
+
+// The default mode (`--dtype auto`), held to the fast-mode tolerance.
+TEST_P(GoldenTest, DefaultModeWithinFastTolerance) {
+    const LogitStats s = run_in_mode(GetParam(), cpu_precision_from_name("auto"));
+    EXPECT_GE(s.argmax_agree, 0.99) << GetParam().name;
+    EXPECT_LE(s.mean_kl, 1e-3) << GetParam().name;
+}
+
+// `--dtype bfloat16`: the KL bound holds, but the fixtures' random weights leave top-2 gaps
+// as small as 5e-4, and bf16 inputs flip one of qwen2-tiny's 40 argmaxes; that is why auto
+// is not bfloat16 yet.
+TEST_P(GoldenTest, Bfloat16ModeWithinKlBound) {
+    if (!cpu_features().avx512_bf16) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+    const LogitStats s = run_in_mode(GetParam(), CpuPrecision::BFloat16);
+    EXPECT_GE(s.argmax_agree, 0.95) << GetParam().name;
+    EXPECT_LE(s.mean_kl, 1e-5) << GetParam().name;
 }
 
 TEST_P(GoldenTest, GreedyContinuationMatches) {

@@ -18,12 +18,29 @@ void check_f32(const Tensor& t, const char* what) {
 }
 }  // namespace
 
-CpuBackend::CpuBackend(int num_threads) : pool_(std::make_unique<ThreadPool>(num_threads)) {
+CpuPrecision cpu_precision_from_name(const std::string& name) {
+    const bool has_bf16 = cpu_isa() == CpuIsa::Avx512 && cpu_features().avx512_bf16;
+    if (name == "float32") return CpuPrecision::Float32;
+    // auto stays float32: bf16 inputs move logits by up to ~1e-2, which flips the argmax at
+    // near-ties of the golden fixtures (qwen2-tiny has top-2 gaps of 5e-4). See docs/PERFORMANCE.md.
+    if (name == "auto") return CpuPrecision::Float32;
+    if (name == "bfloat16") {
+        if (!has_bf16) fail("--dtype bfloat16 needs a CPU with AVX512-BF16; use float32 or auto");
+        return CpuPrecision::BFloat16;
+    }
+    fail("unknown dtype '", name, "' (auto, float32, bfloat16)");
+}
+
+const char* cpu_precision_name(CpuPrecision p) { return p == CpuPrecision::BFloat16 ? "bfloat16" : "float32"; }
+
+CpuBackend::CpuBackend(int num_threads, CpuPrecision precision)
+    : pool_(std::make_unique<ThreadPool>(num_threads)), precision_(precision) {
     switch (cpu_isa()) {
         case CpuIsa::Avx512: kernels_ = &cpu::kernels_avx512(); break;
         case CpuIsa::Avx2: kernels_ = &cpu::kernels_avx2(); break;
         default: fail("the CPU backend needs AVX2 with FMA and F16C, which this CPU lacks");
     }
+    PG_CHECK(precision_ == CpuPrecision::Float32 || kernels_->matmul_bf16_rows, "bf16 precision without AVX512-BF16");
 }
 
 CpuBackend::~CpuBackend() = default;
@@ -31,7 +48,9 @@ CpuBackend::~CpuBackend() = default;
 int CpuBackend::num_threads() const { return pool_->num_threads(); }
 
 std::string CpuBackend::name() const {
-    return str_cat("cpu (", kernels_->name, ", ", pool_->num_threads(), " threads)");
+    return str_cat("cpu (", kernels_->name, ", ", pool_->num_threads(), " threads, ",
+                   precision_ == CpuPrecision::BFloat16 ? "bf16 x bf16 matmuls for bf16 weights" : "f32 activations",
+                   ")");
 }
 
 Tensor CpuBackend::allocate(DType dtype, std::initializer_list<int64_t> shape) {
@@ -87,7 +106,7 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& residual, const Tensor&
     });
 }
 
-void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out, bool exact) {
     check_f32(x, "matmul input");
     check_f32(out, "matmul output");
     PG_CHECK(cpu::matmul_supports(w.dtype), "matmul weights of dtype ", dtype_name(w.dtype));
@@ -97,6 +116,14 @@ void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, co
     const cpu::MatmulArgs a{x.ptr<float>(), x.rows(), x.cols(), w.data, w.dtype, w.row_bytes(),
                             bias.empty() ? nullptr : bias.ptr<float>(), out.ptr<float>(), w.rows()};
     // Split the weight rows; tiles of 4 rows stay within one thread.
+    if (precision_ == CpuPrecision::BFloat16 && w.dtype == DType::BF16 && !exact) {
+        const size_t count = static_cast<size_t>(a.n * a.k);
+        if (x_bf16_.size() < count) x_bf16_.resize(count);
+        kernels_->to_bf16(a.x, x_bf16_.data(), static_cast<int64_t>(count));
+        const uint16_t* xb = x_bf16_.data();
+        pool_->parallel_for(a.m, [&](int64_t begin, int64_t end) { kernels_->matmul_bf16_rows(a, xb, begin, end); }, 4);
+        return;
+    }
     pool_->parallel_for(a.m, [&](int64_t begin, int64_t end) { kernels_->matmul_rows(a, begin, end); }, 4);
 }
 

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
@@ -11,10 +13,21 @@ namespace peregrine {
 
 class ThreadPool;
 
+// How matmul inputs are rounded. Float32 is the reference mode; BFloat16 rounds activations
+// to bf16 for matmuls with bf16 weights, which AVX512-BF16 multiplies at twice the f32 rate
+// (accumulating in f32). Everything else stays f32 in both modes.
+enum class CpuPrecision { Float32, BFloat16 };
+
+// What `--dtype auto|float32|bfloat16` means on this CPU (auto is float32 for now); throws
+// Error for bfloat16 on a CPU without AVX512-BF16 and for unknown names.
+CpuPrecision cpu_precision_from_name(const std::string& name);
+const char* cpu_precision_name(CpuPrecision p);
+
 class CpuBackend final : public Backend {
 public:
     // num_threads <= 0: one per core. Throws Error if the CPU lacks AVX2.
-    explicit CpuBackend(int num_threads = 0);
+    explicit CpuBackend(int num_threads = 0, CpuPrecision precision = CpuPrecision::Float32);
+    CpuPrecision precision() const { return precision_; }
     ~CpuBackend() override;
 
     Device device() const override { return Device::CPU; }
@@ -30,7 +43,7 @@ public:
     void embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out) override;
     void rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
                   const Tensor& out) override;
-    void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;
+    void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out, bool exact = false) override;
     void rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& v, const BatchInput& batch,
                         const RopeTable& rope, int head_dim, const Tensor& k_cache, const Tensor& v_cache) override;
     void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchInput& batch,
@@ -41,6 +54,8 @@ public:
 private:
     std::unique_ptr<ThreadPool> pool_;
     const cpu::Kernels* kernels_;
+    CpuPrecision precision_;
+    std::vector<uint16_t> x_bf16_;  // [n, k] scratch: matmul input rounded to bf16
 };
 
 }  // namespace peregrine

@@ -27,6 +27,11 @@ struct Kernels {
     void (*matmul_rows)(const MatmulArgs& a, int64_t m_begin, int64_t m_end);
     float (*dot)(const float* a, const float* b, int64_t n);
     void (*axpy)(float alpha, const float* x, float* y, int64_t n);  // y += alpha * x
+    // bf16 x bf16 → f32 products (AVX512-BF16 only; null elsewhere): weights must be bf16 and
+    // `x_bf16` is `a.x` rounded to bf16, [n, k]. Same output contract as matmul_rows.
+    void (*matmul_bf16_rows)(const MatmulArgs& a, const uint16_t* x_bf16, int64_t m_begin, int64_t m_end);
+    // dst[i] = bf16(src[i]), round to nearest even.
+    void (*to_bf16)(const float* src, uint16_t* dst, int64_t n);
 };
 
 const Kernels& kernels_avx512();

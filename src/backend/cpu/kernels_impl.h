@@ -202,10 +202,88 @@ void axpy(float alpha, const float* x, float* y, int64_t n) {
     for (; i < n; ++i) y[i] += alpha * x[i];
 }
 
+void to_bf16(const float* src, uint16_t* dst, int64_t n) {
+    int64_t i = 0;
+#if defined(PG_KERNEL_AVX512)
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
+#endif
+    for (; i < n; ++i) {
+        uint32_t u;
+        std::memcpy(&u, src + i, 4);
+        if ((u & 0x7fffffffu) > 0x7f800000u) {
+            dst[i] = static_cast<uint16_t>((u >> 16) | 0x40);
+        } else {
+            u += 0x7fffu + ((u >> 16) & 1u);
+            dst[i] = static_cast<uint16_t>(u >> 16);
+        }
+    }
+}
+
+#if defined(PG_KERNEL_AVX512)
+// bf16 pairs: each vdpbf16ps multiplies 32 bf16 pairs and adds adjacent products into 16 f32
+// lanes. k runs in steps of 32 with a masked final step, so any row length works.
+template <int R, int C>
+inline void tile_bf16(const uint16_t* const* w, const uint16_t* const* x, int64_t k, float (&out)[R][C]) {
+    __m512 acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < k; i += 32) {
+        const __mmask32 mask = k - i >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << (k - i)) - 1);
+        __m512i xv[C];
+        for (int c = 0; c < C; ++c) xv[c] = _mm512_maskz_loadu_epi16(mask, x[c] + i);
+        for (int r = 0; r < R; ++r) {
+            const __m512i wv = _mm512_maskz_loadu_epi16(mask, w[r] + i);
+            for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)wv, (__m512bh)xv[c]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) out[r][c] = vsum(acc[r][c]);
+}
+
+template <int R, int C>
+inline void tile_bf16_store(const MatmulArgs& a, const uint16_t* xb, int64_t m, int64_t t) {
+    const uint16_t* w[R];
+    const uint16_t* x[C];
+    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(a.w) + (m + r) * a.w_row_bytes);
+    for (int c = 0; c < C; ++c) x[c] = xb + (t + c) * a.k;
+    float out[R][C];
+    tile_bf16<R, C>(w, x, a.k, out);
+    for (int r = 0; r < R; ++r) {
+        const float b = a.bias ? a.bias[m + r] : 0.0f;
+        for (int c = 0; c < C; ++c) a.out[(t + c) * a.m + m + r] = out[r][c] + b;
+    }
+}
+
+template <int R>
+inline void tile_bf16_cols(const MatmulArgs& a, const uint16_t* xb, int64_t m, int64_t t, int64_t cols) {
+    switch (cols) {
+        case 1: tile_bf16_store<R, 1>(a, xb, m, t); break;
+        case 2: tile_bf16_store<R, 2>(a, xb, m, t); break;
+        case 3: tile_bf16_store<R, 3>(a, xb, m, t); break;
+        default: tile_bf16_store<R, 4>(a, xb, m, t); break;
+    }
+}
+
+void matmul_bf16_rows(const MatmulArgs& a, const uint16_t* xb, int64_t m_begin, int64_t m_end) {
+    for (int64_t tb = 0; tb < a.n; tb += kTokenBlock) {
+        const int64_t te = std::min(a.n, tb + kTokenBlock);
+        int64_t m = m_begin;
+        for (; m + kRowTile <= m_end; m += kRowTile)
+            for (int64_t t = tb; t < te; t += kColTile) tile_bf16_cols<kRowTile>(a, xb, m, t, std::min<int64_t>(kColTile, te - t));
+        for (; m < m_end; ++m)
+            for (int64_t t = tb; t < te; t += kColTile) tile_bf16_cols<1>(a, xb, m, t, std::min<int64_t>(kColTile, te - t));
+    }
+}
+constexpr auto kMatmulBf16 = &matmul_bf16_rows;
+#else
+constexpr void (*kMatmulBf16)(const MatmulArgs&, const uint16_t*, int64_t, int64_t) = nullptr;
+#endif
+
 }  // namespace
 
 const Kernels& table() {
-    static const Kernels k{PG_KERNEL_NAME, &matmul_rows, &dot, &axpy};
+    static const Kernels k{PG_KERNEL_NAME, &matmul_rows, &dot, &axpy, kMatmulBf16, &to_bf16};
     return k;
 }
 
