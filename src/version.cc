@@ -5,7 +5,9 @@
 
 namespace peregrine {
 
-const char* version() { return PG_VERSION; }
+const char* version() {
+    return PG_VERSION;
+}
 
 std::string build_info() {
     const CpuFeatures& f = cpu_features();

@@ -15,7 +15,7 @@
 namespace peregrine {
 
 class Backend {
-public:
+  public:
     virtual ~Backend() = default;
 
     virtual Device device() const = 0;
@@ -50,8 +50,7 @@ public:
     // `positions`, then writes k and v [n, num_kv_heads * head_dim] into the cache slots of
     // `slot_mapping`. Caches: [num_blocks, block_size, num_kv_heads, head_dim].
     virtual void rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& v, const BatchInput& batch,
-                                const RopeTable& rope, int head_dim, const Tensor& k_cache,
-                                const Tensor& v_cache) = 0;
+                                const RopeTable& rope, int head_dim, const Tensor& k_cache, const Tensor& v_cache) = 0;
 
     // Causal attention of every batch token over its sequence's cached keys/values (which
     // already include this step's). q, out: [n, num_heads * head_dim]. window > 0 limits a

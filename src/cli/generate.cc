@@ -87,13 +87,15 @@ int run(const GenerateArgs& a) {
     std::unique_ptr<LoadedModel> m = load_model(path, opt);
     const ModelConfig& c = m->config;
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
-    std::fprintf(stderr, "model: %s (%s, %.2fs)\n  %s\n  weights: %s\n  backend: %s\n", path.c_str(),
-                 m->format.c_str(), load_s, c.summary().c_str(), m->weight_dtypes.c_str(), backend.name().c_str());
+    std::fprintf(stderr, "model: %s (%s, %.2fs)\n  %s\n  weights: %s\n  backend: %s\n", path.c_str(), m->format.c_str(),
+                 load_s, c.summary().c_str(), m->weight_dtypes.c_str(), backend.name().c_str());
 
     const Vocab vocab = load_vocab(*m);
     std::vector<int32_t> prompt;
-    if (!a.prompt_ids.empty()) prompt = parse_ids(a.prompt_ids, c.vocab_size);
-    else fail("--prompt needs the tokenizer, which is not built yet; pass --prompt-ids");
+    if (!a.prompt_ids.empty())
+        prompt = parse_ids(a.prompt_ids, c.vocab_size);
+    else
+        fail("--prompt needs the tokenizer, which is not built yet; pass --prompt-ids");
 
     const int total = std::min<int>(static_cast<int>(prompt.size()) + a.max_tokens, c.max_position_embeddings);
     if (static_cast<int>(prompt.size()) > c.max_position_embeddings)
@@ -110,7 +112,8 @@ int run(const GenerateArgs& a) {
     bool at_start = true;
     auto emit = [&](int id, bool generated) {
         std::string bytes = vocab.token_bytes(id);
-        if (at_start && vocab.kind() == VocabKind::SentencePiece && !bytes.empty() && bytes[0] == ' ') bytes.erase(0, 1);
+        if (at_start && vocab.kind() == VocabKind::SentencePiece && !bytes.empty() && bytes[0] == ' ')
+            bytes.erase(0, 1);
         if (!bytes.empty()) at_start = false;
         if (generated) text += bytes;
         pending += bytes;
@@ -144,7 +147,8 @@ int run(const GenerateArgs& a) {
     const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
     const double decode_s = std::chrono::duration<double>(t2 - t1).count();
     const int decoded = generated.empty() ? 0 : static_cast<int>(generated.size()) - 1;
-    std::fprintf(stderr, "prefill: %zu tokens in %.1f ms (%.1f tokens/s); decode: %d tokens in %.1f ms (%.1f tokens/s)\n",
+    std::fprintf(stderr,
+                 "prefill: %zu tokens in %.1f ms (%.1f tokens/s); decode: %d tokens in %.1f ms (%.1f tokens/s)\n",
                  prompt.size(), prefill_s * 1e3, prompt.size() / prefill_s, decoded, decode_s * 1e3,
                  decoded > 0 ? decoded / decode_s : 0.0);
     if (a.json) {
@@ -159,7 +163,8 @@ int run(const GenerateArgs& a) {
 std::function<int()> add_generate(CLI::App& app) {
     auto args = std::make_shared<GenerateArgs>();
     CLI::App* cmd = app.add_subcommand("generate", "Continue one prompt, streaming the text to stdout");
-    cmd->add_option("--model", args->model, "Model folder (config.json + safetensors) or GGUF file; default: the embedded stories260K");
+    cmd->add_option("--model", args->model,
+                    "Model folder (config.json + safetensors) or GGUF file; default: the embedded stories260K");
     auto* p = cmd->add_option("--prompt", args->prompt, "Prompt text");
     auto* pi = cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, comma separated");
     p->excludes(pi);
@@ -169,7 +174,9 @@ std::function<int()> add_generate(CLI::App& app) {
     cmd->add_option("--top-k", args->top_k, "Keep the k most likely tokens; 0 = all (default 40)");
     cmd->add_option("--seed", args->seed, "Random seed (default: random)");
     cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep generating after an end-of-sequence token");
-    cmd->add_option("--dtype", args->dtype, "Activation precision: float32 (reference), bfloat16 (bf16 matmul inputs for bf16 weights), auto (bfloat16 where the CPU has AVX512-BF16)")
+    cmd->add_option("--dtype", args->dtype,
+                    "Activation precision: float32 (reference), bfloat16 (bf16 matmul inputs for bf16 weights), auto "
+                    "(bfloat16 where the CPU has AVX512-BF16)")
         ->check(CLI::IsMember({"auto", "float32", "bfloat16"}));
     cmd->add_option("--threads", args->threads, "CPU threads (default: one per core)");
     cmd->add_flag("--json", args->json, "Print one JSON object {prompt_ids, ids, text} as the last line");

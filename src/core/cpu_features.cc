@@ -40,9 +40,12 @@ CpuIsa cpu_isa() {
 
 const char* cpu_isa_name(CpuIsa isa) {
     switch (isa) {
-        case CpuIsa::Avx512: return "avx512";
-        case CpuIsa::Avx2: return "avx2";
-        case CpuIsa::Scalar: return "scalar";
+        case CpuIsa::Avx512:
+            return "avx512";
+        case CpuIsa::Avx2:
+            return "avx2";
+        case CpuIsa::Scalar:
+            return "scalar";
     }
     return "?";
 }

@@ -8,8 +8,8 @@ namespace peregrine {
 enum class CpuIsa { Scalar, Avx2, Avx512 };
 
 struct CpuFeatures {
-    bool avx2 = false;      // with FMA and F16C
-    bool avx512 = false;    // F, BW, VL, DQ
+    bool avx2 = false;    // with FMA and F16C
+    bool avx512 = false;  // F, BW, VL, DQ
     bool avx512_bf16 = false;
     bool amx = false;
 };

@@ -13,23 +13,39 @@ struct Info {
 
 Info info(DType t) {
     switch (t) {
-        case DType::F32: return {"f32", 1, 4};
-        case DType::F16: return {"f16", 1, 2};
-        case DType::BF16: return {"bf16", 1, 2};
-        case DType::I32: return {"i32", 1, 4};
-        case DType::Q8_0: return {"q8_0", 32, 34};
-        case DType::Q4_0: return {"q4_0", 32, 18};
-        case DType::Q4_K: return {"q4_k", 256, 144};
-        case DType::Q6_K: return {"q6_k", 256, 210};
+        case DType::F32:
+            return {"f32", 1, 4};
+        case DType::F16:
+            return {"f16", 1, 2};
+        case DType::BF16:
+            return {"bf16", 1, 2};
+        case DType::I32:
+            return {"i32", 1, 4};
+        case DType::Q8_0:
+            return {"q8_0", 32, 34};
+        case DType::Q4_0:
+            return {"q4_0", 32, 18};
+        case DType::Q4_K:
+            return {"q4_k", 256, 144};
+        case DType::Q6_K:
+            return {"q6_k", 256, 210};
     }
     PG_CHECK(false, "unknown dtype ", static_cast<int>(t));
 }
 }  // namespace
 
-std::string_view dtype_name(DType t) { return info(t).name; }
-int64_t dtype_block_size(DType t) { return info(t).block_size; }
-int64_t dtype_block_bytes(DType t) { return info(t).block_bytes; }
-bool dtype_is_quantized(DType t) { return info(t).block_size > 1; }
+std::string_view dtype_name(DType t) {
+    return info(t).name;
+}
+int64_t dtype_block_size(DType t) {
+    return info(t).block_size;
+}
+int64_t dtype_block_bytes(DType t) {
+    return info(t).block_bytes;
+}
+bool dtype_is_quantized(DType t) {
+    return info(t).block_size > 1;
+}
 
 size_t dtype_row_bytes(DType t, int64_t n) {
     const Info i = info(t);

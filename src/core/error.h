@@ -11,7 +11,7 @@ namespace peregrine {
 // the file and the tensor or key; callers at the edge (CLI, server) turn it into an exit code
 // or an error response.
 class Error : public std::runtime_error {
-public:
+  public:
     using std::runtime_error::runtime_error;
 };
 
@@ -38,8 +38,8 @@ namespace detail {
 }  // namespace peregrine
 
 // A violated invariant is a bug: print file:line and abort.
-#define PG_CHECK(cond, ...)                                                                              \
-    do {                                                                                                 \
-        if (!(cond)) [[unlikely]]                                                                        \
+#define PG_CHECK(cond, ...)                                                                                  \
+    do {                                                                                                     \
+        if (!(cond)) [[unlikely]]                                                                            \
             ::peregrine::detail::check_failed(__FILE__, __LINE__, #cond, ::peregrine::str_cat(__VA_ARGS__)); \
     } while (0)

@@ -58,7 +58,7 @@ inline uint16_t f32_to_f16(float f) {
     const uint32_t abs = u & 0x7fffffffu;
     if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);
     if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
-    if (abs < 0x38800000u) {                                                // below the smallest normal
+    if (abs < 0x38800000u) {                                               // below the smallest normal
         float a;
         std::memcpy(&a, &abs, 4);
         // Subnormal f16 counts steps of 2^-24; the product is exact, nearbyint rounds half to even.

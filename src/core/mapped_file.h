@@ -8,7 +8,7 @@
 namespace peregrine {
 
 class MappedFile {
-public:
+  public:
     // Throws Error naming the path when the file cannot be opened or mapped.
     explicit MappedFile(std::string path);
     ~MappedFile();
@@ -19,7 +19,7 @@ public:
     size_t size() const { return size_; }
     const std::string& path() const { return path_; }
 
-private:
+  private:
     std::string path_;
     const uint8_t* data_ = nullptr;
     size_t size_ = 0;

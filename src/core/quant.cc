@@ -124,11 +124,20 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
                 dst[i] = bf16_to_f32(h);
             }
             return;
-        case DType::Q8_0: dequantize_q8_0(s, dst, nblocks); return;
-        case DType::Q4_0: dequantize_q4_0(s, dst, nblocks); return;
-        case DType::Q4_K: dequantize_q4_k(s, dst, nblocks); return;
-        case DType::Q6_K: dequantize_q6_k(s, dst, nblocks); return;
-        case DType::I32: break;
+        case DType::Q8_0:
+            dequantize_q8_0(s, dst, nblocks);
+            return;
+        case DType::Q4_0:
+            dequantize_q4_0(s, dst, nblocks);
+            return;
+        case DType::Q4_K:
+            dequantize_q4_k(s, dst, nblocks);
+            return;
+        case DType::Q6_K:
+            dequantize_q6_k(s, dst, nblocks);
+            return;
+        case DType::I32:
+            break;
     }
     PG_CHECK(false, "dequantize_row: ", dtype_name(t), " is not a floating-point type");
 }

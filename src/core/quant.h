@@ -17,7 +17,7 @@ inline constexpr int kQK_K = 256;  // elements per k-quant super-block
 
 // Q8_0: 32 elements, x[i] = d * qs[i].
 struct BlockQ8_0 {
-    uint16_t d;           // f16 scale
+    uint16_t d;  // f16 scale
     int8_t qs[kQK8_0];
 };
 static_assert(sizeof(BlockQ8_0) == 34);
@@ -25,7 +25,7 @@ static_assert(sizeof(BlockQ8_0) == 34);
 // Q4_0: 32 elements. Byte j holds element j in its low nibble and element j + 16 in its high
 // nibble; x = d * (nibble - 8).
 struct BlockQ4_0 {
-    uint16_t d;               // f16 scale
+    uint16_t d;  // f16 scale
     uint8_t qs[kQK4_0 / 2];
 };
 static_assert(sizeof(BlockQ4_0) == 18);
@@ -35,10 +35,10 @@ static_assert(sizeof(BlockQ4_0) == 18);
 // with q a 4-bit value. `qs` is four 32-byte chunks; chunk c holds sub-block 2c in its low
 // nibbles and sub-block 2c + 1 in its high nibbles (element 32 * (2c) + l is qs[32c + l] & 0xF).
 struct BlockQ4_K {
-    uint16_t d;              // f16 super-block scale of the sub-block scales
-    uint16_t dmin;           // f16 super-block scale of the sub-block mins
-    uint8_t scales[12];      // 8 x (6-bit scale, 6-bit min)
-    uint8_t qs[kQK_K / 2];   // 4-bit values
+    uint16_t d;             // f16 super-block scale of the sub-block scales
+    uint16_t dmin;          // f16 super-block scale of the sub-block mins
+    uint8_t scales[12];     // 8 x (6-bit scale, 6-bit min)
+    uint8_t qs[kQK_K / 2];  // 4-bit values
 };
 static_assert(sizeof(BlockQ4_K) == 144);
 
@@ -51,10 +51,10 @@ static_assert(sizeof(BlockQ4_K) == 144);
 //                   element l + 96 = ql[l + 32] >> 4  | ((qh[l] >> 6) & 3) << 4
 // and element e of the half uses scales[8h + e / 16].
 struct BlockQ6_K {
-    uint8_t ql[kQK_K / 2];   // low 4 bits
-    uint8_t qh[kQK_K / 4];   // high 2 bits
+    uint8_t ql[kQK_K / 2];  // low 4 bits
+    uint8_t qh[kQK_K / 4];  // high 2 bits
     int8_t scales[kQK_K / 16];
-    uint16_t d;              // f16 super-block scale
+    uint16_t d;  // f16 super-block scale
 };
 static_assert(sizeof(BlockQ6_K) == 210);
 

@@ -12,7 +12,7 @@
 namespace peregrine {
 
 class ThreadPool {
-public:
+  public:
     // num_threads <= 0 means one per online core.
     explicit ThreadPool(int num_threads = 0);
     ~ThreadPool();
@@ -42,7 +42,7 @@ public:
         });
     }
 
-private:
+  private:
     void worker(int index);
 
     int num_threads_;

@@ -17,7 +17,9 @@ int TokenSampler::sample(const float* logits, int vocab, const SamplingOptions& 
     cand_.resize(vocab);
     for (int i = 0; i < vocab; ++i) cand_[i] = {logits[i] / opt.temperature, i};
     // Sorted by probability, highest first (ties by id, for reproducibility).
-    auto by_prob = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+    auto by_prob = [](const auto& a, const auto& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+    };
     size_t keep = static_cast<size_t>(vocab);
     if (opt.top_k > 0 && static_cast<size_t>(opt.top_k) < keep) {
         keep = opt.top_k;

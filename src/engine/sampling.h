@@ -10,16 +10,16 @@ namespace peregrine {
 struct SamplingOptions {
     float temperature = 1.0f;  // 0 = greedy
     float top_p = 1.0f;
-    int top_k = 0;             // 0 = no limit
+    int top_k = 0;  // 0 = no limit
 };
 
 class TokenSampler {
-public:
+  public:
     explicit TokenSampler(uint64_t seed) : rng_(seed) {}
     // logits: [vocab]
     int sample(const float* logits, int vocab, const SamplingOptions& opt);
 
-private:
+  private:
     std::mt19937_64 rng_;
     std::vector<std::pair<float, int>> cand_;
 };

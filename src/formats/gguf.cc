@@ -15,31 +15,42 @@ namespace {
 
 constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" read as a little-endian u32
 constexpr size_t kDefaultAlignment = 32;
-constexpr int kMaxArrayDepth = 8;              // nested arrays deeper than this are rejected
+constexpr int kMaxArrayDepth = 8;  // nested arrays deeper than this are rejected
 constexpr uint64_t kU64Max = std::numeric_limits<uint64_t>::max();
 constexpr size_t kMaxReserve = size_t{1} << 20;  // elements reserved before any has been read
 
-uint64_t sat_add(uint64_t a, uint64_t b) { return a > kU64Max - b ? kU64Max : a + b; }
-uint64_t sat_mul(uint64_t a, uint64_t b) { return b != 0 && a > kU64Max / b ? kU64Max : a * b; }
+uint64_t sat_add(uint64_t a, uint64_t b) {
+    return a > kU64Max - b ? kU64Max : a + b;
+}
+uint64_t sat_mul(uint64_t a, uint64_t b) {
+    return b != 0 && a > kU64Max / b ? kU64Max : a * b;
+}
 
-bool valid_type(uint32_t t) { return t <= static_cast<uint32_t>(GgufType::FLOAT64); }
+bool valid_type(uint32_t t) {
+    return t <= static_cast<uint32_t>(GgufType::FLOAT64);
+}
 
 // Bytes of one scalar element; 0 for STRING and ARRAY (variable length).
 size_t scalar_size(GgufType t) {
     switch (t) {
         case GgufType::UINT8:
         case GgufType::INT8:
-        case GgufType::BOOL: return 1;
+        case GgufType::BOOL:
+            return 1;
         case GgufType::UINT16:
-        case GgufType::INT16: return 2;
+        case GgufType::INT16:
+            return 2;
         case GgufType::UINT32:
         case GgufType::INT32:
-        case GgufType::FLOAT32: return 4;
+        case GgufType::FLOAT32:
+            return 4;
         case GgufType::UINT64:
         case GgufType::INT64:
-        case GgufType::FLOAT64: return 8;
+        case GgufType::FLOAT64:
+            return 8;
         case GgufType::STRING:
-        case GgufType::ARRAY: return 0;
+        case GgufType::ARRAY:
+            return 0;
     }
     return 0;
 }
@@ -54,11 +65,46 @@ size_t min_element_size(GgufType t) {
 // ggml's type ids and names, for error messages about the ones Peregrine does not load.
 std::string_view ggml_type_name(uint32_t id) {
     static constexpr std::string_view kNames[] = {
-        "f32",     "f16",    "q4_0",    "q4_1",  "q4_2 (removed)", "q4_3 (removed)", "q5_0",    "q5_1",
-        "q8_0",    "q8_1",   "q2_k",    "q3_k",  "q4_k",           "q5_k",           "q6_k",    "q8_k",
-        "iq2_xxs", "iq2_xs", "iq3_xxs", "iq1_s", "iq4_nl",         "iq3_s",          "iq2_s",   "iq4_xs",
-        "i8",      "i16",    "i32",     "i64",   "f64",            "iq1_m",          "bf16",    "q4_0_4_4",
-        "q4_0_4_8", "q4_0_8_8", "tq1_0", "tq2_0", "iq4_nl_4_4",    "iq4_nl_4_8",     "iq4_nl_8_8", "mxfp4",
+        "f32",
+        "f16",
+        "q4_0",
+        "q4_1",
+        "q4_2 (removed)",
+        "q4_3 (removed)",
+        "q5_0",
+        "q5_1",
+        "q8_0",
+        "q8_1",
+        "q2_k",
+        "q3_k",
+        "q4_k",
+        "q5_k",
+        "q6_k",
+        "q8_k",
+        "iq2_xxs",
+        "iq2_xs",
+        "iq3_xxs",
+        "iq1_s",
+        "iq4_nl",
+        "iq3_s",
+        "iq2_s",
+        "iq4_xs",
+        "i8",
+        "i16",
+        "i32",
+        "i64",
+        "f64",
+        "iq1_m",
+        "bf16",
+        "q4_0_4_4",
+        "q4_0_4_8",
+        "q4_0_8_8",
+        "tq1_0",
+        "tq2_0",
+        "iq4_nl_4_4",
+        "iq4_nl_4_8",
+        "iq4_nl_8_8",
+        "mxfp4",
     };
     if (id < std::size(kNames)) return kNames[id];
     return "unknown";
@@ -66,21 +112,36 @@ std::string_view ggml_type_name(uint32_t id) {
 
 bool ggml_type_to_dtype(uint32_t id, DType* out) {
     switch (id) {
-        case 0: *out = DType::F32; return true;
-        case 1: *out = DType::F16; return true;
-        case 2: *out = DType::Q4_0; return true;
-        case 8: *out = DType::Q8_0; return true;
-        case 12: *out = DType::Q4_K; return true;
-        case 14: *out = DType::Q6_K; return true;
-        case 30: *out = DType::BF16; return true;
-        default: return false;
+        case 0:
+            *out = DType::F32;
+            return true;
+        case 1:
+            *out = DType::F16;
+            return true;
+        case 2:
+            *out = DType::Q4_0;
+            return true;
+        case 8:
+            *out = DType::Q8_0;
+            return true;
+        case 12:
+            *out = DType::Q4_K;
+            return true;
+        case 14:
+            *out = DType::Q6_K;
+            return true;
+        case 30:
+            *out = DType::BF16;
+            return true;
+        default:
+            return false;
     }
 }
 
 // A bounds-checked little-endian cursor over the mapped bytes. `context` names what is being
 // read ("header", "metadata key 'x'", "tensor 'y'") for error messages.
 class Reader {
-public:
+  public:
     Reader(const std::string& path, const uint8_t* data, size_t size) : path_(path), data_(data), size_(size) {}
 
     const std::string& path() const { return path_; }
@@ -129,7 +190,7 @@ public:
         return static_cast<GgufType>(t);
     }
 
-private:
+  private:
     const std::string& path_;
     const uint8_t* data_;
     size_t size_;
@@ -139,16 +200,26 @@ private:
 
 int64_t read_int_scalar(Reader& r, GgufType t) {
     switch (t) {
-        case GgufType::UINT8: return r.read<uint8_t>();
-        case GgufType::INT8: return r.read<int8_t>();
-        case GgufType::UINT16: return r.read<uint16_t>();
-        case GgufType::INT16: return r.read<int16_t>();
-        case GgufType::UINT32: return r.read<uint32_t>();
-        case GgufType::INT32: return r.read<int32_t>();
-        case GgufType::UINT64: return static_cast<int64_t>(r.read<uint64_t>());  // bit pattern
-        case GgufType::INT64: return r.read<int64_t>();
-        case GgufType::BOOL: return r.read<uint8_t>() != 0;
-        default: break;
+        case GgufType::UINT8:
+            return r.read<uint8_t>();
+        case GgufType::INT8:
+            return r.read<int8_t>();
+        case GgufType::UINT16:
+            return r.read<uint16_t>();
+        case GgufType::INT16:
+            return r.read<int16_t>();
+        case GgufType::UINT32:
+            return r.read<uint32_t>();
+        case GgufType::INT32:
+            return r.read<int32_t>();
+        case GgufType::UINT64:
+            return static_cast<int64_t>(r.read<uint64_t>());  // bit pattern
+        case GgufType::INT64:
+            return r.read<int64_t>();
+        case GgufType::BOOL:
+            return r.read<uint8_t>() != 0;
+        default:
+            break;
     }
     PG_CHECK(false, "not an integer type: ", gguf_type_name(t));
 }
@@ -187,15 +258,25 @@ void read_array(Reader& r, GgufValue& out, int depth) {
 void read_value(Reader& r, GgufType type, GgufValue& out, int depth) {
     out.type = type;
     switch (type) {
-        case GgufType::FLOAT32: out.f = r.read<float>(); return;
-        case GgufType::FLOAT64: out.f = r.read<double>(); return;
+        case GgufType::FLOAT32:
+            out.f = r.read<float>();
+            return;
+        case GgufType::FLOAT64:
+            out.f = r.read<double>();
+            return;
         case GgufType::BOOL:
             out.b = r.read<uint8_t>() != 0;
             out.i = out.b;
             return;
-        case GgufType::STRING: out.s = r.read_string(); return;
-        case GgufType::ARRAY: read_array(r, out, depth); return;
-        default: out.i = read_int_scalar(r, type); return;
+        case GgufType::STRING:
+            out.s = r.read_string();
+            return;
+        case GgufType::ARRAY:
+            read_array(r, out, depth);
+            return;
+        default:
+            out.i = read_int_scalar(r, type);
+            return;
     }
 }
 
@@ -209,19 +290,32 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 
 std::string_view gguf_type_name(GgufType t) {
     switch (t) {
-        case GgufType::UINT8: return "uint8";
-        case GgufType::INT8: return "int8";
-        case GgufType::UINT16: return "uint16";
-        case GgufType::INT16: return "int16";
-        case GgufType::UINT32: return "uint32";
-        case GgufType::INT32: return "int32";
-        case GgufType::FLOAT32: return "float32";
-        case GgufType::BOOL: return "bool";
-        case GgufType::STRING: return "string";
-        case GgufType::ARRAY: return "array";
-        case GgufType::UINT64: return "uint64";
-        case GgufType::INT64: return "int64";
-        case GgufType::FLOAT64: return "float64";
+        case GgufType::UINT8:
+            return "uint8";
+        case GgufType::INT8:
+            return "int8";
+        case GgufType::UINT16:
+            return "uint16";
+        case GgufType::INT16:
+            return "int16";
+        case GgufType::UINT32:
+            return "uint32";
+        case GgufType::INT32:
+            return "int32";
+        case GgufType::FLOAT32:
+            return "float32";
+        case GgufType::BOOL:
+            return "bool";
+        case GgufType::STRING:
+            return "string";
+        case GgufType::ARRAY:
+            return "array";
+        case GgufType::UINT64:
+            return "uint64";
+        case GgufType::INT64:
+            return "int64";
+        case GgufType::FLOAT64:
+            return "float64";
     }
     return "unknown";
 }
@@ -235,21 +329,29 @@ bool gguf_type_is_integer(GgufType t) {
         case GgufType::UINT32:
         case GgufType::INT32:
         case GgufType::UINT64:
-        case GgufType::INT64: return true;
-        default: return false;
+        case GgufType::INT64:
+            return true;
+        default:
+            return false;
     }
 }
 
-bool gguf_type_is_float(GgufType t) { return t == GgufType::FLOAT32 || t == GgufType::FLOAT64; }
+bool gguf_type_is_float(GgufType t) {
+    return t == GgufType::FLOAT32 || t == GgufType::FLOAT64;
+}
 
 size_t GgufValue::size() const {
     if (type != GgufType::ARRAY) return 0;
     switch (array_type) {
-        case GgufType::STRING: return strings.size();
-        case GgufType::ARRAY: return array.size();
+        case GgufType::STRING:
+            return strings.size();
+        case GgufType::ARRAY:
+            return array.size();
         case GgufType::FLOAT32:
-        case GgufType::FLOAT64: return floats.size();
-        default: return ints.size();
+        case GgufType::FLOAT64:
+            return floats.size();
+        default:
+            return ints.size();
     }
 }
 
@@ -273,8 +375,8 @@ GgufFile::GgufFile(const std::string& path) : file_(std::make_unique<MappedFile>
     if (size < 4 || r.read<uint32_t>() != kGgufMagic) fail(p, ": not a GGUF file (bad magic)");
     version_ = r.read<uint32_t>();
     if (version_ != 2 && version_ != 3) {
-        const uint32_t swapped = (version_ >> 24) | ((version_ >> 8) & 0xFF00u) | ((version_ << 8) & 0xFF0000u) |
-                                 (version_ << 24);
+        const uint32_t swapped =
+            (version_ >> 24) | ((version_ >> 8) & 0xFF00u) | ((version_ << 8) & 0xFF0000u) | (version_ << 24);
         if (swapped >= 1 && swapped <= 3) {
             fail(p, ": big-endian GGUF files are not supported");
         }
@@ -349,8 +451,8 @@ GgufFile::GgufFile(const std::string& path) : file_(std::make_unique<MappedFile>
             fail(p, ": tensor '", t.name, "' has data offset ", t.offset, ", not a multiple of the alignment ",
                  alignment_);
         }
-        t.nbytes = static_cast<size_t>(sat_mul(numel / static_cast<uint64_t>(bs),
-                                               static_cast<uint64_t>(dtype_block_bytes(t.dtype))));
+        t.nbytes = static_cast<size_t>(
+            sat_mul(numel / static_cast<uint64_t>(bs), static_cast<uint64_t>(dtype_block_bytes(t.dtype))));
         if (tensor_index_.count(t.name)) fail(p, ": duplicate tensor '", t.name, "'");
         tensor_index_.emplace(t.name, tensors_.size());
         tensors_.push_back(std::move(t));
@@ -363,8 +465,7 @@ GgufFile::GgufFile(const std::string& path) : file_(std::make_unique<MappedFile>
         const uint64_t begin = sat_add(data_offset_, t.offset);
         const uint64_t end = sat_add(begin, t.nbytes);
         if (end > size) {
-            fail(p, ": truncated: tensor '", t.name, "' needs bytes [", begin, ", ", end, ") but the file has ",
-                 size);
+            fail(p, ": truncated: tensor '", t.name, "' needs bytes [", begin, ", ", end, ") but the file has ", size);
         }
         t.data = file_->data() + begin;
     }
@@ -448,9 +549,13 @@ std::vector<int64_t> GgufFile::get_int_array(std::string_view key) const {
     return v.ints;
 }
 
-int64_t GgufFile::get_int_or(std::string_view key, int64_t dflt) const { return has(key) ? get_int(key) : dflt; }
+int64_t GgufFile::get_int_or(std::string_view key, int64_t dflt) const {
+    return has(key) ? get_int(key) : dflt;
+}
 
-double GgufFile::get_float_or(std::string_view key, double dflt) const { return has(key) ? get_float(key) : dflt; }
+double GgufFile::get_float_or(std::string_view key, double dflt) const {
+    return has(key) ? get_float(key) : dflt;
+}
 
 std::string GgufFile::get_string_or(std::string_view key, std::string dflt) const {
     return has(key) ? get_string(key) : std::move(dflt);

@@ -77,8 +77,8 @@ struct GgufValue {
 struct GgufTensorInfo {
     std::string name;
     DType dtype = DType::F32;
-    std::vector<int64_t> shape;  // row-major, outermost first: GGUF's ne[] reversed ([rows, cols] for a matrix)
-    uint64_t offset = 0;         // bytes, relative to the data section; a multiple of the alignment
+    std::vector<int64_t> shape;     // row-major, outermost first: GGUF's ne[] reversed ([rows, cols] for a matrix)
+    uint64_t offset = 0;            // bytes, relative to the data section; a multiple of the alignment
     const uint8_t* data = nullptr;  // into the mapping
     size_t nbytes = 0;
 
@@ -86,7 +86,7 @@ struct GgufTensorInfo {
 };
 
 class GgufFile {
-public:
+  public:
     // Maps the file, parses and validates the header, metadata and tensor infos, and checks that
     // every tensor's data lies inside the file. Throws Error naming the file (and the key or
     // tensor) for anything malformed or unsupported; never reads out of bounds.
@@ -94,24 +94,24 @@ public:
 
     const std::string& path() const { return file_->path(); }
     uint32_t version() const { return version_; }
-    size_t alignment() const { return alignment_; }  // general.alignment, or 32
+    size_t alignment() const { return alignment_; }      // general.alignment, or 32
     size_t data_offset() const { return data_offset_; }  // file offset of the data section
     size_t file_size() const { return file_->size(); }
 
     // --- metadata ---
     bool has(std::string_view key) const { return find(key) != nullptr; }
-    const GgufValue* find(std::string_view key) const;  // nullptr when absent
+    const GgufValue* find(std::string_view key) const;              // nullptr when absent
     const std::vector<std::string>& keys() const { return keys_; }  // in file order
 
     // Typed getters. They throw Error("<path>: metadata key '<key>' missing") when the key is
     // absent and Error("<path>: metadata key '<key>' has type X, expected Y") on a type mismatch.
     std::string get_string(std::string_view key) const;
-    int64_t get_int(std::string_view key) const;    // any integer type or bool; UINT64 must fit
-    double get_float(std::string_view key) const;   // any float or integer type
-    bool get_bool(std::string_view key) const;      // BOOL only
+    int64_t get_int(std::string_view key) const;   // any integer type or bool; UINT64 must fit
+    double get_float(std::string_view key) const;  // any float or integer type
+    bool get_bool(std::string_view key) const;     // BOOL only
     std::vector<std::string> get_string_array(std::string_view key) const;
-    std::vector<double> get_float_array(std::string_view key) const;   // any float or integer elements
-    std::vector<int64_t> get_int_array(std::string_view key) const;    // integer or bool elements
+    std::vector<double> get_float_array(std::string_view key) const;  // any float or integer elements
+    std::vector<int64_t> get_int_array(std::string_view key) const;   // integer or bool elements
     // The default only when the key is absent; a key of the wrong type still throws.
     int64_t get_int_or(std::string_view key, int64_t dflt) const;
     double get_float_or(std::string_view key, double dflt) const;
@@ -119,12 +119,12 @@ public:
 
     // --- tensors ---
     const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }  // in file order
-    const GgufTensorInfo* find_tensor(std::string_view name) const;       // nullptr when absent
+    const GgufTensorInfo* find_tensor(std::string_view name) const;          // nullptr when absent
     // A view into the mapping (valid while this GgufFile lives); throws Error naming the file and
     // the tensor when it is missing.
     Tensor tensor(std::string_view name) const;
 
-private:
+  private:
     const GgufValue& require(std::string_view key) const;
     [[noreturn]] void type_error(std::string_view key, const GgufValue& v, std::string_view expected) const;
 

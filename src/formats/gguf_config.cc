@@ -10,11 +10,16 @@ ModelConfig read_gguf_config(const GgufFile& g) {
     ModelConfig cfg;
     const std::string arch = g.get_string("general.architecture");
     cfg.arch_name = arch;
-    if (arch == "llama") cfg.arch = Arch::Llama;
-    else if (arch == "mistral") cfg.arch = Arch::Mistral;
-    else if (arch == "qwen2") cfg.arch = Arch::Qwen2;
-    else if (arch == "qwen3") cfg.arch = Arch::Qwen3;
-    else fail(g.path(), ": general.architecture '", arch, "' is not supported (llama, mistral, qwen2, qwen3)");
+    if (arch == "llama")
+        cfg.arch = Arch::Llama;
+    else if (arch == "mistral")
+        cfg.arch = Arch::Mistral;
+    else if (arch == "qwen2")
+        cfg.arch = Arch::Qwen2;
+    else if (arch == "qwen3")
+        cfg.arch = Arch::Qwen3;
+    else
+        fail(g.path(), ": general.architecture '", arch, "' is not supported (llama, mistral, qwen2, qwen3)");
     auto key = [&](const char* k) { return arch + "." + k; };
 
     cfg.hidden_size = static_cast<int>(g.get_int(key("embedding_length")));
@@ -26,9 +31,12 @@ ModelConfig read_gguf_config(const GgufFile& g) {
     cfg.head_dim = static_cast<int>(g.get_int_or(key("attention.key_length"), cfg.hidden_size / cfg.num_heads));
     cfg.max_position_embeddings = static_cast<int>(g.get_int_or(key("context_length"), 4096));
     cfg.rms_norm_eps = static_cast<float>(g.get_float_or(key("attention.layer_norm_rms_epsilon"), 1e-5));
-    if (g.has(key("vocab_size"))) cfg.vocab_size = static_cast<int>(g.get_int(key("vocab_size")));
-    else if (g.has("tokenizer.ggml.tokens")) cfg.vocab_size = static_cast<int>(g.get_string_array("tokenizer.ggml.tokens").size());
-    else if (const GgufTensorInfo* t = g.find_tensor("token_embd.weight")) cfg.vocab_size = static_cast<int>(t->shape[0]);
+    if (g.has(key("vocab_size")))
+        cfg.vocab_size = static_cast<int>(g.get_int(key("vocab_size")));
+    else if (g.has("tokenizer.ggml.tokens"))
+        cfg.vocab_size = static_cast<int>(g.get_string_array("tokenizer.ggml.tokens").size());
+    else if (const GgufTensorInfo* t = g.find_tensor("token_embd.weight"))
+        cfg.vocab_size = static_cast<int>(t->shape[0]);
     cfg.qk_norm = cfg.arch == Arch::Qwen3;
 
     RopeConfig& rope = cfg.rope;

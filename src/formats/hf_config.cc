@@ -71,16 +71,20 @@ void read_rope(const Reader& top, ModelConfig& cfg) {
     RopeConfig& rope = cfg.rope;
     // transformers >= 5 writes `rope_parameters` (theta inside); older files `rope_theta` + `rope_scaling`.
     const json* params = nullptr;
-    if (top.has("rope_parameters")) params = &top.j["rope_parameters"];
-    else if (top.has("rope_scaling")) params = &top.j["rope_scaling"];
+    if (top.has("rope_parameters"))
+        params = &top.j["rope_parameters"];
+    else if (top.has("rope_scaling"))
+        params = &top.j["rope_scaling"];
     rope.theta = top.get_num("rope_theta", 10000.0);
     if (!params) return;
     if (!params->is_object()) fail(top.file, ": rope parameters must be an object");
     const Reader p{*params, top.file + " (rope parameters)"};
     rope.theta = p.get_num("rope_theta", rope.theta);
     std::string type = "default";
-    if (p.has("rope_type")) type = (*params)["rope_type"].get<std::string>();
-    else if (p.has("type")) type = (*params)["type"].get<std::string>();
+    if (p.has("rope_type"))
+        type = (*params)["rope_type"].get<std::string>();
+    else if (p.has("type"))
+        type = (*params)["type"].get<std::string>();
     const double partial = p.get_num("partial_rotary_factor", top.get_num("partial_rotary_factor", 1.0));
     rope.rotary_dim = static_cast<int>(cfg.head_dim * partial);
     if (type == "default") return;
@@ -120,11 +124,16 @@ ModelConfig read_hf_config(const std::string& dir) {
         !j["architectures"].empty())
         model_type = j["architectures"][0].get<std::string>();
     cfg.arch_name = model_type;
-    if (model_type == "llama" || model_type == "LlamaForCausalLM") cfg.arch = Arch::Llama;
-    else if (model_type == "mistral" || model_type == "MistralForCausalLM") cfg.arch = Arch::Mistral;
-    else if (model_type == "qwen2" || model_type == "Qwen2ForCausalLM") cfg.arch = Arch::Qwen2;
-    else if (model_type == "qwen3" || model_type == "Qwen3ForCausalLM") cfg.arch = Arch::Qwen3;
-    else fail(path.string(), ": model_type '", model_type, "' is not supported (llama, mistral, qwen2, qwen3)");
+    if (model_type == "llama" || model_type == "LlamaForCausalLM")
+        cfg.arch = Arch::Llama;
+    else if (model_type == "mistral" || model_type == "MistralForCausalLM")
+        cfg.arch = Arch::Mistral;
+    else if (model_type == "qwen2" || model_type == "Qwen2ForCausalLM")
+        cfg.arch = Arch::Qwen2;
+    else if (model_type == "qwen3" || model_type == "Qwen3ForCausalLM")
+        cfg.arch = Arch::Qwen3;
+    else
+        fail(path.string(), ": model_type '", model_type, "' is not supported (llama, mistral, qwen2, qwen3)");
 
     cfg.vocab_size = r.get_int("vocab_size");
     cfg.hidden_size = r.get_int("hidden_size");
@@ -156,8 +165,10 @@ ModelConfig read_hf_config(const std::string& dir) {
             fail(path.string(), ": 'layer_types' has ", types.size(), " entries for ", cfg.num_layers, " layers");
         for (int i = 0; i < cfg.num_layers; ++i) {
             const std::string t = types[i].get<std::string>();
-            if (t == "sliding_attention") lw[i] = window;
-            else if (t != "full_attention") fail(path.string(), ": layer type '", t, "' is not supported");
+            if (t == "sliding_attention")
+                lw[i] = window;
+            else if (t != "full_attention")
+                fail(path.string(), ": layer type '", t, "' is not supported");
         }
         if (window <= 0 && std::find(types.begin(), types.end(), "sliding_attention") != types.end())
             fail(path.string(), ": 'layer_types' has sliding layers but 'sliding_window' is not set");
@@ -172,7 +183,8 @@ ModelConfig read_hf_config(const std::string& dir) {
         }
     }
 
-    cfg.bos_token_id = j.contains("bos_token_id") && j["bos_token_id"].is_number_integer() ? j["bos_token_id"].get<int>() : -1;
+    cfg.bos_token_id =
+        j.contains("bos_token_id") && j["bos_token_id"].is_number_integer() ? j["bos_token_id"].get<int>() : -1;
     if (j.contains("eos_token_id")) cfg.eos_token_ids = read_ids(j["eos_token_id"], path.string(), "eos_token_id");
     const fs::path gen = fs::path(dir) / "generation_config.json";
     if (fs::exists(gen)) {

@@ -16,11 +16,16 @@ using json = nlohmann::json;
 namespace {
 
 bool parse_dtype(const std::string& s, DType* out) {
-    if (s == "F32") *out = DType::F32;
-    else if (s == "F16") *out = DType::F16;
-    else if (s == "BF16") *out = DType::BF16;
-    else if (s == "I32") *out = DType::I32;
-    else return false;
+    if (s == "F32")
+        *out = DType::F32;
+    else if (s == "F16")
+        *out = DType::F16;
+    else if (s == "BF16")
+        *out = DType::BF16;
+    else if (s == "I32")
+        *out = DType::I32;
+    else
+        return false;
     return true;
 }
 
@@ -57,7 +62,8 @@ SafetensorsSet SafetensorsSet::open_dir(const std::string& dir) {
     }
     for (const auto& shard : shards) set.add_file((fs::path(dir) / shard).string());
     for (auto& [name, file] : j["weight_map"].items()) {
-        if (!set.find(name)) fail(index.string(), ": tensor '", name, "' listed but not found in ", file.get<std::string>());
+        if (!set.find(name))
+            fail(index.string(), ": tensor '", name, "' listed but not found in ", file.get<std::string>());
     }
     return set;
 }
@@ -69,7 +75,8 @@ void SafetensorsSet::add_file(const std::string& path) {
     if (size < 8) fail(path, ": truncated safetensors file (", size, " bytes)");
     uint64_t header_len;
     std::memcpy(&header_len, base, 8);
-    if (header_len > size - 8) fail(path, ": header length ", header_len, " runs past the end of the file (", size, " bytes)");
+    if (header_len > size - 8)
+        fail(path, ": header length ", header_len, " runs past the end of the file (", size, " bytes)");
     json header;
     try {
         header = json::parse(base + 8, base + 8 + header_len);
@@ -102,7 +109,8 @@ void SafetensorsSet::add_file(const std::string& path) {
             bad("data_offsets must be [begin, end]");
         const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
         if (b > e || e > data_size)
-            bad(str_cat("data [", b, ", ", e, ") runs past the end of the file (", data_size, " data bytes): truncated?"));
+            bad(str_cat("data [", b, ", ", e, ") runs past the end of the file (", data_size,
+                        " data bytes): truncated?"));
         if (e - b != numel * dtype_block_bytes(dtype))
             bad(str_cat("holds ", e - b, " bytes but shape ", t.shape_str(), " of ", dtype_name(dtype), " needs ",
                         numel * dtype_block_bytes(dtype)));

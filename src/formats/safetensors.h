@@ -12,12 +12,12 @@
 namespace peregrine {
 
 struct SafetensorsEntry {
-    Tensor view;               // points into the mapping
-    const MappedFile* file;    // which shard holds it
+    Tensor view;             // points into the mapping
+    const MappedFile* file;  // which shard holds it
 };
 
 class SafetensorsSet {
-public:
+  public:
     // `dir` holds model.safetensors or model.safetensors.index.json (+ shards).
     static SafetensorsSet open_dir(const std::string& dir);
     // One file.
@@ -26,7 +26,7 @@ public:
     const SafetensorsEntry* find(const std::string& name) const;
     const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
 
-private:
+  private:
     void add_file(const std::string& path);
 
     std::vector<std::unique_ptr<MappedFile>> files_;

@@ -8,11 +8,11 @@
 namespace peregrine {
 
 struct BatchInput {
-    std::vector<int32_t> token_ids;       // [num_tokens]
-    std::vector<int32_t> positions;       // [num_tokens] position of each token in its sequence
-    std::vector<int32_t> query_start;     // [num_seqs + 1] sequence s owns tokens [query_start[s], query_start[s+1])
-    std::vector<int32_t> context_lens;    // [num_seqs] tokens in the KV cache once this step is written
-    std::vector<int32_t> block_tables;    // [num_seqs, max_blocks_per_seq] KV block ids, -1 past the end
+    std::vector<int32_t> token_ids;     // [num_tokens]
+    std::vector<int32_t> positions;     // [num_tokens] position of each token in its sequence
+    std::vector<int32_t> query_start;   // [num_seqs + 1] sequence s owns tokens [query_start[s], query_start[s+1])
+    std::vector<int32_t> context_lens;  // [num_seqs] tokens in the KV cache once this step is written
+    std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq] KV block ids, -1 past the end
     int32_t max_blocks_per_seq = 0;
     std::vector<int32_t> slot_mapping;    // [num_tokens] cache slot (block * block_size + offset) to write
     std::vector<int32_t> logits_indices;  // token rows whose logits the step returns, in output order

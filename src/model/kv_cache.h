@@ -23,7 +23,7 @@ struct KvCacheShape {
 };
 
 class KvCache {
-public:
+  public:
     KvCache(Backend& backend, const KvCacheShape& shape);
     ~KvCache();
     KvCache(const KvCache&) = delete;
@@ -33,7 +33,7 @@ public:
     const Tensor& k(int layer) const { return k_[layer]; }  // [num_blocks, block_size, kv_heads, head_dim] f32
     const Tensor& v(int layer) const { return v_[layer]; }
 
-private:
+  private:
     Backend& backend_;
     KvCacheShape shape_;
     std::vector<Tensor> k_, v_;

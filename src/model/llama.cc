@@ -8,13 +8,17 @@ namespace peregrine {
 
 namespace {
 // A [rows, cols] f32 view of the first rows of a workspace buffer.
-Tensor view(const Tensor& buf, int64_t rows, int64_t cols) { return Tensor(buf.data, DType::F32, {rows, cols}, buf.device); }
+Tensor view(const Tensor& buf, int64_t rows, int64_t cols) {
+    return Tensor(buf.data, DType::F32, {rows, cols}, buf.device);
+}
 }  // namespace
 
 LlamaModel::LlamaModel(const LoadedModel& model, Backend& backend)
     : config_(model.config), weights_(model.weights), backend_(backend), rope_(make_rope_table(model.config.rope)) {}
 
-LlamaModel::~LlamaModel() { free_workspace(); }
+LlamaModel::~LlamaModel() {
+    free_workspace();
+}
 
 KvCacheShape LlamaModel::kv_cache_shape(int num_blocks, int block_size) const {
     return {config_.num_layers, num_blocks, block_size, config_.num_kv_heads, config_.head_dim};
@@ -84,8 +88,8 @@ void LlamaModel::forward(const BatchInput& batch, KvCache& cache, std::vector<fl
                               view(k, n * c.num_kv_heads, D));
         }
         backend_.rope_and_cache(q, k, v, batch, rope_, static_cast<int>(D), cache.k(l), cache.v(l));
-        backend_.attention(q, cache.k(l), cache.v(l), batch, c.num_heads, static_cast<int>(D), scale,
-                           c.layer_window[l], attn);
+        backend_.attention(q, cache.k(l), cache.v(l), batch, c.num_heads, static_cast<int>(D), scale, c.layer_window[l],
+                           attn);
         backend_.matmul(attn, w.wo, none, hidden);
         // MLP block: SwiGLU.
         backend_.rms_norm(hidden, residual, w.ffn_norm, c.rms_norm_eps, normed);

@@ -13,7 +13,7 @@
 namespace peregrine {
 
 class LlamaModel {
-public:
+  public:
     // `model` must outlive this object. Weights are read where they lie (CPU backend).
     LlamaModel(const LoadedModel& model, Backend& backend);
     ~LlamaModel();
@@ -27,7 +27,7 @@ public:
     // logits of the rows in `batch.logits_indices`: [logits_indices.size(), vocab] f32.
     void forward(const BatchInput& batch, KvCache& cache, std::vector<float>& logits);
 
-private:
+  private:
     // Activation buffers, grown to the largest batch seen (no allocation in steady state).
     struct Workspace {
         int64_t capacity = 0;  // tokens

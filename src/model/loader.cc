@@ -23,7 +23,7 @@ namespace {
 
 // Looks tensors up by name in one file format and checks their shapes.
 class TensorSource {
-public:
+  public:
     virtual ~TensorSource() = default;
     virtual const std::string& file_for_errors() const = 0;
     // Empty tensor when absent.
@@ -41,7 +41,7 @@ public:
         return t;
     }
 
-private:
+  private:
     void check_shape(const std::string& name, const Tensor& t, std::initializer_list<int64_t> shape) const {
         Tensor want(nullptr, t.dtype, shape);
         bool same = want.ndim == t.ndim;
@@ -52,7 +52,7 @@ private:
 };
 
 class SafetensorsSource final : public TensorSource {
-public:
+  public:
     SafetensorsSource(const SafetensorsSet& set, std::string dir) : set_(set), dir_(std::move(dir)) {}
     const std::string& file_for_errors() const override { return dir_; }
     Tensor find(const std::string& name) const override {
@@ -60,20 +60,18 @@ public:
         return e ? e->view : Tensor();
     }
 
-private:
+  private:
     const SafetensorsSet& set_;
     std::string dir_;
 };
 
 class GgufSource final : public TensorSource {
-public:
+  public:
     explicit GgufSource(const GgufFile& g) : g_(g) {}
     const std::string& file_for_errors() const override { return g_.path(); }
-    Tensor find(const std::string& name) const override {
-        return g_.find_tensor(name) ? g_.tensor(name) : Tensor();
-    }
+    Tensor find(const std::string& name) const override { return g_.find_tensor(name) ? g_.tensor(name) : Tensor(); }
 
-private:
+  private:
     const GgufFile& g_;
 };
 
@@ -85,34 +83,48 @@ struct Names {
 
 Names hf_names() {
     static const std::map<std::string, std::string> parts = {
-        {"attn_norm", "input_layernorm.weight"},      {"wq", "self_attn.q_proj.weight"},
-        {"wk", "self_attn.k_proj.weight"},            {"wv", "self_attn.v_proj.weight"},
-        {"bq", "self_attn.q_proj.bias"},              {"bk", "self_attn.k_proj.bias"},
-        {"bv", "self_attn.v_proj.bias"},              {"q_norm", "self_attn.q_norm.weight"},
-        {"k_norm", "self_attn.k_norm.weight"},        {"wo", "self_attn.o_proj.weight"},
-        {"ffn_norm", "post_attention_layernorm.weight"}, {"w_gate", "mlp.gate_proj.weight"},
-        {"w_up", "mlp.up_proj.weight"},               {"w_down", "mlp.down_proj.weight"},
+        {"attn_norm", "input_layernorm.weight"},
+        {"wq", "self_attn.q_proj.weight"},
+        {"wk", "self_attn.k_proj.weight"},
+        {"wv", "self_attn.v_proj.weight"},
+        {"bq", "self_attn.q_proj.bias"},
+        {"bk", "self_attn.k_proj.bias"},
+        {"bv", "self_attn.v_proj.bias"},
+        {"q_norm", "self_attn.q_norm.weight"},
+        {"k_norm", "self_attn.k_norm.weight"},
+        {"wo", "self_attn.o_proj.weight"},
+        {"ffn_norm", "post_attention_layernorm.weight"},
+        {"w_gate", "mlp.gate_proj.weight"},
+        {"w_up", "mlp.up_proj.weight"},
+        {"w_down", "mlp.down_proj.weight"},
     };
-    return {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", [](int l, const char* p) {
-                return "model.layers." + std::to_string(l) + "." + parts.at(p);
-            }};
+    return {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+            [](int l, const char* p) { return "model.layers." + std::to_string(l) + "." + parts.at(p); }};
 }
 
 Names gguf_names() {
     static const std::map<std::string, std::string> parts = {
-        {"attn_norm", "attn_norm.weight"}, {"wq", "attn_q.weight"},        {"wk", "attn_k.weight"},
-        {"wv", "attn_v.weight"},           {"bq", "attn_q.bias"},          {"bk", "attn_k.bias"},
-        {"bv", "attn_v.bias"},             {"q_norm", "attn_q_norm.weight"}, {"k_norm", "attn_k_norm.weight"},
-        {"wo", "attn_output.weight"},      {"ffn_norm", "ffn_norm.weight"}, {"w_gate", "ffn_gate.weight"},
-        {"w_up", "ffn_up.weight"},         {"w_down", "ffn_down.weight"},
+        {"attn_norm", "attn_norm.weight"},
+        {"wq", "attn_q.weight"},
+        {"wk", "attn_k.weight"},
+        {"wv", "attn_v.weight"},
+        {"bq", "attn_q.bias"},
+        {"bk", "attn_k.bias"},
+        {"bv", "attn_v.bias"},
+        {"q_norm", "attn_q_norm.weight"},
+        {"k_norm", "attn_k_norm.weight"},
+        {"wo", "attn_output.weight"},
+        {"ffn_norm", "ffn_norm.weight"},
+        {"w_gate", "ffn_gate.weight"},
+        {"w_up", "ffn_up.weight"},
+        {"w_down", "ffn_down.weight"},
     };
-    return {"token_embd.weight", "output_norm.weight", "output.weight", [](int l, const char* p) {
-                return "blk." + std::to_string(l) + "." + parts.at(p);
-            }};
+    return {"token_embd.weight", "output_norm.weight", "output.weight",
+            [](int l, const char* p) { return "blk." + std::to_string(l) + "." + parts.at(p); }};
 }
 
 class Builder {
-public:
+  public:
     Builder(LoadedModel& m, const TensorSource& src, const LoadOptions& opt) : m_(m), src_(src), opt_(opt) {}
 
     void build(const Names& names) {
@@ -153,19 +165,19 @@ public:
         Tensor head = src_.get_optional(names.lm_head, {V, H});
         if (head.empty()) {
             if (!c.tie_word_embeddings && m_.format == "safetensors")
-                fail(src_.file_for_errors(), ": missing tensor '", names.lm_head,
-                     "' (tie_word_embeddings is false)");
+                fail(src_.file_for_errors(), ": missing tensor '", names.lm_head, "' (tie_word_embeddings is false)");
             w.lm_head = matrix(names.embed, w.embed);  // tied
         } else {
             w.lm_head = matrix(names.lm_head, head);
         }
         std::string summary;
-        for (const auto& [dtype, count] : dtype_counts_) summary += str_cat(summary.empty() ? "" : ", ", dtype, " x ", count);
+        for (const auto& [dtype, count] : dtype_counts_)
+            summary += str_cat(summary.empty() ? "" : ", ", dtype, " x ", count);
         m_.weight_dtypes = summary;
         if (opt_.progress) opt_.progress(total_bytes_, total_bytes_);
     }
 
-private:
+  private:
     // A matrix the matmul reads: kept in place when the backend reads its dtype, else f32.
     Tensor matrix(const std::string& name, const Tensor& t) {
         ++dtype_counts_[std::string(dtype_name(t.dtype))];
@@ -204,10 +216,10 @@ private:
         if (opt_.progress) opt_.progress(done_bytes_, total_bytes_);
     }
 
-public:
+  public:
     size_t total_bytes_ = 0;
 
-private:
+  private:
     LoadedModel& m_;
     const TensorSource& src_;
     const LoadOptions& opt_;

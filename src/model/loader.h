@@ -26,8 +26,8 @@ struct LoadedModel {
     std::string format;  // "safetensors" or "gguf"
     ModelConfig config;
     ModelWeights weights;
-    std::string weight_dtypes;  // e.g. "bf16 x 16, f32 x 5" of the matmul weights, for the load log
-    std::string model_dir;      // folder holding tokenizer files (HF) or empty (GGUF)
+    std::string weight_dtypes;       // e.g. "bf16 x 16, f32 x 5" of the matmul weights, for the load log
+    std::string model_dir;           // folder holding tokenizer files (HF) or empty (GGUF)
     std::shared_ptr<GgufFile> gguf;  // kept open for the tokenizer; null for HF folders
 
     ~LoadedModel();

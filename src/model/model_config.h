@@ -22,15 +22,15 @@ struct RopeConfig {
     RopeStyle style = RopeStyle::Neox;
     RopeScaling scaling = RopeScaling::None;
     double factor = 1.0;
-    int original_max_position = 0;  // llama3 / yarn: the context the model was trained on
-    double low_freq_factor = 1.0;   // llama3
-    double high_freq_factor = 4.0;  // llama3
-    double beta_fast = 32.0;        // yarn
-    double beta_slow = 1.0;         // yarn
-    double attention_factor = -1;   // yarn: scales cos/sin; < 0 means derive from factor (and mscale)
-    double mscale = 0;              // yarn (deepseek-style); 0 = unset
-    double mscale_all_dim = 0;      // yarn; 0 = unset
-    bool truncate = true;           // yarn: round the correction range to whole dims
+    int original_max_position = 0;    // llama3 / yarn: the context the model was trained on
+    double low_freq_factor = 1.0;     // llama3
+    double high_freq_factor = 4.0;    // llama3
+    double beta_fast = 32.0;          // yarn
+    double beta_slow = 1.0;           // yarn
+    double attention_factor = -1;     // yarn: scales cos/sin; < 0 means derive from factor (and mscale)
+    double mscale = 0;                // yarn (deepseek-style); 0 = unset
+    double mscale_all_dim = 0;        // yarn; 0 = unset
+    bool truncate = true;             // yarn: round the correction range to whole dims
     std::vector<float> freq_factors;  // GGUF rope_freqs: inv_freq[i] /= freq_factors[i]; [rotary_dim / 2]
 };
 

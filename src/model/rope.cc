@@ -9,7 +9,9 @@ namespace {
 
 constexpr double kPi = 3.14159265358979323846;
 
-double yarn_mscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+double yarn_mscale(double scale, double mscale) {
+    return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
 
 // The dimension index whose wavelength makes `num_rotations` turns over `max_pos` positions.
 double yarn_correction_dim(double num_rotations, int dim, double base, int max_pos) {
@@ -48,8 +50,8 @@ RopeTable make_rope_table(const RopeConfig& rope) {
                 const double wavelen = 2 * kPi / f;
                 float out = wavelen > low_wavelen ? f / static_cast<float>(rope.factor) : f;
                 if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
-                    const double smooth = (old_ctx / wavelen - rope.low_freq_factor) /
-                                          (rope.high_freq_factor - rope.low_freq_factor);
+                    const double smooth =
+                        (old_ctx / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor);
                     out = static_cast<float>((1 - smooth) * out / rope.factor + smooth * out);
                 }
                 t.inv_freq[i] = out;

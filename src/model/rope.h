@@ -8,7 +8,7 @@
 namespace peregrine {
 
 struct RopeTable {
-    std::vector<float> inv_freq;  // [rotary_dim / 2], radians per position
+    std::vector<float> inv_freq;    // [rotary_dim / 2], radians per position
     float attention_factor = 1.0f;  // multiplies cos and sin (yarn), so q·k scales by its square
     int rotary_dim = 0;
     RopeStyle style = RopeStyle::Neox;

@@ -11,7 +11,7 @@
 namespace peregrine {
 
 class SequenceRunner {
-public:
+  public:
     // Room for `max_tokens` tokens in blocks of `block_size`.
     SequenceRunner(LlamaModel& model, Backend& backend, int max_tokens, int block_size = 16);
 
@@ -23,7 +23,7 @@ public:
     int capacity() const { return capacity_; }
     void reset() { length_ = 0; }
 
-private:
+  private:
     LlamaModel& model_;
     std::unique_ptr<KvCache> cache_;
     int block_size_;

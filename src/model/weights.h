@@ -9,22 +9,22 @@
 namespace peregrine {
 
 struct LayerWeights {
-    Tensor attn_norm;         // [hidden] f32
-    Tensor wq;                // [num_heads * head_dim, hidden]
-    Tensor wk, wv;            // [num_kv_heads * head_dim, hidden]
-    Tensor bq, bk, bv;        // [out] f32, empty without attention bias
-    Tensor q_norm, k_norm;    // [head_dim] f32, empty without qk-norm
-    Tensor wo;                // [hidden, num_heads * head_dim]
-    Tensor ffn_norm;          // [hidden] f32
-    Tensor w_gate, w_up;      // [intermediate, hidden]
-    Tensor w_down;            // [hidden, intermediate]
+    Tensor attn_norm;       // [hidden] f32
+    Tensor wq;              // [num_heads * head_dim, hidden]
+    Tensor wk, wv;          // [num_kv_heads * head_dim, hidden]
+    Tensor bq, bk, bv;      // [out] f32, empty without attention bias
+    Tensor q_norm, k_norm;  // [head_dim] f32, empty without qk-norm
+    Tensor wo;              // [hidden, num_heads * head_dim]
+    Tensor ffn_norm;        // [hidden] f32
+    Tensor w_gate, w_up;    // [intermediate, hidden]
+    Tensor w_down;          // [hidden, intermediate]
 };
 
 struct ModelWeights {
-    Tensor embed;             // [vocab, hidden], any dtype (rows dequantized on lookup)
+    Tensor embed;  // [vocab, hidden], any dtype (rows dequantized on lookup)
     std::vector<LayerWeights> layers;
-    Tensor final_norm;        // [hidden] f32
-    Tensor lm_head;           // [vocab, hidden]; the embedding itself when tied
+    Tensor final_norm;  // [hidden] f32
+    Tensor lm_head;     // [vocab, hidden]; the embedding itself when tied
 };
 
 }  // namespace peregrine

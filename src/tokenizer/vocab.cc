@@ -73,7 +73,8 @@ Vocab Vocab::from_tokenizer_json(const std::string& path) {
     for (auto& [tok, id] : model["vocab"].items()) put(tok, id.get<int>(), false);
     if (j.contains("added_tokens"))
         for (const auto& t : j["added_tokens"]) put(t.at("content"), t.at("id"), t.value("special", false));
-    const std::string dump = j.value("decoder", nlohmann::json()).dump() + j.value("pre_tokenizer", nlohmann::json()).dump();
+    const std::string dump =
+        j.value("decoder", nlohmann::json()).dump() + j.value("pre_tokenizer", nlohmann::json()).dump();
     v.kind_ = dump.find("ByteLevel") != std::string::npos ? VocabKind::ByteLevel : VocabKind::SentencePiece;
     return v;
 }

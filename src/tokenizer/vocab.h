@@ -14,7 +14,7 @@ enum class VocabKind {
 };
 
 class Vocab {
-public:
+  public:
     static Vocab from_tokenizer_json(const std::string& path);
     static Vocab from_gguf(const GgufFile& gguf);
 
@@ -30,7 +30,7 @@ public:
     // Whole-sequence decode, as Hugging Face's decode(skip_special_tokens=True).
     std::string decode(const std::vector<int>& ids) const;
 
-private:
+  private:
     VocabKind kind_ = VocabKind::SentencePiece;
     std::vector<std::string> tokens_;
     std::vector<bool> special_;

@@ -40,7 +40,7 @@ void write_file(const fs::path& p, const std::string& s) {
 }
 
 class MalformedModel : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override {
         dir_ = fs::temp_directory_path() / ("peregrine-malformed-" + std::to_string(::getpid()) + "-" +
                                             ::testing::UnitTest::GetInstance()->current_test_info()->name());
@@ -63,13 +63,15 @@ protected:
     }
 
     RunResult generate(const fs::path& model) {
-        return run_binary("generate --model '" + model.string() + "' --prompt-ids 1,403 --max-tokens 4 --temperature 0");
+        return run_binary("generate --model '" + model.string() +
+                          "' --prompt-ids 1,403 --max-tokens 4 --temperature 0");
     }
 
     void expect_error(const RunResult& r, std::initializer_list<std::string> needles) {
         EXPECT_EQ(r.exit_code, 1) << r.output;
         EXPECT_NE(r.output.find("error: "), std::string::npos) << r.output;
-        for (const auto& s : needles) EXPECT_NE(r.output.find(s), std::string::npos) << "missing '" << s << "' in: " << r.output;
+        for (const auto& s : needles)
+            EXPECT_NE(r.output.find(s), std::string::npos) << "missing '" << s << "' in: " << r.output;
     }
 
     fs::path dir_;
@@ -134,7 +136,9 @@ TEST_F(MalformedModel, UnknownArchitecture) {
 }
 
 TEST_F(MalformedModel, UnsupportedRopeType) {
-    const fs::path m = hf_copy([](nlohmann::json& c) { c["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 2.0}}; });
+    const fs::path m = hf_copy([](nlohmann::json& c) {
+        c["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 2.0}};
+    });
     expect_error(generate(m), {"config.json", "rope type 'longrope' is not supported"});
 }
 

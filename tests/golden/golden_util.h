@@ -15,8 +15,12 @@
 
 namespace peregrine::testing {
 
-inline std::string data_dir() { return PG_TEST_DATA_DIR; }
-inline std::string models_dir() { return PG_MODELS_DIR; }
+inline std::string data_dir() {
+    return PG_TEST_DATA_DIR;
+}
+inline std::string models_dir() {
+    return PG_MODELS_DIR;
+}
 
 inline nlohmann::json read_json_file(const std::string& path) {
     std::ifstream in(path);
@@ -83,8 +87,8 @@ struct TestModel {
 
 struct LogitStats {
     double max_abs_diff = 0;
-    double mean_kl = 0;        // KL(reference ‖ ours) per position, nats
-    double argmax_agree = 0;   // fraction of positions
+    double mean_kl = 0;       // KL(reference ‖ ours) per position, nats
+    double argmax_agree = 0;  // fraction of positions
     size_t argmax_mismatches = 0;
 };
 

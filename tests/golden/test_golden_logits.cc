@@ -24,7 +24,9 @@ std::vector<Fixture> fixtures() {
     };
 }
 
-void PrintTo(const Fixture& f, std::ostream* os) { *os << f.name; }
+void PrintTo(const Fixture& f, std::ostream* os) {
+    *os << f.name;
+}
 
 class GoldenTest : public ::testing::TestWithParam<Fixture> {};
 

@@ -32,7 +32,8 @@ void write_safetensors(const fs::path& path, const std::vector<std::pair<std::st
     std::ofstream out(path, std::ios::binary);
     out.write(reinterpret_cast<const char*>(&len), 8);
     out << h;
-    for (const auto& d : data) out.write(reinterpret_cast<const char*>(d.data()), static_cast<std::streamsize>(d.size() * 2));
+    for (const auto& d : data)
+        out.write(reinterpret_cast<const char*>(d.data()), static_cast<std::streamsize>(d.size() * 2));
 }
 
 TEST(SafetensorsVariants, ShardedF16MatchesGolden) {

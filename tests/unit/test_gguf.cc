@@ -50,7 +50,7 @@ void write_bytes(const std::string& path, const uint8_t* data, size_t n) {
 
 // Builds GGUF bytes field by field, so tests can write valid files and deliberately broken ones.
 class GgufWriter {
-public:
+  public:
     std::vector<uint8_t> bytes;
 
     template <typename T>
@@ -99,7 +99,7 @@ public:
 };
 
 class TempDir {
-public:
+  public:
     TempDir() {
         std::string tmpl = ::testing::TempDir() + "pg_gguf_XXXXXX";
         PG_CHECK(::mkdtemp(tmpl.data()) != nullptr, "mkdtemp failed");
@@ -116,7 +116,7 @@ public:
         return p;
     }
 
-private:
+  private:
     std::string dir_;
 };
 
@@ -508,10 +508,22 @@ TEST(GgufMalformed, TruncatedStories260K) {
     ASSERT_GT(bytes.size(), 100000u);
     const size_t data_offset = GgufFile(src).data_offset();
     // Inside the magic, version, counts, keys, the token array, the tensor infos, the padding and the data.
-    const size_t cuts[] = {0,       3,          4,           7,           16,
-                           23,      24,         100,         1000,        5000,
-                           data_offset - 40,    data_offset - 1,          data_offset,
-                           data_offset + 1000,  bytes.size() / 2,         bytes.size() - 1};
+    const size_t cuts[] = {0,
+                           3,
+                           4,
+                           7,
+                           16,
+                           23,
+                           24,
+                           100,
+                           1000,
+                           5000,
+                           data_offset - 40,
+                           data_offset - 1,
+                           data_offset,
+                           data_offset + 1000,
+                           bytes.size() / 2,
+                           bytes.size() - 1};
     for (size_t cut : cuts) {
         SCOPED_TRACE(cut);
         const std::string p = tmp.file("cut.gguf");
@@ -557,8 +569,7 @@ TEST(GgufMalformed, TensorErrors) {
     expect_error(tmp.write("huge2.gguf", one_tensor_file({uint64_t{1} << 62, 1}, 0, 0, 0)), "truncated: tensor 'w'");
     expect_error(tmp.write("neg.gguf", one_tensor_file({~uint64_t{0}}, 0, 0, 0)), "out of range");
 
-    expect_error(tmp.write("dims5.gguf", one_tensor_file({2, 2, 2, 2, 2}, 0, 0, 128)),
-                 "tensor 'w' has 5 dimensions");
+    expect_error(tmp.write("dims5.gguf", one_tensor_file({2, 2, 2, 2, 2}, 0, 0, 128)), "tensor 'w' has 5 dimensions");
     expect_error(tmp.write("dims0.gguf", one_tensor_file({}, 0, 0, 128)), "tensor 'w' has 0 dimensions");
     expect_error(tmp.write("block.gguf", one_tensor_file({48, 2}, 8, 0, 1024)),
                  "not a multiple of the q8_0 block size 32");
@@ -763,11 +774,16 @@ std::vector<float> wrong_q8_0_unsigned(const GgufTensorInfo& t) {
 // error ~100%.
 double error_bound(DType t) {
     switch (t) {
-        case DType::Q8_0: return 0.006;
-        case DType::Q6_K: return 0.02;
-        case DType::Q4_K: return 0.07;
-        case DType::Q4_0: return 0.08;
-        default: return 0.0;  // f32 tensors must match exactly
+        case DType::Q8_0:
+            return 0.006;
+        case DType::Q6_K:
+            return 0.02;
+        case DType::Q4_K:
+            return 0.07;
+        case DType::Q4_0:
+            return 0.08;
+        default:
+            return 0.0;  // f32 tensors must match exactly
     }
 }
 
@@ -803,14 +819,21 @@ TEST(GgufDequant, QuantizedFixturesMatchBf16) {
             // The same comparison must fail for a wrong layout.
             const double bound = error_bound(t.dtype);
             switch (t.dtype) {
-                case DType::Q8_0: EXPECT_GT(rel_error(wrong_q8_0_unsigned(t), want), bound); break;
-                case DType::Q4_0: EXPECT_GT(rel_error(wrong_q4_0_interleaved(t), want), bound); break;
+                case DType::Q8_0:
+                    EXPECT_GT(rel_error(wrong_q8_0_unsigned(t), want), bound);
+                    break;
+                case DType::Q4_0:
+                    EXPECT_GT(rel_error(wrong_q4_0_interleaved(t), want), bound);
+                    break;
                 case DType::Q4_K:
                     EXPECT_GT(rel_error(wrong_q4_k_swapped_nibbles(t), want), bound);
                     EXPECT_GT(rel_error(wrong_q4_k_min_sign(t), want), bound);
                     break;
-                case DType::Q6_K: EXPECT_GT(rel_error(wrong_q6_k_swapped_ql_halves(t), want), bound); break;
-                default: break;
+                case DType::Q6_K:
+                    EXPECT_GT(rel_error(wrong_q6_k_swapped_ql_halves(t), want), bound);
+                    break;
+                default:
+                    break;
             }
             ++wrong_checked[t.dtype];
         }

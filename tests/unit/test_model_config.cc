@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 class HfConfigTest : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override {
         dir_ = fs::temp_directory_path() / ("pg-config-" + std::to_string(::getpid()) + "-" +
                                             ::testing::UnitTest::GetInstance()->current_test_info()->name());
@@ -26,9 +26,9 @@ protected:
     void TearDown() override { fs::remove_all(dir_); }
 
     ModelConfig read(json cfg) {
-        json base = {{"model_type", "llama"},      {"vocab_size", 100},       {"hidden_size", 64},
-                     {"intermediate_size", 128},   {"num_hidden_layers", 4},  {"num_attention_heads", 4},
-                     {"num_key_value_heads", 2},   {"rms_norm_eps", 1e-5}};
+        json base = {{"model_type", "llama"},    {"vocab_size", 100},      {"hidden_size", 64},
+                     {"intermediate_size", 128}, {"num_hidden_layers", 4}, {"num_attention_heads", 4},
+                     {"num_key_value_heads", 2}, {"rms_norm_eps", 1e-5}};
         base.update(cfg);
         std::ofstream(dir_ / "config.json") << base.dump();
         return read_hf_config(dir_.string());
@@ -50,8 +50,11 @@ TEST_F(HfConfigTest, Defaults) {
 }
 
 TEST_F(HfConfigTest, ClassicRopeScalingAndNewRopeParameters) {
-    const json scaling = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
-                          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+    const json scaling = {{"rope_type", "llama3"},
+                          {"factor", 8.0},
+                          {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0},
+                          {"original_max_position_embeddings", 8192}};
     const ModelConfig classic = read({{"rope_theta", 500000.0}, {"rope_scaling", scaling}});
     json params = scaling;
     params["rope_theta"] = 500000.0;
@@ -72,9 +75,10 @@ TEST_F(HfConfigTest, SlidingWindows) {
     EXPECT_EQ(read({{"model_type", "mistral"}, {"sliding_window", nullptr}}).layer_window, std::vector<int>(4, 0));
     // qwen2 ignores sliding_window unless use_sliding_window, then from max_window_layers on.
     EXPECT_EQ(read({{"model_type", "qwen2"}, {"sliding_window", 32}}).layer_window, std::vector<int>(4, 0));
-    EXPECT_EQ(read({{"model_type", "qwen2"}, {"sliding_window", 32}, {"use_sliding_window", true}, {"max_window_layers", 2}})
-                  .layer_window,
-              (std::vector<int>{0, 0, 32, 32}));
+    EXPECT_EQ(
+        read({{"model_type", "qwen2"}, {"sliding_window", 32}, {"use_sliding_window", true}, {"max_window_layers", 2}})
+            .layer_window,
+        (std::vector<int>{0, 0, 32, 32}));
     EXPECT_EQ(read({{"sliding_window", 8},
                     {"layer_types", {"sliding_attention", "full_attention", "sliding_attention", "full_attention"}}})
                   .layer_window,
@@ -130,9 +134,12 @@ TEST(RopeTable, Llama3KeepsHighFrequenciesAndScalesLowOnes) {
     const RopeTable t = make_rope_table(r), base = make_rope_table(plain);
     for (int i = 0; i < 32; ++i) {
         const double wavelen = 2 * kPi / base.inv_freq[i];
-        if (wavelen < 8192 / 4.0) EXPECT_EQ(t.inv_freq[i], base.inv_freq[i]) << i;
-        else if (wavelen > 8192) EXPECT_FLOAT_EQ(t.inv_freq[i], base.inv_freq[i] / 8) << i;
-        else EXPECT_TRUE(t.inv_freq[i] < base.inv_freq[i] && t.inv_freq[i] > base.inv_freq[i] / 8) << i;
+        if (wavelen < 8192 / 4.0)
+            EXPECT_EQ(t.inv_freq[i], base.inv_freq[i]) << i;
+        else if (wavelen > 8192)
+            EXPECT_FLOAT_EQ(t.inv_freq[i], base.inv_freq[i] / 8) << i;
+        else
+            EXPECT_TRUE(t.inv_freq[i] < base.inv_freq[i] && t.inv_freq[i] > base.inv_freq[i] / 8) << i;
     }
 }
 
@@ -151,9 +158,12 @@ TEST(RopeTable, YarnBlendsAndScalesAttention) {
     const double low = std::floor(128 * std::log(32768 / (32 * 2 * kPi)) / (2 * std::log(1e6)));
     const double high = std::ceil(128 * std::log(32768 / (1 * 2 * kPi)) / (2 * std::log(1e6)));
     for (int i = 0; i < 64; ++i) {
-        if (i <= low) EXPECT_FLOAT_EQ(t.inv_freq[i], base.inv_freq[i]) << i;
-        else if (i >= high) EXPECT_FLOAT_EQ(t.inv_freq[i], base.inv_freq[i] / 4) << i;
-        else EXPECT_TRUE(t.inv_freq[i] < base.inv_freq[i] && t.inv_freq[i] > base.inv_freq[i] / 4) << i;
+        if (i <= low)
+            EXPECT_FLOAT_EQ(t.inv_freq[i], base.inv_freq[i]) << i;
+        else if (i >= high)
+            EXPECT_FLOAT_EQ(t.inv_freq[i], base.inv_freq[i] / 4) << i;
+        else
+            EXPECT_TRUE(t.inv_freq[i] < base.inv_freq[i] && t.inv_freq[i] > base.inv_freq[i] / 4) << i;
     }
     r.attention_factor = 1.5;  // an explicit value wins
     EXPECT_FLOAT_EQ(make_rope_table(r).attention_factor, 1.5f);

@@ -16,9 +16,9 @@
 namespace peregrine {
 namespace {
 
-constexpr uint16_t kF16Half = 0x3800;     // 0.5
-constexpr uint16_t kF16Quarter = 0x3400;  // 0.25
-constexpr uint16_t kF16Eighth = 0x3000;   // 0.125
+constexpr uint16_t kF16Half = 0x3800;       // 0.5
+constexpr uint16_t kF16Quarter = 0x3400;    // 0.25
+constexpr uint16_t kF16Eighth = 0x3000;     // 0.125
 constexpr uint16_t kF16Sixteenth = 0x2C00;  // 0.0625
 
 void put_u16(std::vector<uint8_t>& b, size_t at, uint16_t v) {
@@ -139,19 +139,19 @@ TEST(Quant, Q4_KScaleMinUnpacking) {
 
 TEST(Quant, Q4_KHandBuiltSpotValues) {
     std::vector<uint8_t> b(144, 0);
-    put_u16(b, 0, kF16Eighth);      // d = 0.125
-    put_u16(b, 2, kF16Sixteenth);   // dmin = 0.0625
+    put_u16(b, 0, kF16Eighth);     // d = 0.125
+    put_u16(b, 2, kF16Sixteenth);  // dmin = 0.0625
     const uint8_t s[12] = {0xC1, 0x02, 0x43, 0x84, 0x45, 0x86, 0x07, 0xC8, 0x9A, 0xBC, 0xDE, 0xF0};
     std::memcpy(&b[4], s, 12);
     b[16 + 0] = 0x5A;       // element 0 (sub-block 0): 10; element 32 (sub-block 1): 5
     b[16 + 64 + 3] = 0x7C;  // element 131 (sub-block 4): 12; element 163 (sub-block 5): 7
     const auto y = dequant(DType::Q4_K, b, 256);
-    EXPECT_EQ(y[0], 0.125f * 1 * 10 - 0.0625f * 5);     // 0.9375
-    EXPECT_EQ(y[32], 0.125f * 2 * 5 - 0.0625f * 6);     // 0.875
-    EXPECT_EQ(y[131], 0.125f * 58 * 12 - 0.0625f * 25); // 85.4375
-    EXPECT_EQ(y[163], 0.125f * 12 * 7 - 0.0625f * 43);  // 7.8125
-    EXPECT_EQ(y[1], -0.0625f * 5);                      // q = 0: just the min
-    EXPECT_EQ(y[255], -0.0625f * 63);                   // sub-block 7's min is 63
+    EXPECT_EQ(y[0], 0.125f * 1 * 10 - 0.0625f * 5);      // 0.9375
+    EXPECT_EQ(y[32], 0.125f * 2 * 5 - 0.0625f * 6);      // 0.875
+    EXPECT_EQ(y[131], 0.125f * 58 * 12 - 0.0625f * 25);  // 85.4375
+    EXPECT_EQ(y[163], 0.125f * 12 * 7 - 0.0625f * 43);   // 7.8125
+    EXPECT_EQ(y[1], -0.0625f * 5);                       // q = 0: just the min
+    EXPECT_EQ(y[255], -0.0625f * 63);                    // sub-block 7's min is 63
     EXPECT_EQ(y[0], 0.9375f);
     EXPECT_EQ(y[131], 85.4375f);
 }
@@ -207,9 +207,9 @@ TEST(Quant, Q6_KHandBuiltSpotValues) {
     std::vector<uint8_t> b(210, 0);
     // Element l + 32k of a half takes ql[l] (k = 0, 2) or ql[l + 32] (k = 1, 3), low nibble for k < 2,
     // and bits 2k..2k+1 of qh[l]; scale index = element / 16.
-    b[0] = 0x3A;         // ql[0]
-    b[32] = 0x0F;        // ql[32]
-    b[128] = 0xE4;       // qh[0] = 0b11'10'01'00
+    b[0] = 0x3A;    // ql[0]
+    b[32] = 0x0F;   // ql[32]
+    b[128] = 0xE4;  // qh[0] = 0b11'10'01'00
     auto* sc = reinterpret_cast<int8_t*>(&b[192]);
     sc[0] = -3;
     sc[2] = 7;
@@ -217,7 +217,7 @@ TEST(Quant, Q6_KHandBuiltSpotValues) {
     sc[6] = -8;
     put_u16(b, 208, kF16Half);
     // Second half: ql[64], qh[32], scales[8..16).
-    b[64 + 1] = 0x21;    // element 129: low nibble 1; element 193: high nibble 2
+    b[64 + 1] = 0x21;        // element 129: low nibble 1; element 193: high nibble 2
     b[128 + 32 + 1] = 0x30;  // qh bits 4..5 = 3 -> element 193 gets high bits 3
     sc[8] = 2;
     sc[12] = 1;
@@ -358,9 +358,9 @@ TEST(HalfFloat, F16EveryBitPatternRoundTrips) {
 TEST(HalfFloat, F16KnownValues) {
     EXPECT_EQ(f16_to_f32(0x3C00), 1.0f);
     EXPECT_EQ(f16_to_f32(0x7BFF), 65504.0f);
-    EXPECT_EQ(f16_to_f32(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+    EXPECT_EQ(f16_to_f32(0x0001), std::ldexp(1.0f, -24));     // smallest subnormal
     EXPECT_EQ(f16_to_f32(0x03FF), std::ldexp(1023.0f, -24));  // largest subnormal
-    EXPECT_EQ(f16_to_f32(0x0400), std::ldexp(1.0f, -14));  // smallest normal
+    EXPECT_EQ(f16_to_f32(0x0400), std::ldexp(1.0f, -14));     // smallest normal
     EXPECT_EQ(f16_to_f32(0x7C00), std::numeric_limits<float>::infinity());
     EXPECT_EQ(f16_to_f32(0xFC00), -std::numeric_limits<float>::infinity());
     EXPECT_TRUE(std::isnan(f16_to_f32(0x7E00)));
@@ -382,12 +382,12 @@ TEST(HalfFloat, F16KnownValues) {
     EXPECT_EQ(f32_to_f16(1e10f), 0x7C00);
     EXPECT_EQ(f32_to_f16(-1e10f), 0xFC00);
     // Subnormals and underflow, rounding half to even in units of 2^-24.
-    EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -25)), 0x0000);       // 0.5 unit -> 0
-    EXPECT_EQ(f32_to_f16(std::ldexp(3.0f, -25)), 0x0002);       // 1.5 units -> 2
-    EXPECT_EQ(f32_to_f16(std::ldexp(5.0f, -25)), 0x0002);       // 2.5 units -> 2
+    EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -25)), 0x0000);  // 0.5 unit -> 0
+    EXPECT_EQ(f32_to_f16(std::ldexp(3.0f, -25)), 0x0002);  // 1.5 units -> 2
+    EXPECT_EQ(f32_to_f16(std::ldexp(5.0f, -25)), 0x0002);  // 2.5 units -> 2
     EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -26)), 0x0000);
     EXPECT_EQ(f32_to_f16(-std::ldexp(1.0f, -24)), 0x8001);
-    EXPECT_EQ(f32_to_f16(std::ldexp(2047.0f, -25)), 0x0400);    // 1023.5 units carries into the smallest normal
+    EXPECT_EQ(f32_to_f16(std::ldexp(2047.0f, -25)), 0x0400);  // 1023.5 units carries into the smallest normal
     EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -30)), 0x0000);
 }
 
@@ -411,7 +411,7 @@ TEST(HalfFloat, Bf16KnownValues) {
     EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::infinity()), 0x7F80);
     EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::max()), 0x7F80);  // rounds up to infinity
     EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::denorm_min()), 0x0000);
-    EXPECT_EQ(f32_to_bf16(std::ldexp(1.0f, -133)), 0x0001);             // bf16 subnormals are exact
+    EXPECT_EQ(f32_to_bf16(std::ldexp(1.0f, -133)), 0x0001);  // bf16 subnormals are exact
     EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::nanf("")))));
     // A NaN whose payload lives only in the low 16 bits must not turn into infinity.
     uint32_t snan_bits = 0x7F800001u;

@@ -31,21 +31,30 @@ CpuPrecision cpu_precision_from_name(const std::string& name) {
     fail("unknown dtype '", name, "' (auto, float32, bfloat16)");
 }
 
-const char* cpu_precision_name(CpuPrecision p) { return p == CpuPrecision::BFloat16 ? "bfloat16" : "float32"; }
+const char* cpu_precision_name(CpuPrecision p) {
+    return p == CpuPrecision::BFloat16 ? "bfloat16" : "float32";
+}
 
 CpuBackend::CpuBackend(int num_threads, CpuPrecision precision)
     : pool_(std::make_unique<ThreadPool>(num_threads)), precision_(precision) {
     switch (cpu_isa()) {
-        case CpuIsa::Avx512: kernels_ = &cpu::kernels_avx512(); break;
-        case CpuIsa::Avx2: kernels_ = &cpu::kernels_avx2(); break;
-        default: fail("the CPU backend needs AVX2 with FMA and F16C, which this CPU lacks");
+        case CpuIsa::Avx512:
+            kernels_ = &cpu::kernels_avx512();
+            break;
+        case CpuIsa::Avx2:
+            kernels_ = &cpu::kernels_avx2();
+            break;
+        default:
+            fail("the CPU backend needs AVX2 with FMA and F16C, which this CPU lacks");
     }
     PG_CHECK(precision_ == CpuPrecision::Float32 || kernels_->matmul_bf16_rows, "bf16 precision without AVX512-BF16");
 }
 
 CpuBackend::~CpuBackend() = default;
 
-int CpuBackend::num_threads() const { return pool_->num_threads(); }
+int CpuBackend::num_threads() const {
+    return pool_->num_threads();
+}
 
 std::string CpuBackend::name() const {
     return str_cat("cpu (", kernels_->name, ", ", pool_->num_threads(), " threads, ",
@@ -67,10 +76,16 @@ void CpuBackend::release(Tensor& t) {
     t.data = nullptr;
 }
 
-void CpuBackend::upload(const void* src, const Tensor& dst) { std::memcpy(dst.data, src, dst.nbytes()); }
-void CpuBackend::download(const Tensor& src, void* dst) { std::memcpy(dst, src.data, src.nbytes()); }
+void CpuBackend::upload(const void* src, const Tensor& dst) {
+    std::memcpy(dst.data, src, dst.nbytes());
+}
+void CpuBackend::download(const Tensor& src, void* dst) {
+    std::memcpy(dst, src.data, src.nbytes());
+}
 
-bool CpuBackend::supports_weight_dtype(DType t) const { return cpu::matmul_supports(t); }
+bool CpuBackend::supports_weight_dtype(DType t) const {
+    return cpu::matmul_supports(t);
+}
 
 void CpuBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out) {
     check_f32(out, "embedding output");
@@ -82,8 +97,7 @@ void CpuBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, c
     }
 }
 
-void CpuBackend::rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
-                          const Tensor& out) {
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps, const Tensor& out) {
     check_f32(x, "rms_norm input");
     check_f32(weight, "rms_norm weight");
     const int64_t dim = x.cols(), rows = x.rows();
@@ -113,18 +127,27 @@ void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, co
     PG_CHECK(w.cols() == x.cols() && out.rows() == x.rows() && out.cols() == w.rows(), "matmul shapes x ",
              x.shape_str(), " w ", w.shape_str(), " out ", out.shape_str());
     if (!bias.empty()) PG_CHECK(bias.dtype == DType::F32 && bias.numel() == w.rows());
-    const cpu::MatmulArgs a{x.ptr<float>(), x.rows(), x.cols(), w.data, w.dtype, w.row_bytes(),
-                            bias.empty() ? nullptr : bias.ptr<float>(), out.ptr<float>(), w.rows()};
+    const cpu::MatmulArgs a{x.ptr<float>(),
+                            x.rows(),
+                            x.cols(),
+                            w.data,
+                            w.dtype,
+                            w.row_bytes(),
+                            bias.empty() ? nullptr : bias.ptr<float>(),
+                            out.ptr<float>(),
+                            w.rows()};
     // Split the weight rows; tiles of 4 rows stay within one thread.
     if (precision_ == CpuPrecision::BFloat16 && w.dtype == DType::BF16 && !exact) {
         const size_t count = static_cast<size_t>(a.n * a.k);
         if (x_bf16_.size() < count) x_bf16_.resize(count);
         kernels_->to_bf16(a.x, x_bf16_.data(), static_cast<int64_t>(count));
         const uint16_t* xb = x_bf16_.data();
-        pool_->parallel_for(a.m, [&](int64_t begin, int64_t end) { kernels_->matmul_bf16_rows(a, xb, begin, end); }, 4);
+        pool_->parallel_for(
+            a.m, [&](int64_t begin, int64_t end) { kernels_->matmul_bf16_rows(a, xb, begin, end); }, 4);
         return;
     }
-    pool_->parallel_for(a.m, [&](int64_t begin, int64_t end) { kernels_->matmul_rows(a, begin, end); }, 4);
+    pool_->parallel_for(
+        a.m, [&](int64_t begin, int64_t end) { kernels_->matmul_rows(a, begin, end); }, 4);
 }
 
 void CpuBackend::rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& v, const BatchInput& batch,
@@ -222,9 +245,12 @@ void CpuBackend::silu_mul(const Tensor& gate, const Tensor& up, const Tensor& ou
     const float* g = gate.ptr<float>();
     const float* u = up.ptr<float>();
     float* o = out.ptr<float>();
-    pool_->parallel_for(total, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-    }, 64);
+    pool_->parallel_for(
+        total,
+        [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+        },
+        64);
 }
 
 void CpuBackend::gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const Tensor& out) {

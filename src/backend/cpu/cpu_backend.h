@@ -24,7 +24,7 @@ CpuPrecision cpu_precision_from_name(const std::string& name);
 const char* cpu_precision_name(CpuPrecision p);
 
 class CpuBackend final : public Backend {
-public:
+  public:
     // num_threads <= 0: one per core. Throws Error if the CPU lacks AVX2.
     explicit CpuBackend(int num_threads = 0, CpuPrecision precision = CpuPrecision::Float32);
     CpuPrecision precision() const { return precision_; }
@@ -41,8 +41,7 @@ public:
     bool supports_weight_dtype(DType t) const override;
 
     void embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out) override;
-    void rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
-                  const Tensor& out) override;
+    void rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps, const Tensor& out) override;
     void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out, bool exact = false) override;
     void rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& v, const BatchInput& batch,
                         const RopeTable& rope, int head_dim, const Tensor& k_cache, const Tensor& v_cache) override;
@@ -51,7 +50,7 @@ public:
     void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override;
     void gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const Tensor& out) override;
 
-private:
+  private:
     std::unique_ptr<ThreadPool> pool_;
     const cpu::Kernels* kernels_;
     CpuPrecision precision_;

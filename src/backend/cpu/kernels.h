@@ -10,14 +10,14 @@
 namespace peregrine::cpu {
 
 struct MatmulArgs {
-    const float* x;         // [n, k] row-major activations
+    const float* x;  // [n, k] row-major activations
     int64_t n;
     int64_t k;
-    const void* w;          // [m, k] weights of `w_dtype`, each row `w_row_bytes` long
+    const void* w;  // [m, k] weights of `w_dtype`, each row `w_row_bytes` long
     DType w_dtype;
     size_t w_row_bytes;
-    const float* bias;      // [m] or null
-    float* out;             // [n, m] row-major
+    const float* bias;  // [m] or null
+    float* out;         // [n, m] row-major
     int64_t m;
 };
 

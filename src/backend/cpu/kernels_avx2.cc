@@ -5,7 +5,11 @@
 #include "backend/cpu/kernels_impl.h"
 
 namespace peregrine::cpu {
-const Kernels& kernels_avx2() { return avx2::table(); }
+const Kernels& kernels_avx2() {
+    return avx2::table();
+}
 
-bool matmul_supports(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16 || t == DType::Q8_0; }
+bool matmul_supports(DType t) {
+    return t == DType::F32 || t == DType::BF16 || t == DType::F16 || t == DType::Q8_0;
+}
 }  // namespace peregrine::cpu

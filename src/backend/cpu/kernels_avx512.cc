@@ -5,5 +5,7 @@
 #include "backend/cpu/kernels_impl.h"
 
 namespace peregrine::cpu {
-const Kernels& kernels_avx512() { return avx512::table(); }
+const Kernels& kernels_avx512() {
+    return avx512::table();
+}
 }  // namespace peregrine::cpu

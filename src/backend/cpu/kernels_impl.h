@@ -15,12 +15,24 @@ namespace {
 #if defined(PG_KERNEL_AVX512)
 using VF = __m512;
 constexpr int kW = 16;
-inline VF vzero() { return _mm512_setzero_ps(); }
-inline VF vset1(float v) { return _mm512_set1_ps(v); }
-inline VF vload(const float* p) { return _mm512_loadu_ps(p); }
-inline void vstore(float* p, VF v) { _mm512_storeu_ps(p, v); }
-inline VF vfma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
-inline VF vmul(VF a, VF b) { return _mm512_mul_ps(a, b); }
+inline VF vzero() {
+    return _mm512_setzero_ps();
+}
+inline VF vset1(float v) {
+    return _mm512_set1_ps(v);
+}
+inline VF vload(const float* p) {
+    return _mm512_loadu_ps(p);
+}
+inline void vstore(float* p, VF v) {
+    _mm512_storeu_ps(p, v);
+}
+inline VF vfma(VF a, VF b, VF c) {
+    return _mm512_fmadd_ps(a, b, c);
+}
+inline VF vmul(VF a, VF b) {
+    return _mm512_mul_ps(a, b);
+}
 inline float vsum(VF a) {
     const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
     const __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
@@ -31,19 +43,33 @@ inline VF load_bf16(const void* p) {
     const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-inline VF load_f16(const void* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(p))); }
+inline VF load_f16(const void* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(p)));
+}
 inline VF load_i8(const void* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p))));
 }
 #elif defined(PG_KERNEL_AVX2)
 using VF = __m256;
 constexpr int kW = 8;
-inline VF vzero() { return _mm256_setzero_ps(); }
-inline VF vset1(float v) { return _mm256_set1_ps(v); }
-inline VF vload(const float* p) { return _mm256_loadu_ps(p); }
-inline void vstore(float* p, VF v) { _mm256_storeu_ps(p, v); }
-inline VF vfma(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
-inline VF vmul(VF a, VF b) { return _mm256_mul_ps(a, b); }
+inline VF vzero() {
+    return _mm256_setzero_ps();
+}
+inline VF vset1(float v) {
+    return _mm256_set1_ps(v);
+}
+inline VF vload(const float* p) {
+    return _mm256_loadu_ps(p);
+}
+inline void vstore(float* p, VF v) {
+    _mm256_storeu_ps(p, v);
+}
+inline VF vfma(VF a, VF b, VF c) {
+    return _mm256_fmadd_ps(a, b, c);
+}
+inline VF vmul(VF a, VF b) {
+    return _mm256_mul_ps(a, b);
+}
 inline float vsum(VF a) {
     const __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -53,7 +79,9 @@ inline VF load_bf16(const void* p) {
     const __m128i h = _mm_loadu_si128(static_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-inline VF load_f16(const void* p) { return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(p))); }
+inline VF load_f16(const void* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(p)));
+}
 inline VF load_i8(const void* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(p))));
 }
@@ -147,10 +175,18 @@ inline void tile_store(const MatmulArgs& a, int64_t m, int64_t t) {
 template <class WL, int R>
 inline void tile_cols(const MatmulArgs& a, int64_t m, int64_t t, int64_t cols) {
     switch (cols) {
-        case 1: tile_store<WL, R, 1>(a, m, t); break;
-        case 2: tile_store<WL, R, 2>(a, m, t); break;
-        case 3: tile_store<WL, R, 3>(a, m, t); break;
-        default: tile_store<WL, R, 4>(a, m, t); break;
+        case 1:
+            tile_store<WL, R, 1>(a, m, t);
+            break;
+        case 2:
+            tile_store<WL, R, 2>(a, m, t);
+            break;
+        case 3:
+            tile_store<WL, R, 3>(a, m, t);
+            break;
+        default:
+            tile_store<WL, R, 4>(a, m, t);
+            break;
     }
 }
 
@@ -166,7 +202,8 @@ void matmul_rows_t(const MatmulArgs& a, int64_t m_begin, int64_t m_end) {
         const int64_t te = std::min(a.n, tb + kTokenBlock);
         int64_t m = m_begin;
         for (; m + kRowTile <= m_end; m += kRowTile)
-            for (int64_t t = tb; t < te; t += kColTile) tile_cols<WL, kRowTile>(a, m, t, std::min<int64_t>(kColTile, te - t));
+            for (int64_t t = tb; t < te; t += kColTile)
+                tile_cols<WL, kRowTile>(a, m, t, std::min<int64_t>(kColTile, te - t));
         for (; m < m_end; ++m)
             for (int64_t t = tb; t < te; t += kColTile) tile_cols<WL, 1>(a, m, t, std::min<int64_t>(kColTile, te - t));
     }
@@ -174,11 +211,20 @@ void matmul_rows_t(const MatmulArgs& a, int64_t m_begin, int64_t m_end) {
 
 void matmul_rows(const MatmulArgs& a, int64_t m_begin, int64_t m_end) {
     switch (a.w_dtype) {
-        case DType::F32: matmul_rows_t<WF32>(a, m_begin, m_end); break;
-        case DType::BF16: matmul_rows_t<WBF16>(a, m_begin, m_end); break;
-        case DType::F16: matmul_rows_t<WF16>(a, m_begin, m_end); break;
-        case DType::Q8_0: matmul_rows_t<WQ8_0>(a, m_begin, m_end); break;
-        default: __builtin_trap();  // the backend checks matmul_supports first
+        case DType::F32:
+            matmul_rows_t<WF32>(a, m_begin, m_end);
+            break;
+        case DType::BF16:
+            matmul_rows_t<WBF16>(a, m_begin, m_end);
+            break;
+        case DType::F16:
+            matmul_rows_t<WF16>(a, m_begin, m_end);
+            break;
+        case DType::Q8_0:
+            matmul_rows_t<WQ8_0>(a, m_begin, m_end);
+            break;
+        default:
+            __builtin_trap();  // the backend checks matmul_supports first
     }
 }
 
@@ -245,7 +291,8 @@ template <int R, int C>
 inline void tile_bf16_store(const MatmulArgs& a, const uint16_t* xb, int64_t m, int64_t t) {
     const uint16_t* w[R];
     const uint16_t* x[C];
-    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(a.w) + (m + r) * a.w_row_bytes);
+    for (int r = 0; r < R; ++r)
+        w[r] = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(a.w) + (m + r) * a.w_row_bytes);
     for (int c = 0; c < C; ++c) x[c] = xb + (t + c) * a.k;
     float out[R][C];
     tile_bf16<R, C>(w, x, a.k, out);
@@ -258,10 +305,18 @@ inline void tile_bf16_store(const MatmulArgs& a, const uint16_t* xb, int64_t m, 
 template <int R>
 inline void tile_bf16_cols(const MatmulArgs& a, const uint16_t* xb, int64_t m, int64_t t, int64_t cols) {
     switch (cols) {
-        case 1: tile_bf16_store<R, 1>(a, xb, m, t); break;
-        case 2: tile_bf16_store<R, 2>(a, xb, m, t); break;
-        case 3: tile_bf16_store<R, 3>(a, xb, m, t); break;
-        default: tile_bf16_store<R, 4>(a, xb, m, t); break;
+        case 1:
+            tile_bf16_store<R, 1>(a, xb, m, t);
+            break;
+        case 2:
+            tile_bf16_store<R, 2>(a, xb, m, t);
+            break;
+        case 3:
+            tile_bf16_store<R, 3>(a, xb, m, t);
+            break;
+        default:
+            tile_bf16_store<R, 4>(a, xb, m, t);
+            break;
     }
 }
 
@@ -270,9 +325,11 @@ void matmul_bf16_rows(const MatmulArgs& a, const uint16_t* xb, int64_t m_begin, 
         const int64_t te = std::min(a.n, tb + kTokenBlock);
         int64_t m = m_begin;
         for (; m + kRowTile <= m_end; m += kRowTile)
-            for (int64_t t = tb; t < te; t += kColTile) tile_bf16_cols<kRowTile>(a, xb, m, t, std::min<int64_t>(kColTile, te - t));
+            for (int64_t t = tb; t < te; t += kColTile)
+                tile_bf16_cols<kRowTile>(a, xb, m, t, std::min<int64_t>(kColTile, te - t));
         for (; m < m_end; ++m)
-            for (int64_t t = tb; t < te; t += kColTile) tile_bf16_cols<1>(a, xb, m, t, std::min<int64_t>(kColTile, te - t));
+            for (int64_t t = tb; t < te; t += kColTile)
+                tile_bf16_cols<1>(a, xb, m, t, std::min<int64_t>(kColTile, te - t));
     }
 }
 constexpr auto kMatmulBf16 = &matmul_bf16_rows;
