@@ -158,35 +158,12 @@ inline void tile(const uint8_t* const* w, const float* const* x, int64_t k, floa
     }
 }
 
-template <class WL, int R, int C>
-inline void tile_store(const MatmulArgs& a, int64_t m, int64_t t) {
-    const uint8_t* w[R];
-    const float* x[C];
-    for (int r = 0; r < R; ++r) w[r] = static_cast<const uint8_t*>(a.w) + (m + r) * a.w_row_bytes;
-    for (int c = 0; c < C; ++c) x[c] = a.x + (t + c) * a.k;
-    float out[R][C];
-    tile<WL, R, C>(w, x, a.k, out);
+// Writes an R x C tile of results (plus bias) into out[t + c][m + r].
+template <int R, int C>
+inline void store_tile(const MatmulArgs& a, int64_t m, int64_t t, const float (&acc)[R][C]) {
     for (int r = 0; r < R; ++r) {
         const float b = a.bias ? a.bias[m + r] : 0.0f;
-        for (int c = 0; c < C; ++c) a.out[(t + c) * a.m + m + r] = out[r][c] + b;
-    }
-}
-
-template <class WL, int R>
-inline void tile_cols(const MatmulArgs& a, int64_t m, int64_t t, int64_t cols) {
-    switch (cols) {
-        case 1:
-            tile_store<WL, R, 1>(a, m, t);
-            break;
-        case 2:
-            tile_store<WL, R, 2>(a, m, t);
-            break;
-        case 3:
-            tile_store<WL, R, 3>(a, m, t);
-            break;
-        default:
-            tile_store<WL, R, 4>(a, m, t);
-            break;
+        for (int c = 0; c < C; ++c) a.out[(t + c) * a.m + m + r] = acc[r][c] + b;
     }
 }
 
@@ -196,17 +173,58 @@ constexpr int64_t kTokenBlock = 64;
 constexpr int kRowTile = 4;
 constexpr int kColTile = 4;
 
-template <class WL>
-void matmul_rows_t(const MatmulArgs& a, int64_t m_begin, int64_t m_end) {
+// Walks output rows [m_begin, m_end) in tiles of kRowTile weight rows x kColTile tokens;
+// `tile.template run<R, C>(m, t)` computes and stores one tile.
+template <int R, class Tile>
+inline void run_cols(const Tile& tile, int64_t m, int64_t t, int64_t cols) {
+    switch (cols) {
+        case 1:
+            tile.template run<R, 1>(m, t);
+            break;
+        case 2:
+            tile.template run<R, 2>(m, t);
+            break;
+        case 3:
+            tile.template run<R, 3>(m, t);
+            break;
+        default:
+            tile.template run<R, 4>(m, t);
+            break;
+    }
+}
+
+template <class Tile>
+void for_each_tile(const MatmulArgs& a, int64_t m_begin, int64_t m_end, const Tile& tile) {
     for (int64_t tb = 0; tb < a.n; tb += kTokenBlock) {
         const int64_t te = std::min(a.n, tb + kTokenBlock);
         int64_t m = m_begin;
         for (; m + kRowTile <= m_end; m += kRowTile)
             for (int64_t t = tb; t < te; t += kColTile)
-                tile_cols<WL, kRowTile>(a, m, t, std::min<int64_t>(kColTile, te - t));
+                run_cols<kRowTile>(tile, m, t, std::min<int64_t>(kColTile, te - t));
         for (; m < m_end; ++m)
-            for (int64_t t = tb; t < te; t += kColTile) tile_cols<WL, 1>(a, m, t, std::min<int64_t>(kColTile, te - t));
+            for (int64_t t = tb; t < te; t += kColTile) run_cols<1>(tile, m, t, std::min<int64_t>(kColTile, te - t));
     }
+}
+
+// f32 activations times weights read by WL.
+template <class WL>
+struct F32Tile {
+    const MatmulArgs& a;
+    template <int R, int C>
+    void run(int64_t m, int64_t t) const {
+        const uint8_t* w[R];
+        const float* x[C];
+        for (int r = 0; r < R; ++r) w[r] = static_cast<const uint8_t*>(a.w) + (m + r) * a.w_row_bytes;
+        for (int c = 0; c < C; ++c) x[c] = a.x + (t + c) * a.k;
+        float out[R][C];
+        tile<WL, R, C>(w, x, a.k, out);
+        store_tile<R, C>(a, m, t, out);
+    }
+};
+
+template <class WL>
+void matmul_rows_t(const MatmulArgs& a, int64_t m_begin, int64_t m_end) {
+    for_each_tile(a, m_begin, m_end, F32Tile<WL>{a});
 }
 
 void matmul_rows(const MatmulArgs& a, int64_t m_begin, int64_t m_end) {
@@ -287,50 +305,24 @@ inline void tile_bf16(const uint16_t* const* w, const uint16_t* const* x, int64_
         for (int c = 0; c < C; ++c) out[r][c] = vsum(acc[r][c]);
 }
 
-template <int R, int C>
-inline void tile_bf16_store(const MatmulArgs& a, const uint16_t* xb, int64_t m, int64_t t) {
-    const uint16_t* w[R];
-    const uint16_t* x[C];
-    for (int r = 0; r < R; ++r)
-        w[r] = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(a.w) + (m + r) * a.w_row_bytes);
-    for (int c = 0; c < C; ++c) x[c] = xb + (t + c) * a.k;
-    float out[R][C];
-    tile_bf16<R, C>(w, x, a.k, out);
-    for (int r = 0; r < R; ++r) {
-        const float b = a.bias ? a.bias[m + r] : 0.0f;
-        for (int c = 0; c < C; ++c) a.out[(t + c) * a.m + m + r] = out[r][c] + b;
+struct Bf16Tile {
+    const MatmulArgs& a;
+    const uint16_t* xb;  // [n, k] bf16
+    template <int R, int C>
+    void run(int64_t m, int64_t t) const {
+        const uint16_t* w[R];
+        const uint16_t* x[C];
+        for (int r = 0; r < R; ++r)
+            w[r] = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(a.w) + (m + r) * a.w_row_bytes);
+        for (int c = 0; c < C; ++c) x[c] = xb + (t + c) * a.k;
+        float out[R][C];
+        tile_bf16<R, C>(w, x, a.k, out);
+        store_tile<R, C>(a, m, t, out);
     }
-}
-
-template <int R>
-inline void tile_bf16_cols(const MatmulArgs& a, const uint16_t* xb, int64_t m, int64_t t, int64_t cols) {
-    switch (cols) {
-        case 1:
-            tile_bf16_store<R, 1>(a, xb, m, t);
-            break;
-        case 2:
-            tile_bf16_store<R, 2>(a, xb, m, t);
-            break;
-        case 3:
-            tile_bf16_store<R, 3>(a, xb, m, t);
-            break;
-        default:
-            tile_bf16_store<R, 4>(a, xb, m, t);
-            break;
-    }
-}
+};
 
 void matmul_bf16_rows(const MatmulArgs& a, const uint16_t* xb, int64_t m_begin, int64_t m_end) {
-    for (int64_t tb = 0; tb < a.n; tb += kTokenBlock) {
-        const int64_t te = std::min(a.n, tb + kTokenBlock);
-        int64_t m = m_begin;
-        for (; m + kRowTile <= m_end; m += kRowTile)
-            for (int64_t t = tb; t < te; t += kColTile)
-                tile_bf16_cols<kRowTile>(a, xb, m, t, std::min<int64_t>(kColTile, te - t));
-        for (; m < m_end; ++m)
-            for (int64_t t = tb; t < te; t += kColTile)
-                tile_bf16_cols<1>(a, xb, m, t, std::min<int64_t>(kColTile, te - t));
-    }
+    for_each_tile(a, m_begin, m_end, Bf16Tile{a, xb});
 }
 constexpr auto kMatmulBf16 = &matmul_bf16_rows;
 #else
