@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/tensor.h"
 #include "model/batch.h"
@@ -61,6 +63,10 @@ class Backend {
 
     // out = silu(gate) * up; all [n, dim]. `out` may alias `gate`.
     virtual void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+
+    // Copies whole KV blocks (copy-on-write): cache[dst] = cache[src] for each pair.
+    // cache: [num_blocks, block_size, num_kv_heads, head_dim].
+    virtual void copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) = 0;
 
     // out[i] = x[rows[i]]; x: [n, dim], out: [rows.size(), dim].
     virtual void gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const Tensor& out) = 0;

@@ -253,6 +253,15 @@ void CpuBackend::silu_mul(const Tensor& gate, const Tensor& up, const Tensor& ou
         64);
 }
 
+void CpuBackend::copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+    const size_t block_bytes = cache.nbytes() / cache.dim(0);
+    char* base = cache.ptr<char>();
+    for (const auto& [src, dst] : pairs) {
+        PG_CHECK(src >= 0 && dst >= 0 && src < cache.dim(0) && dst < cache.dim(0) && src != dst);
+        std::memcpy(base + dst * block_bytes, base + src * block_bytes, block_bytes);
+    }
+}
+
 void CpuBackend::gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const Tensor& out) {
     const int64_t dim = x.cols();
     PG_CHECK(out.cols() == dim && out.rows() >= static_cast<int64_t>(rows.size()));

@@ -1,0 +1,180 @@
+#include "engine/block_manager.h"
+
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
+#include <xxhash.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace peregrine {
+
+EvictionPolicy eviction_policy_from_name(const std::string& name) {
+    if (name == "lru") return EvictionPolicy::Lru;
+    if (name == "lfu") return EvictionPolicy::Lfu;
+    if (name == "fifo") return EvictionPolicy::Fifo;
+    fail("unknown KV eviction policy '", name, "' (lru, lfu, fifo)");
+}
+
+BlockManager::BlockManager(int num_blocks, int block_size, EvictionPolicy policy, bool prefix_caching)
+    : block_size_(block_size), policy_(policy), prefix_caching_(prefix_caching), blocks_(num_blocks) {
+    PG_CHECK(num_blocks > 0 && block_size > 0);
+    // A stack: block 0 is handed out first.
+    for (int32_t b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
+}
+
+uint64_t BlockManager::hash_block(uint64_t parent, uint64_t salt, const int32_t* tokens, int n) {
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    XXH3_64bits_update(&st, &parent, sizeof(parent));
+    XXH3_64bits_update(&st, &salt, sizeof(salt));
+    XXH3_64bits_update(&st, tokens, static_cast<size_t>(n) * sizeof(int32_t));
+    return XXH3_64bits_digest(&st);
+}
+
+uint64_t BlockManager::hash_salt(const std::string& salt) {
+    return salt.empty() ? 0 : XXH3_64bits(salt.data(), salt.size()) | 1;
+}
+
+std::vector<int32_t> BlockManager::match_prefix(const Sequence& seq) const {
+    std::vector<int32_t> hits;
+    if (!prefix_caching_) return hits;
+    const int full = (seq.num_tokens() - 1) / block_size_;
+    uint64_t parent = 0;
+    for (int i = 0; i < full; ++i) {
+        const int32_t* toks = seq.tokens.data() + i * block_size_;
+        const uint64_t h = hash_block(parent, seq.cache_salt, toks, block_size_);
+        auto it = cached_.find(h);
+        if (it == cached_.end()) break;
+        const Block& b = blocks_[it->second];
+        if (!std::equal(b.tokens.begin(), b.tokens.end(), toks)) break;  // a hash collision
+        hits.push_back(it->second);
+        parent = h;
+    }
+    return hits;
+}
+
+bool BlockManager::can_allocate(const Sequence& seq, int num_new, const std::vector<int32_t>& hits) const {
+    int fresh = 0;
+    if (seq.block_table.empty()) {
+        const int computed = static_cast<int>(hits.size()) * block_size_;
+        fresh = (computed + num_new + block_size_ - 1) / block_size_ - static_cast<int>(hits.size());
+        // Hit blocks sitting in the evictable set stop being available once adopted.
+        for (int32_t b : hits) fresh += blocks_[b].ref == 0;
+    } else {
+        const int held = static_cast<int>(seq.block_table.size());
+        fresh = std::max(0, (seq.num_computed + num_new + block_size_ - 1) / block_size_ - held);
+        // A shared block about to be written needs a private copy.
+        for (int i = seq.num_computed / block_size_; i < held; ++i) fresh += blocks_[seq.block_table[i]].ref > 1;
+    }
+    return fresh <= num_available();
+}
+
+void BlockManager::allocate(Sequence& seq, int num_new, const std::vector<int32_t>& hits,
+                            std::vector<std::pair<int32_t, int32_t>>& copies) {
+    if (seq.block_table.empty() && !hits.empty()) {
+        for (int32_t b : hits) {
+            add_ref(b);
+            blocks_[b].uses++;
+            seq.block_table.push_back(b);
+        }
+        seq.num_computed = static_cast<int>(hits.size()) * block_size_;
+    }
+    const int needed = (seq.num_computed + num_new + block_size_ - 1) / block_size_;
+    // Copy-on-write for shared blocks in the range this step writes.
+    for (int i = seq.num_computed / block_size_; i < static_cast<int>(seq.block_table.size()); ++i) {
+        const int32_t b = seq.block_table[i];
+        if (blocks_[b].ref > 1) {
+            const int32_t copy = take_block();
+            copies.emplace_back(b, copy);
+            drop_ref(b);
+            seq.block_table[i] = copy;
+        }
+    }
+    while (static_cast<int>(seq.block_table.size()) < needed) seq.block_table.push_back(take_block());
+}
+
+void BlockManager::commit(Sequence& seq, int num_computed) {
+    PG_CHECK(num_computed <= static_cast<int>(seq.block_table.size()) * block_size_);
+    const int old_full = seq.num_computed / block_size_;
+    const int new_full = num_computed / block_size_;
+    seq.num_computed = num_computed;
+    if (!prefix_caching_) return;
+    for (int i = old_full; i < new_full; ++i) {
+        Block& blk = blocks_[seq.block_table[i]];
+        if (blk.hashed) continue;  // adopted from the cache, or shared with a forked sibling
+        const uint64_t parent = i == 0 ? 0 : blocks_[seq.block_table[i - 1]].hash;
+        const int32_t* toks = seq.tokens.data() + i * block_size_;
+        blk.hash = hash_block(parent, seq.cache_salt, toks, block_size_);
+        blk.tokens.assign(toks, toks + block_size_);
+        blk.hashed = true;
+        blk.cached_at = ++clock_;
+        if (cached_.emplace(blk.hash, seq.block_table[i]).second) blk.cached = true;
+    }
+}
+
+void BlockManager::fork(const Sequence& parent, Sequence& child) {
+    PG_CHECK(child.block_table.empty());
+    child.block_table = parent.block_table;
+    child.num_computed = parent.num_computed;
+    for (int32_t b : child.block_table) add_ref(b);
+}
+
+void BlockManager::release(Sequence& seq) {
+    // Tail first, so that under LRU the ends of sequences are evicted before shared prefixes.
+    for (auto it = seq.block_table.rbegin(); it != seq.block_table.rend(); ++it) drop_ref(*it);
+    seq.block_table.clear();
+    seq.num_computed = 0;
+}
+
+std::tuple<uint64_t, uint64_t, int32_t> BlockManager::eviction_key(int32_t b) const {
+    const Block& blk = blocks_[b];
+    switch (policy_) {
+        case EvictionPolicy::Lru: return {blk.last_used, 0, b};
+        case EvictionPolicy::Lfu: return {blk.uses, blk.last_used, b};
+        case EvictionPolicy::Fifo: return {blk.cached_at, 0, b};
+    }
+    return {0, 0, b};
+}
+
+void BlockManager::add_ref(int32_t b) {
+    Block& blk = blocks_[b];
+    if (blk.ref == 0 && blk.cached) evictable_.erase(blk.evict_key);
+    PG_CHECK(blk.ref > 0 || blk.cached, "adopting block ", b, " which is neither live nor cached");
+    ++blk.ref;
+}
+
+void BlockManager::drop_ref(int32_t b) {
+    Block& blk = blocks_[b];
+    PG_CHECK(blk.ref > 0, "block ", b, " released more often than taken");
+    if (--blk.ref > 0) return;
+    blk.last_used = ++clock_;
+    if (blk.cached) {
+        blk.evict_key = eviction_key(b);
+        evictable_.insert(blk.evict_key);
+    } else {
+        blk.hashed = false;
+        blk.tokens.clear();
+        free_.push_back(b);
+    }
+}
+
+int32_t BlockManager::take_block() {
+    int32_t b;
+    if (!free_.empty()) {
+        b = free_.back();
+        free_.pop_back();
+    } else {
+        PG_CHECK(!evictable_.empty(), "out of KV blocks: can_allocate was not checked");
+        b = std::get<2>(*evictable_.begin());
+        evictable_.erase(evictable_.begin());
+        cached_.erase(blocks_[b].hash);
+        ++stats_.evictions;
+    }
+    Block& blk = blocks_[b];
+    blk = Block{};
+    blk.ref = 1;
+    return b;
+}
+
+}  // namespace peregrine

@@ -1,0 +1,246 @@
+#include "engine/engine_core.h"
+
+#include <algorithm>
+#include <random>
+
+#include "core/error.h"
+
+namespace peregrine {
+
+const char* finish_reason_name(FinishReason r) {
+    switch (r) {
+        case FinishReason::Stop: return "stop";
+        case FinishReason::Length: return "length";
+        case FinishReason::Abort: return "abort";
+        case FinishReason::None: break;
+    }
+    return "";
+}
+
+struct EngineCore::RequestState {
+    Request req;
+    std::vector<std::unique_ptr<Sequence>> seqs;  // choice i at index i once forked
+    std::vector<std::unique_ptr<ChoiceText>> texts;
+    std::vector<bool> finished;
+    int num_finished = 0;
+    bool forked = false;
+    uint64_t base_seed = 0;
+};
+
+namespace {
+
+// Distinct, reproducible RNG seeds for the n choices of one request.
+uint64_t choice_seed(uint64_t base, int index) {
+    uint64_t z = base + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(index + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void validate(const Request& r, int vocab, int max_model_len, bool has_text) {
+    const SamplingParams& p = r.sampling;
+    if (r.prompt_ids.empty()) fail("the prompt is empty");
+    for (int32_t t : r.prompt_ids)
+        if (t < 0 || t >= vocab) fail("prompt token id ", t, " is outside the vocabulary (0..", vocab - 1, ")");
+    if (static_cast<int>(r.prompt_ids.size()) >= max_model_len)
+        fail("the prompt has ", r.prompt_ids.size(), " tokens, which leaves no room in the model's context of ",
+             max_model_len, " tokens");
+    if (p.n < 1 || p.n > 128) fail("n must be between 1 and 128, got ", p.n);
+    if (!(p.temperature >= 0.0f)) fail("temperature must be >= 0, got ", p.temperature);
+    if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) fail("top_p must be in (0, 1], got ", p.top_p);
+    if (p.top_k < 0) fail("top_k must be >= 0 (0 = no limit), got ", p.top_k);
+    if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) fail("min_p must be in [0, 1], got ", p.min_p);
+    if (!(p.repetition_penalty > 0.0f)) fail("repetition_penalty must be > 0, got ", p.repetition_penalty);
+    if (p.max_tokens < 1) fail("max_tokens must be at least 1, got ", p.max_tokens);
+    if (p.min_tokens < 0) fail("min_tokens must be >= 0, got ", p.min_tokens);
+    if (p.logprobs > kMaxLogprobs) fail("logprobs must be at most ", kMaxLogprobs, ", got ", p.logprobs);
+    for (const auto& [tok, bias] : p.logit_bias)
+        if (tok < 0 || tok >= vocab) fail("logit_bias token id ", tok, " is outside the vocabulary");
+    if (!p.stop.empty() && !has_text) fail("stop strings need a tokenizer");
+    for (const std::string& s : p.stop)
+        if (s.empty()) fail("stop strings must not be empty");
+}
+
+}  // namespace
+
+EngineCore::EngineCore(const EngineConfig& config, ModelExecutor& executor, std::shared_ptr<const TextProcessor> text)
+    : config_(config),
+      executor_(executor),
+      text_(std::move(text)),
+      blocks_(executor.num_kv_blocks(), executor.block_size(), config.eviction, config.prefix_caching),
+      scheduler_(config.scheduler, blocks_),
+      sampler_(config.eos_token_ids) {}
+
+EngineCore::~EngineCore() = default;
+
+void EngineCore::add_request(Request request) {
+    validate(request, executor_.vocab_size(), executor_.max_model_len(), text_ != nullptr);
+    if (requests_.count(request.id)) fail("a request with id '", request.id, "' is already running");
+    auto r = std::make_unique<RequestState>();
+    r->req = std::move(request);
+    const SamplingParams& p = r->req.sampling;
+    r->base_seed = p.seed ? *p.seed : std::random_device{}() * 0x100000001ull + std::random_device{}();
+    r->finished.assign(p.n, false);
+    auto seq = std::make_unique<Sequence>();
+    seq->seq_id = next_seq_id_++;
+    seq->request_id = r->req.id;
+    seq->priority = r->req.priority;
+    seq->arrival = next_arrival_++;
+    seq->sampling = &r->req.sampling;
+    seq->cache_salt = BlockManager::hash_salt(r->req.cache_salt);
+    seq->tokens = r->req.prompt_ids;
+    seq->num_prompt_tokens = static_cast<int>(seq->tokens.size());
+    // A sequence must fit the model's context and, alone, the whole KV cache.
+    const int room = std::min(executor_.max_model_len(), executor_.num_kv_blocks() * executor_.block_size());
+    if (seq->num_prompt_tokens >= room)
+        fail("the prompt has ", seq->num_prompt_tokens, " tokens; the KV cache holds only ", room);
+    seq->max_tokens = std::min(p.max_tokens, room - seq->num_prompt_tokens);
+    seq->rng.seed(choice_seed(r->base_seed, 0));
+    if (text_) r->texts.push_back(text_->start(r->req.prompt_ids, p.stop));
+    totals_.prompt_tokens += seq->num_prompt_tokens;
+    scheduler_.add_waiting(seq.get());
+    r->seqs.push_back(std::move(seq));
+    requests_.emplace(r->req.id, std::move(r));
+}
+
+void EngineCore::abort_request(const std::string& id) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) return;
+    RequestState& r = *it->second;
+    // Choices not forked yet end too: report every index of the request.
+    for (int i = 0; i < r.req.sampling.n; ++i) {
+        if (r.finished[i]) continue;
+        RequestOutput out;
+        out.request_id = id;
+        out.index = i;
+        if (i < static_cast<int>(r.seqs.size())) {
+            finish_choice(r, *r.seqs[i], FinishReason::Abort, "", out);
+        } else {
+            out.finish = FinishReason::Abort;
+            r.finished[i] = true;
+            ++r.num_finished;
+        }
+        pending_.push_back(std::move(out));
+    }
+    Usage usage;
+    usage.prompt_tokens = r.seqs[0]->num_prompt_tokens;
+    usage.cached_tokens = r.seqs[0]->num_cached_prompt_tokens;
+    for (const auto& s : r.seqs) usage.completion_tokens += s->num_output();
+    pending_.back().usage = usage;
+    requests_.erase(it);
+}
+
+void EngineCore::finish_choice(RequestState& r, Sequence& seq, FinishReason reason, std::string stop,
+                               RequestOutput& out) {
+    if (reason != FinishReason::Stop || stop.empty()) {
+        if (!r.texts.empty()) out.text += r.texts[seq.index]->flush();
+    }
+    out.finish = reason;
+    out.stop_reason = std::move(stop);
+    seq.status = SeqStatus::Finished;
+    scheduler_.remove(&seq);
+    r.finished[seq.index] = true;
+    ++r.num_finished;
+}
+
+void EngineCore::fork_choices(RequestState& r, Sequence& parent) {
+    r.forked = true;
+    for (int i = 1; i < r.req.sampling.n; ++i) {
+        auto child = std::make_unique<Sequence>(parent);  // tokens, counters, sampling pointer
+        child->seq_id = next_seq_id_++;
+        child->index = i;
+        child->block_table.clear();
+        child->rng.seed(choice_seed(r.base_seed, i));
+        blocks_.fork(parent, *child);
+        scheduler_.add_running(child.get());
+        if (text_) r.texts.push_back(text_->start(r.req.prompt_ids, r.req.sampling.stop));
+        r.seqs.push_back(std::move(child));
+    }
+}
+
+std::vector<RequestOutput> EngineCore::step() {
+    std::vector<RequestOutput> outputs = std::move(pending_);
+    pending_.clear();
+    const SchedulerOutput sched = scheduler_.schedule();
+    if (sched.empty()) return outputs;
+    ++totals_.steps;
+    executor_.copy_blocks(sched.block_copies);
+    build_batch(sched, executor_.block_size(), batch_);
+    executor_.execute(batch_, logits_);
+    scheduler_.commit(sched);
+
+    const int vocab = executor_.vocab_size();
+    int row = 0;
+    for (const ScheduledSeq& s : sched.seqs) {
+        if (!s.sample) continue;
+        const float* logits = logits_.data() + static_cast<size_t>(row++) * vocab;
+        Sequence& first = *s.seq;
+        RequestState& r = *requests_.at(first.request_id);
+        // The prompt is done: the other n-1 choices start here, sharing its blocks, each
+        // sampling its own first token from the same logits.
+        std::vector<Sequence*> samplers{&first};
+        if (!r.forked && r.req.sampling.n > 1 && first.index == 0 && first.num_output() == 0) {
+            fork_choices(r, first);
+            for (size_t i = 1; i < r.seqs.size(); ++i) samplers.push_back(r.seqs[i].get());
+        }
+        for (Sequence* seq : samplers) {
+            RequestOutput out;
+            out.request_id = r.req.id;
+            out.index = seq->index;
+            TokenLogprob lp;
+            const bool want_lp = r.req.sampling.logprobs >= 0;
+            const int32_t tok = sampler_.sample(logits, vocab, *seq, want_lp ? &lp : nullptr);
+            seq->tokens.push_back(tok);
+            ++totals_.generation_tokens;
+            out.token_ids.push_back(tok);
+            if (want_lp) out.logprobs.push_back(std::move(lp));
+
+            const SamplingParams& p = r.req.sampling;
+            const bool is_eos = std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), tok) !=
+                                config_.eos_token_ids.end();
+            const bool is_stop_token = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) !=
+                                       p.stop_token_ids.end();
+            std::string stop;
+            if ((is_eos && !p.ignore_eos) || is_stop_token) {
+                finish_choice(r, *seq, FinishReason::Stop, is_stop_token ? std::to_string(tok) : "", out);
+            } else {
+                if (!r.texts.empty()) out.text = r.texts[seq->index]->push(tok, &stop);
+                if (!stop.empty()) finish_choice(r, *seq, FinishReason::Stop, stop, out);
+                else if (seq->num_output() >= seq->max_tokens) finish_choice(r, *seq, FinishReason::Length, "", out);
+            }
+            outputs.push_back(std::move(out));
+        }
+        if (r.num_finished == r.req.sampling.n) {
+            Usage usage;
+            usage.prompt_tokens = r.seqs[0]->num_prompt_tokens;
+            usage.cached_tokens = r.seqs[0]->num_cached_prompt_tokens;
+            for (const auto& sq : r.seqs) usage.completion_tokens += sq->num_output();
+            outputs.back().usage = usage;
+            requests_.erase(r.req.id);
+        }
+    }
+    return outputs;
+}
+
+EngineStats EngineCore::stats() const {
+    EngineStats s = totals_;
+    s.num_running = scheduler_.num_running();
+    s.num_waiting = scheduler_.num_waiting();
+    s.num_kv_blocks = blocks_.num_blocks();
+    s.num_kv_blocks_used = blocks_.num_used();
+    s.prefix_queries = blocks_.stats().prefix_queries;
+    s.prefix_hits = blocks_.stats().prefix_hits;
+    s.evictions = blocks_.stats().evictions;
+    s.preemptions = scheduler_.num_preemptions();
+    return s;
+}
+
+std::vector<const Sequence*> EngineCore::live_sequences() const {
+    std::vector<const Sequence*> out;
+    for (const auto& [id, r] : requests_)
+        for (const auto& s : r->seqs)
+            if (s->status != SeqStatus::Finished) out.push_back(s.get());
+    return out;
+}
+
+}  // namespace peregrine

@@ -1,0 +1,85 @@
+// The engine's step loop, single-threaded: requests in, one `step()` = schedule → run →
+// sample → outputs. The threaded Engine (engine.h) drives it; tests drive it directly.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/block_manager.h"
+#include "engine/model_runner.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "engine/text_output.h"
+#include "peregrine/engine_types.h"
+
+namespace peregrine {
+
+struct EngineConfig {
+    SchedulerConfig scheduler;
+    EvictionPolicy eviction = EvictionPolicy::Lru;
+    bool prefix_caching = true;
+    std::vector<int32_t> eos_token_ids;
+};
+
+struct EngineStats {
+    int num_running = 0;
+    int num_waiting = 0;
+    int num_kv_blocks = 0;
+    int num_kv_blocks_used = 0;
+    uint64_t prefix_queries = 0;   // tokens
+    uint64_t prefix_hits = 0;      // tokens
+    uint64_t evictions = 0;
+    uint64_t preemptions = 0;
+    uint64_t prompt_tokens = 0;    // of finished and running requests, counted at submit
+    uint64_t generation_tokens = 0;
+    uint64_t steps = 0;
+};
+
+class EngineCore {
+public:
+    // `text` may be null: then outputs carry token ids only and stop strings are refused.
+    EngineCore(const EngineConfig& config, ModelExecutor& executor, std::shared_ptr<const TextProcessor> text);
+    ~EngineCore();
+
+    // Validates and queues. Throws Error (with a message fit for an API client) when the
+    // request is malformed: empty or out-of-vocabulary prompt, a prompt that leaves no room
+    // in the context, bad sampling values, a duplicate id.
+    void add_request(Request request);
+    // Ends every unfinished choice of the request now (finish reason "abort"), freeing its
+    // blocks; the outputs come with the next `step()`. Unknown ids are ignored.
+    void abort_request(const std::string& id);
+
+    // One iteration. Returns what it produced (and any pending abort outputs).
+    std::vector<RequestOutput> step();
+    bool has_unfinished() const { return !requests_.empty(); }
+    EngineStats stats() const;
+
+    const BlockManager& block_manager() const { return blocks_; }
+    const Scheduler& scheduler() const { return scheduler_; }
+    // Live sequences, for invariant checks in tests.
+    std::vector<const Sequence*> live_sequences() const;
+
+private:
+    struct RequestState;
+    void finish_choice(RequestState& r, Sequence& seq, FinishReason reason, std::string stop, RequestOutput& out);
+    void fork_choices(RequestState& r, Sequence& parent);
+
+    EngineConfig config_;
+    ModelExecutor& executor_;
+    std::shared_ptr<const TextProcessor> text_;
+    BlockManager blocks_;
+    Scheduler scheduler_;
+    Sampler sampler_;
+    std::unordered_map<std::string, std::unique_ptr<RequestState>> requests_;
+    std::vector<RequestOutput> pending_;  // abort outputs not yet returned
+    uint64_t next_seq_id_ = 1;
+    uint64_t next_arrival_ = 1;
+    BatchInput batch_;
+    std::vector<float> logits_;
+    EngineStats totals_;
+};
+
+}  // namespace peregrine

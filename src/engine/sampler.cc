@@ -1,0 +1,122 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace peregrine {
+
+namespace {
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Larger first; ties to the smaller id, so results never depend on the sort's internals.
+bool by_logit(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+}
+}  // namespace
+
+void Sampler::raw_logprobs(const float* logits, int vocab, int top, TokenLogprob* out) {
+    float mx = kNegInf;
+    for (int i = 0; i < vocab; ++i) mx = std::max(mx, logits[i]);
+    double z = 0;
+    for (int i = 0; i < vocab; ++i) z += std::exp(static_cast<double>(logits[i] - mx));
+    const float log_z = mx + static_cast<float>(std::log(z));
+    out->logprob = logits[out->token] - log_z;
+    out->top.clear();
+    if (top <= 0) return;
+    cand_.resize(vocab);
+    for (int i = 0; i < vocab; ++i) cand_[i] = {logits[i], i};
+    top = std::min(top, vocab);
+    std::partial_sort(cand_.begin(), cand_.begin() + top, cand_.end(), by_logit);
+    for (int i = 0; i < top; ++i) out->top.emplace_back(cand_[i].second, cand_[i].first - log_z);
+}
+
+int32_t Sampler::sample(const float* logits, int vocab, Sequence& seq, TokenLogprob* logprob) {
+    const SamplingParams& p = *seq.sampling;
+    work_.assign(logits, logits + vocab);
+    float* l = work_.data();
+
+    for (const auto& [tok, bias] : p.logit_bias)
+        if (tok >= 0 && tok < vocab) l[tok] += bias;
+    if (seq.num_output() < p.min_tokens) {
+        for (int32_t t : eos_ids_)
+            if (t >= 0 && t < vocab) l[t] = kNegInf;
+        for (int32_t t : p.stop_token_ids)
+            if (t >= 0 && t < vocab) l[t] = kNegInf;
+    }
+    if (p.repetition_penalty != 1.0f) {
+        seen_.resize(vocab);
+        for (int32_t t : seq.tokens) {
+            if (t < 0 || t >= vocab || seen_[t]) continue;
+            seen_[t] = 1;
+            l[t] = l[t] > 0 ? l[t] / p.repetition_penalty : l[t] * p.repetition_penalty;
+        }
+        for (int32_t t : seq.tokens)
+            if (t >= 0 && t < vocab) seen_[t] = 0;
+    }
+    if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+        counts_.resize(vocab);
+        for (int i = seq.num_prompt_tokens; i < seq.num_tokens(); ++i) ++counts_[seq.tokens[i]];
+        for (int i = seq.num_prompt_tokens; i < seq.num_tokens(); ++i) {
+            const int32_t t = seq.tokens[i];
+            if (counts_[t] == 0) continue;  // already applied
+            l[t] -= p.frequency_penalty * counts_[t] + p.presence_penalty;
+            counts_[t] = 0;
+        }
+    }
+
+    int32_t chosen;
+    if (p.temperature <= 0.0f || p.top_k == 1) {
+        chosen = 0;
+        for (int i = 1; i < vocab; ++i)
+            if (l[i] > l[chosen]) chosen = i;
+    } else {
+        float mx = kNegInf;
+        for (int i = 0; i < vocab; ++i) mx = std::max(mx, l[i]);
+        // Candidates, in logit space scaled by 1/temperature. min_p keeps p >= min_p * p_max,
+        // i.e. logit >= max + T * ln(min_p). Tokens below e^-30 of the best carry no mass
+        // that could matter, which keeps the sort short.
+        const float floor_logit = p.min_p > 0.0f ? mx + p.temperature * std::log(p.min_p) : mx - 30.0f * p.temperature;
+        cand_.clear();
+        for (int i = 0; i < vocab; ++i)
+            if (l[i] >= floor_logit) cand_.emplace_back(l[i], i);
+        size_t keep = cand_.size();
+        if (p.top_k > 0 && static_cast<size_t>(p.top_k) < keep) {
+            keep = p.top_k;
+            std::partial_sort(cand_.begin(), cand_.begin() + keep, cand_.end(), by_logit);
+        } else {
+            std::sort(cand_.begin(), cand_.end(), by_logit);
+        }
+        double total = 0;
+        for (size_t i = 0; i < keep; ++i) {
+            cand_[i].first = static_cast<float>(std::exp(static_cast<double>(cand_[i].first - mx) / p.temperature));
+            total += cand_[i].first;
+        }
+        if (p.top_p < 1.0f) {  // the smallest prefix whose mass reaches top_p
+            double mass = 0;
+            for (size_t i = 0; i < keep; ++i) {
+                mass += cand_[i].first;
+                if (mass >= p.top_p * total) {
+                    keep = i + 1;
+                    total = mass;
+                    break;
+                }
+            }
+        }
+        double u = std::uniform_real_distribution<double>(0.0, total)(seq.rng);
+        chosen = cand_[keep - 1].second;
+        for (size_t i = 0; i < keep; ++i) {
+            u -= cand_[i].first;
+            if (u < 0) {
+                chosen = cand_[i].second;
+                break;
+            }
+        }
+    }
+    if (logprob) {
+        logprob->token = chosen;
+        raw_logprobs(logits, vocab, std::min(p.logprobs, kMaxLogprobs), logprob);
+    }
+    return chosen;
+}
+
+}  // namespace peregrine

@@ -1,0 +1,95 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace peregrine {
+
+Scheduler::Scheduler(const SchedulerConfig& config, BlockManager& blocks) : config_(config), blocks_(blocks) {
+    PG_CHECK(config.max_num_seqs > 0 && config.max_num_batched_tokens > 0);
+}
+
+void Scheduler::add_waiting(Sequence* seq) {
+    seq->status = SeqStatus::Waiting;
+    waiting_.insert(seq);
+}
+
+void Scheduler::add_running(Sequence* seq) {
+    seq->status = SeqStatus::Running;
+    running_.push_back(seq);
+}
+
+void Scheduler::remove(Sequence* seq) {
+    waiting_.erase(seq);
+    running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
+    blocks_.release(*seq);
+}
+
+void Scheduler::preempt(Sequence* seq, SchedulerOutput& out) {
+    running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
+    blocks_.release(*seq);
+    add_waiting(seq);
+    out.preempted.push_back(seq);
+    ++num_preemptions_;
+}
+
+SchedulerOutput Scheduler::schedule() {
+    SchedulerOutput out;
+    int budget = config_.max_num_batched_tokens;
+    std::sort(running_.begin(), running_.end(), ByPriority());
+
+    // Running sequences: decodes (one uncomputed token) first, then unfinished chunked prefills.
+    // Victims come from the back of the priority order, so a victim is never one already
+    // scheduled in this step.
+    const std::vector<Sequence*> order = running_;
+    for (const bool decodes : {true, false}) {
+        for (Sequence* seq : order) {
+            const int left = seq->num_uncomputed();
+            if (budget == 0 || seq->status != SeqStatus::Running || (left == 1) != decodes || left == 0) continue;
+            const int num_new = std::min(left, budget);
+            while (seq->status == SeqStatus::Running && !blocks_.can_allocate(*seq, num_new)) {
+                Sequence* victim = nullptr;
+                for (auto it = running_.rbegin(); it != running_.rend() && !victim; ++it) {
+                    const bool taken = std::any_of(out.seqs.begin(), out.seqs.end(),
+                                                   [&](const ScheduledSeq& s) { return s.seq == *it; });
+                    if (!taken) victim = *it;
+                }
+                PG_CHECK(victim, "no sequence to preempt");
+                preempt(victim, out);
+            }
+            if (seq->status != SeqStatus::Running) continue;  // it was the victim
+            blocks_.allocate(*seq, num_new, {}, out.block_copies);
+            out.seqs.push_back({seq, num_new, seq->num_computed + num_new == seq->num_tokens()});
+            budget -= num_new;
+        }
+    }
+
+    // Waiting sequences, unless this step had to preempt (they would only thrash).
+    while (out.preempted.empty() && !waiting_.empty() && budget > 0 &&
+           static_cast<int>(running_.size()) < config_.max_num_seqs) {
+        Sequence* seq = *waiting_.begin();
+        const std::vector<int32_t> hits = blocks_.match_prefix(*seq);
+        const int hit_tokens = static_cast<int>(hits.size()) * blocks_.block_size();
+        const int num_new = std::min(seq->num_tokens() - hit_tokens, budget);
+        if (!blocks_.can_allocate(*seq, num_new, hits)) break;  // head of line waits for memory
+        waiting_.erase(waiting_.begin());
+        blocks_.allocate(*seq, num_new, hits, out.block_copies);
+        if (!seq->admitted_once) {
+            seq->admitted_once = true;
+            seq->num_cached_prompt_tokens = std::min(hit_tokens, seq->num_prompt_tokens);
+            blocks_.count_prefix_query(seq->num_prompt_tokens, seq->num_cached_prompt_tokens);
+        }
+        add_running(seq);
+        out.seqs.push_back({seq, num_new, seq->num_computed + num_new == seq->num_tokens()});
+        budget -= num_new;
+    }
+    for (const ScheduledSeq& s : out.seqs) out.num_tokens += s.num_new;
+    return out;
+}
+
+void Scheduler::commit(const SchedulerOutput& out) {
+    for (const ScheduledSeq& s : out.seqs) blocks_.commit(*s.seq, s.seq->num_computed + s.num_new);
+}
+
+}  // namespace peregrine

@@ -1,0 +1,71 @@
+// Iteration-level scheduling: each step fills a token budget and a sequence cap with running
+// decodes first, then running chunked prefills, then waiting sequences in (priority, arrival)
+// order. When KV blocks run out, the lowest-priority, latest-arriving running sequence is
+// preempted (its blocks freed, its tokens recomputed later).
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "engine/block_manager.h"
+#include "engine/sequence.h"
+
+namespace peregrine {
+
+struct SchedulerConfig {
+    int max_num_seqs = 256;
+    int max_num_batched_tokens = 2048;
+};
+
+struct ScheduledSeq {
+    Sequence* seq;
+    int num_new;   // tokens [seq->num_computed, seq->num_computed + num_new) run this step
+    bool sample;   // the chunk reaches the end of the sequence: a token is sampled after it
+};
+
+struct SchedulerOutput {
+    std::vector<ScheduledSeq> seqs;
+    std::vector<std::pair<int32_t, int32_t>> block_copies;  // copy-on-write (src, dst) before the step
+    std::vector<Sequence*> preempted;
+    int num_tokens = 0;
+    bool empty() const { return seqs.empty(); }
+};
+
+class Scheduler {
+public:
+    Scheduler(const SchedulerConfig& config, BlockManager& blocks);
+
+    void add_waiting(Sequence* seq);
+    void add_running(Sequence* seq);  // a forked child that shares its parent's blocks
+    // Takes the sequence out of every queue and frees its blocks.
+    void remove(Sequence* seq);
+
+    SchedulerOutput schedule();
+    // After the step ran: the scheduled tokens are now in the cache.
+    void commit(const SchedulerOutput& out);
+
+    int num_waiting() const { return static_cast<int>(waiting_.size()); }
+    int num_running() const { return static_cast<int>(running_.size()); }
+    uint64_t num_preemptions() const { return num_preemptions_; }
+    const std::vector<Sequence*>& running() const { return running_; }
+
+private:
+    struct ByPriority {
+        bool operator()(const Sequence* a, const Sequence* b) const {
+            if (a->priority != b->priority) return a->priority < b->priority;
+            if (a->arrival != b->arrival) return a->arrival < b->arrival;
+            return a->seq_id < b->seq_id;
+        }
+    };
+    void preempt(Sequence* seq, SchedulerOutput& out);
+
+    SchedulerConfig config_;
+    BlockManager& blocks_;
+    std::set<Sequence*, ByPriority> waiting_;
+    std::vector<Sequence*> running_;
+    uint64_t num_preemptions_ = 0;
+};
+
+}  // namespace peregrine

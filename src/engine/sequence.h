@@ -1,0 +1,42 @@
+// One sequence being generated: its tokens, its KV blocks, and its place in the schedule.
+// Owned by the engine thread; nothing else touches it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "peregrine/engine_types.h"
+
+namespace peregrine {
+
+enum class SeqStatus { Waiting, Running, Finished };
+
+struct Sequence {
+    uint64_t seq_id = 0;
+    std::string request_id;
+    int index = 0;                     // choice index within the request
+    int priority = 0;
+    uint64_t arrival = 0;              // submit order; ties in priority go to the earlier
+    SeqStatus status = SeqStatus::Waiting;
+    const SamplingParams* sampling = nullptr;  // owned by the request
+    uint64_t cache_salt = 0;           // hash of the request's cache_salt (0 = none)
+
+    std::vector<int32_t> tokens;       // prompt followed by the output
+    int num_prompt_tokens = 0;
+    int num_computed = 0;              // tokens whose K/V are in the cache
+    int num_cached_prompt_tokens = 0;  // prompt tokens that came from the prefix cache (first admission)
+    bool admitted_once = false;
+    std::vector<int32_t> block_table;  // logical block i -> physical block
+
+    std::mt19937_64 rng;
+    int max_tokens = 0;                // after clamping to the context
+
+    int num_tokens() const { return static_cast<int>(tokens.size()); }
+    int num_output() const { return num_tokens() - num_prompt_tokens; }
+    int num_uncomputed() const { return num_tokens() - num_computed; }
+};
+
+}  // namespace peregrine

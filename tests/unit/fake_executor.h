@@ -1,0 +1,66 @@
+// A model stand-in for engine tests: its "KV cache" stores token ids per slot, and the logits
+// of a position are a hash of every token the sequence's block table reaches. A wrong slot,
+// a stale block or a missed copy-on-write changes the logits, so outputs reveal them.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/model_runner.h"
+
+namespace peregrine::testing {
+
+class FakeExecutor final : public ModelExecutor {
+public:
+    FakeExecutor(int num_blocks, int block_size, int vocab = 97, int max_len = 512)
+        : num_blocks_(num_blocks), block_size_(block_size), vocab_(vocab), max_len_(max_len),
+          slots_(static_cast<size_t>(num_blocks) * block_size, -1) {}
+
+    int vocab_size() const override { return vocab_; }
+    int max_model_len() const override { return max_len_; }
+    int num_kv_blocks() const override { return num_blocks_; }
+    int block_size() const override { return block_size_; }
+
+    void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override {
+        for (const auto& [src, dst] : pairs)
+            for (int i = 0; i < block_size_; ++i) slots_[dst * block_size_ + i] = slots_[src * block_size_ + i];
+        copies_ += pairs.size();
+    }
+
+    void execute(const BatchInput& b, std::vector<float>& logits) override {
+        for (int t = 0; t < b.num_tokens(); ++t) {
+            PG_CHECK(b.slot_mapping[t] >= 0 && b.slot_mapping[t] < static_cast<int>(slots_.size()));
+            slots_[b.slot_mapping[t]] = b.token_ids[t];
+        }
+        logits.assign(b.logits_indices.size() * vocab_, 0.0f);
+        size_t row = 0;
+        for (int s = 0; s < b.num_seqs(); ++s) {
+            const int last = b.query_start[s + 1] - 1;
+            if (row >= b.logits_indices.size() || b.logits_indices[row] != last) continue;
+            // Hash of the whole context as the cache holds it.
+            uint64_t h = 1469598103934665603ull;
+            for (int p = 0; p < b.context_lens[s]; ++p) {
+                const int32_t blk = b.block_tables[s * b.max_blocks_per_seq + p / block_size_];
+                PG_CHECK(blk >= 0 && blk < num_blocks_);
+                h = (h ^ static_cast<uint64_t>(slots_[blk * block_size_ + p % block_size_] + 7)) * 1099511628211ull;
+            }
+            for (int v = 0; v < vocab_; ++v) {
+                const uint64_t x = (h + v * 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
+                logits[row * vocab_ + v] = static_cast<float>((x >> 40) % 10007) / 1000.0f;
+            }
+            ++row;
+        }
+        ++steps_;
+    }
+
+    size_t copies_ = 0;
+    size_t steps_ = 0;
+
+private:
+    int num_blocks_, block_size_, vocab_, max_len_;
+    std::vector<int32_t> slots_;  // [num_blocks * block_size] token id written at each slot
+};
+
+}  // namespace peregrine::testing
