@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
     build-essential cmake ninja-build pkg-config
-    nlohmann-json3-dev libcli11-dev libpcre2-dev libxxhash-dev
+    nlohmann-json3-dev libcli11-dev libpcre2-dev libicu-dev libxxhash-dev
     libgtest-dev libgmock-dev
     xz-utils
 )

@@ -52,6 +52,15 @@ struct Usage {
     int cached_tokens = 0;        // prompt tokens served from the prefix cache
 };
 
+// Where a request's time went, in seconds (steady clock), reported with its last output.
+struct RequestTiming {
+    double queue = 0;          // submit → first scheduled
+    double prefill = 0;        // first scheduled → first token (time to first token minus queueing)
+    double decode = 0;         // first token → last token
+    double time_to_first_token = 0;
+    double total = 0;          // submit → finish
+};
+
 // One increment of one choice of a request. The last output of a choice carries its finish
 // reason; the last output of the request also carries the usage.
 struct RequestOutput {
@@ -62,7 +71,8 @@ struct RequestOutput {
     std::vector<TokenLogprob> logprobs; // one per new token when requested
     FinishReason finish = FinishReason::None;
     std::string stop_reason;            // the stop string or token that ended the choice
-    std::optional<Usage> usage;
+    std::optional<Usage> usage;         // set on the request's last output
+    std::optional<RequestTiming> timing;  // likewise
 };
 
 }  // namespace peregrine

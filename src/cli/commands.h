@@ -8,5 +8,8 @@ namespace peregrine::cli {
 
 // Registers the subcommand on `app`; returns the function that runs it (exit code).
 std::function<int()> add_generate(CLI::App& app);
+std::function<int()> add_tokenize(CLI::App& app);
+std::function<int()> add_detokenize(CLI::App& app);
+std::function<int()> add_chat_template(CLI::App& app);
 
 }  // namespace peregrine::cli

@@ -16,7 +16,8 @@
 #include "model/llama.h"
 #include "model/loader.h"
 #include "model/sequence_runner.h"
-#include "tokenizer/vocab.h"
+#include "tokenizer/detokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace peregrine::cli {
 
@@ -58,9 +59,9 @@ std::vector<int32_t> parse_ids(const std::string& s, int vocab) {
     return ids;
 }
 
-Vocab load_vocab(const LoadedModel& m) {
-    if (m.gguf) return Vocab::from_gguf(*m.gguf);
-    return Vocab::from_tokenizer_json((std::filesystem::path(m.model_dir) / "tokenizer.json").string());
+Tokenizer load_tokenizer(const LoadedModel& m) {
+    if (m.gguf) return Tokenizer::from_gguf(*m.gguf);
+    return Tokenizer::from_tokenizer_json((std::filesystem::path(m.model_dir) / "tokenizer.json").string());
 }
 
 // A progress line on stderr for big models on a terminal.
@@ -90,12 +91,17 @@ int run(const GenerateArgs& a) {
     std::fprintf(stderr, "model: %s (%s, %.2fs)\n  %s\n  weights: %s\n  backend: %s\n", path.c_str(), m->format.c_str(),
                  load_s, c.summary().c_str(), m->weight_dtypes.c_str(), backend.name().c_str());
 
-    const Vocab vocab = load_vocab(*m);
+    const Tokenizer tokenizer = load_tokenizer(*m);
     std::vector<int32_t> prompt;
-    if (!a.prompt_ids.empty())
+    if (!a.prompt_ids.empty()) {
         prompt = parse_ids(a.prompt_ids, c.vocab_size);
-    else
-        fail("--prompt needs the tokenizer, which is not built yet; pass --prompt-ids");
+    } else {
+        // User text: BOS/EOS as the tokenizer's config says, special-token text not parsed.
+        prompt = tokenizer.encode(a.prompt, /*add_special_tokens=*/true, /*parse_special=*/false);
+        if (prompt.empty()) fail("--prompt: the text has no tokens");
+        for (int32_t id : prompt)
+            if (id >= c.vocab_size) fail("--prompt: token id ", id, " is outside the model's vocabulary");
+    }
 
     const int total = std::min<int>(static_cast<int>(prompt.size()) + a.max_tokens, c.max_position_embeddings);
     if (static_cast<int>(prompt.size()) > c.max_position_embeddings)
@@ -107,17 +113,11 @@ int run(const GenerateArgs& a) {
     const SamplingOptions sopt{a.temperature, a.top_p, a.top_k};
 
     // Echo the prompt, then stream the continuation as complete UTF-8.
-    std::string pending;
+    IncrementalDetokenizer detok(tokenizer);
     std::string text;  // generated text only
-    bool at_start = true;
     auto emit = [&](int id, bool generated) {
-        std::string bytes = vocab.token_bytes(id);
-        if (at_start && vocab.kind() == VocabKind::SentencePiece && !bytes.empty() && bytes[0] == ' ')
-            bytes.erase(0, 1);
-        if (!bytes.empty()) at_start = false;
-        if (generated) text += bytes;
-        pending += bytes;
-        const std::string ready = take_complete_utf8(pending);
+        const std::string ready = detok.push(id);
+        if (generated) text += ready;
         if (!a.json) {
             std::fwrite(ready.data(), 1, ready.size(), stdout);
             std::fflush(stdout);
@@ -140,8 +140,10 @@ int run(const GenerateArgs& a) {
         if (i + 1 < max_new) runner.run({next}, false, logits);
     }
     const auto t2 = std::chrono::steady_clock::now();
+    const std::string rest = detok.finish();
+    text += rest;
     if (!a.json) {
-        std::fwrite(pending.data(), 1, pending.size(), stdout);
+        std::fwrite(rest.data(), 1, rest.size(), stdout);
         std::printf("\n");
     }
     const double prefill_s = std::chrono::duration<double>(t1 - t0).count();

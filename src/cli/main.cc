@@ -12,6 +12,9 @@ int main(int argc, char** argv) {
     bool show_version = false;
     app.add_flag("--version", show_version, "Print the version and the backends compiled in");
     auto run_generate = peregrine::cli::add_generate(app);
+    auto run_tokenize = peregrine::cli::add_tokenize(app);
+    auto run_detokenize = peregrine::cli::add_detokenize(app);
+    auto run_chat_template = peregrine::cli::add_chat_template(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -23,6 +26,9 @@ int main(int argc, char** argv) {
     }
     try {
         if (app.got_subcommand("generate")) return run_generate();
+        if (app.got_subcommand("tokenize")) return run_tokenize();
+        if (app.got_subcommand("detokenize")) return run_detokenize();
+        if (app.got_subcommand("chat-template")) return run_chat_template();
         std::cout << app.help();
         return 1;
     } catch (const peregrine::Error& e) {

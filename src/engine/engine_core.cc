@@ -17,8 +17,12 @@ const char* finish_reason_name(FinishReason r) {
     return "";
 }
 
+using Clock = std::chrono::steady_clock;
+
 struct EngineCore::RequestState {
     Request req;
+    Clock::time_point arrived, scheduled, first_token;
+    bool was_scheduled = false, has_token = false;
     std::vector<std::unique_ptr<Sequence>> seqs;  // choice i at index i once forked
     std::vector<std::unique_ptr<ChoiceText>> texts;
     std::vector<bool> finished;
@@ -37,7 +41,7 @@ uint64_t choice_seed(uint64_t base, int index) {
     return z ^ (z >> 31);
 }
 
-void validate(const Request& r, int vocab, int max_model_len, bool has_text) {
+void validate(const Request& r, int vocab, int max_model_len, int kv_tokens, bool has_text) {
     const SamplingParams& p = r.sampling;
     if (r.prompt_ids.empty()) fail("the prompt is empty");
     for (int32_t t : r.prompt_ids)
@@ -45,6 +49,8 @@ void validate(const Request& r, int vocab, int max_model_len, bool has_text) {
     if (static_cast<int>(r.prompt_ids.size()) >= max_model_len)
         fail("the prompt has ", r.prompt_ids.size(), " tokens, which leaves no room in the model's context of ",
              max_model_len, " tokens");
+    if (static_cast<int>(r.prompt_ids.size()) >= kv_tokens)
+        fail("the prompt has ", r.prompt_ids.size(), " tokens; the KV cache holds only ", kv_tokens);
     if (p.n < 1 || p.n > 128) fail("n must be between 1 and 128, got ", p.n);
     if (!(p.temperature >= 0.0f)) fail("temperature must be >= 0, got ", p.temperature);
     if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) fail("top_p must be in (0, 1], got ", p.top_p);
@@ -73,11 +79,17 @@ EngineCore::EngineCore(const EngineConfig& config, ModelExecutor& executor, std:
 
 EngineCore::~EngineCore() = default;
 
+void EngineCore::check_request(const Request& request) const {
+    validate(request, executor_.vocab_size(), executor_.max_model_len(),
+             executor_.num_kv_blocks() * executor_.block_size(), text_ != nullptr);
+}
+
 void EngineCore::add_request(Request request) {
-    validate(request, executor_.vocab_size(), executor_.max_model_len(), text_ != nullptr);
+    check_request(request);
     if (requests_.count(request.id)) fail("a request with id '", request.id, "' is already running");
     auto r = std::make_unique<RequestState>();
     r->req = std::move(request);
+    r->arrived = Clock::now();
     const SamplingParams& p = r->req.sampling;
     r->base_seed = p.seed ? *p.seed : std::random_device{}() * 0x100000001ull + std::random_device{}();
     r->finished.assign(p.n, false);
@@ -92,8 +104,6 @@ void EngineCore::add_request(Request request) {
     seq->num_prompt_tokens = static_cast<int>(seq->tokens.size());
     // A sequence must fit the model's context and, alone, the whole KV cache.
     const int room = std::min(executor_.max_model_len(), executor_.num_kv_blocks() * executor_.block_size());
-    if (seq->num_prompt_tokens >= room)
-        fail("the prompt has ", seq->num_prompt_tokens, " tokens; the KV cache holds only ", room);
     seq->max_tokens = std::min(p.max_tokens, room - seq->num_prompt_tokens);
     seq->rng.seed(choice_seed(r->base_seed, 0));
     if (text_) r->texts.push_back(text_->start(r->req.prompt_ids, p.stop));
@@ -122,12 +132,27 @@ void EngineCore::abort_request(const std::string& id) {
         }
         pending_.push_back(std::move(out));
     }
+    finish_request(r, pending_.back());
+}
+
+void EngineCore::finish_request(RequestState& r, RequestOutput& last) {
     Usage usage;
     usage.prompt_tokens = r.seqs[0]->num_prompt_tokens;
     usage.cached_tokens = r.seqs[0]->num_cached_prompt_tokens;
     for (const auto& s : r.seqs) usage.completion_tokens += s->num_output();
-    pending_.back().usage = usage;
-    requests_.erase(it);
+    last.usage = usage;
+    const Clock::time_point now = Clock::now();
+    auto secs = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+    RequestTiming t;
+    t.total = secs(now - r.arrived);
+    if (r.was_scheduled) t.queue = secs(r.scheduled - r.arrived);
+    if (r.has_token) {
+        t.prefill = secs(r.first_token - r.scheduled);
+        t.decode = secs(now - r.first_token);
+        t.time_to_first_token = secs(r.first_token - r.arrived);
+    }
+    last.timing = t;
+    requests_.erase(r.req.id);  // destroys r
 }
 
 void EngineCore::finish_choice(RequestState& r, Sequence& seq, FinishReason reason, std::string stop,
@@ -164,6 +189,14 @@ std::vector<RequestOutput> EngineCore::step() {
     const SchedulerOutput sched = scheduler_.schedule();
     if (sched.empty()) return outputs;
     ++totals_.steps;
+    const Clock::time_point now = Clock::now();
+    for (const ScheduledSeq& s : sched.seqs) {
+        RequestState& r = *requests_.at(s.seq->request_id);
+        if (!r.was_scheduled) {
+            r.was_scheduled = true;
+            r.scheduled = now;
+        }
+    }
     executor_.copy_blocks(sched.block_copies);
     build_batch(sched, executor_.block_size(), batch_);
     executor_.execute(batch_, logits_);
@@ -210,14 +243,11 @@ std::vector<RequestOutput> EngineCore::step() {
             }
             outputs.push_back(std::move(out));
         }
-        if (r.num_finished == r.req.sampling.n) {
-            Usage usage;
-            usage.prompt_tokens = r.seqs[0]->num_prompt_tokens;
-            usage.cached_tokens = r.seqs[0]->num_cached_prompt_tokens;
-            for (const auto& sq : r.seqs) usage.completion_tokens += sq->num_output();
-            outputs.back().usage = usage;
-            requests_.erase(r.req.id);
+        if (!r.has_token) {
+            r.has_token = true;
+            r.first_token = Clock::now();
         }
+        if (r.num_finished == r.req.sampling.n) finish_request(r, outputs.back());
     }
     return outputs;
 }

@@ -44,9 +44,11 @@ public:
     EngineCore(const EngineConfig& config, ModelExecutor& executor, std::shared_ptr<const TextProcessor> text);
     ~EngineCore();
 
-    // Validates and queues. Throws Error (with a message fit for an API client) when the
-    // request is malformed: empty or out-of-vocabulary prompt, a prompt that leaves no room
-    // in the context, bad sampling values, a duplicate id.
+    // Throws Error (with a message fit for an API client) when the request is malformed:
+    // empty or out-of-vocabulary prompt, a prompt that leaves no room in the context or the
+    // KV cache, bad sampling values. Reads only immutable state: safe from any thread.
+    void check_request(const Request& request) const;
+    // Checks (as above, plus a duplicate id) and queues.
     void add_request(Request request);
     // Ends every unfinished choice of the request now (finish reason "abort"), freeing its
     // blocks; the outputs come with the next `step()`. Unknown ids are ignored.
@@ -65,6 +67,7 @@ public:
 private:
     struct RequestState;
     void finish_choice(RequestState& r, Sequence& seq, FinishReason reason, std::string stop, RequestOutput& out);
+    void finish_request(RequestState& r, RequestOutput& last);
     void fork_choices(RequestState& r, Sequence& parent);
 
     EngineConfig config_;
