@@ -12,6 +12,23 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 bool by_logit(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
 }
+
+// First index of the largest value. Lane-wise maxima first (a loop the compiler vectorises),
+// then one scan for the first index holding the maximum.
+int32_t argmax(const float* x, int n) {
+    constexpr int kLanes = 16;
+    float lanes[kLanes];
+    for (int j = 0; j < kLanes; ++j) lanes[j] = kNegInf;
+    int i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+        for (int j = 0; j < kLanes; ++j) lanes[j] = x[i + j] > lanes[j] ? x[i + j] : lanes[j];
+    float mx = kNegInf;
+    for (int j = 0; j < kLanes; ++j) mx = std::max(mx, lanes[j]);
+    for (; i < n; ++i) mx = std::max(mx, x[i]);
+    for (int k = 0; k < n; ++k)
+        if (x[k] == mx) return k;
+    return 0;  // all NaN
+}
 }  // namespace
 
 void Sampler::raw_logprobs(const float* logits, int vocab, int top, TokenLogprob* out) {
@@ -32,49 +49,51 @@ void Sampler::raw_logprobs(const float* logits, int vocab, int top, TokenLogprob
 
 int32_t Sampler::sample(const float* logits, int vocab, Sequence& seq, TokenLogprob* logprob) {
     const SamplingParams& p = *seq.sampling;
-    work_.assign(logits, logits + vocab);
-    float* l = work_.data();
-
-    for (const auto& [tok, bias] : p.logit_bias)
-        if (tok >= 0 && tok < vocab) l[tok] += bias;
-    if (seq.num_output() < p.min_tokens) {
-        for (int32_t t : eos_ids_)
-            if (t >= 0 && t < vocab) l[t] = kNegInf;
-        for (int32_t t : p.stop_token_ids)
-            if (t >= 0 && t < vocab) l[t] = kNegInf;
-    }
-    if (p.repetition_penalty != 1.0f) {
-        seen_.resize(vocab);
-        for (int32_t t : seq.tokens) {
-            if (t < 0 || t >= vocab || seen_[t]) continue;
-            seen_[t] = 1;
-            l[t] = l[t] > 0 ? l[t] / p.repetition_penalty : l[t] * p.repetition_penalty;
+    const bool mask_end = seq.num_output() < p.min_tokens;
+    const bool processed = !p.logit_bias.empty() || mask_end || p.repetition_penalty != 1.0f ||
+                           p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+    const float* l = logits;
+    if (processed) {
+        work_.assign(logits, logits + vocab);
+        float* w = work_.data();
+        for (const auto& [tok, bias] : p.logit_bias)
+            if (tok >= 0 && tok < vocab) w[tok] += bias;
+        if (mask_end) {
+            for (int32_t t : eos_ids_)
+                if (t >= 0 && t < vocab) w[t] = kNegInf;
+            for (int32_t t : p.stop_token_ids)
+                if (t >= 0 && t < vocab) w[t] = kNegInf;
         }
-        for (int32_t t : seq.tokens)
-            if (t >= 0 && t < vocab) seen_[t] = 0;
-    }
-    if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
-        counts_.resize(vocab);
-        for (int i = seq.num_prompt_tokens; i < seq.num_tokens(); ++i) ++counts_[seq.tokens[i]];
-        for (int i = seq.num_prompt_tokens; i < seq.num_tokens(); ++i) {
-            const int32_t t = seq.tokens[i];
-            if (counts_[t] == 0) continue;  // already applied
-            l[t] -= p.frequency_penalty * counts_[t] + p.presence_penalty;
-            counts_[t] = 0;
+        if (p.repetition_penalty != 1.0f) {
+            seen_.resize(vocab);
+            for (int32_t t : seq.tokens) {
+                if (t < 0 || t >= vocab || seen_[t]) continue;
+                seen_[t] = 1;
+                w[t] = w[t] > 0 ? w[t] / p.repetition_penalty : w[t] * p.repetition_penalty;
+            }
+            for (int32_t t : seq.tokens)
+                if (t >= 0 && t < vocab) seen_[t] = 0;
         }
+        if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+            counts_.resize(vocab);
+            for (int i = seq.num_prompt_tokens; i < seq.num_tokens(); ++i) ++counts_[seq.tokens[i]];
+            for (int i = seq.num_prompt_tokens; i < seq.num_tokens(); ++i) {
+                const int32_t t = seq.tokens[i];
+                if (counts_[t] == 0) continue;  // already applied
+                w[t] -= p.frequency_penalty * counts_[t] + p.presence_penalty;
+                counts_[t] = 0;
+            }
+        }
+        l = w;
     }
 
     int32_t chosen;
     if (p.temperature <= 0.0f || p.top_k == 1) {
-        chosen = 0;
-        for (int i = 1; i < vocab; ++i)
-            if (l[i] > l[chosen]) chosen = i;
+        chosen = argmax(l, vocab);
     } else {
-        float mx = kNegInf;
-        for (int i = 0; i < vocab; ++i) mx = std::max(mx, l[i]);
-        // Candidates, in logit space scaled by 1/temperature. min_p keeps p >= min_p * p_max,
-        // i.e. logit >= max + T * ln(min_p). Tokens below e^-30 of the best carry no mass
-        // that could matter, which keeps the sort short.
+        const float mx = l[argmax(l, vocab)];
+        // Candidates: min_p keeps p >= min_p * p_max, i.e. logit >= max + T * ln(min_p).
+        // Tokens below e^-30 of the best carry no mass that could matter.
         const float floor_logit = p.min_p > 0.0f ? mx + p.temperature * std::log(p.min_p) : mx - 30.0f * p.temperature;
         cand_.clear();
         for (int i = 0; i < vocab; ++i)
@@ -83,23 +102,33 @@ int32_t Sampler::sample(const float* logits, int vocab, Sequence& seq, TokenLogp
         if (p.top_k > 0 && static_cast<size_t>(p.top_k) < keep) {
             keep = p.top_k;
             std::partial_sort(cand_.begin(), cand_.begin() + keep, cand_.end(), by_logit);
-        } else {
-            std::sort(cand_.begin(), cand_.end(), by_logit);
         }
+        // Weights e^((l - max) / T) in place; the order of cand_ is by id unless sorted above.
+        const float inv_t = 1.0f / p.temperature;
         double total = 0;
         for (size_t i = 0; i < keep; ++i) {
-            cand_[i].first = static_cast<float>(std::exp(static_cast<double>(cand_[i].first - mx) / p.temperature));
+            cand_[i].first = std::exp((cand_[i].first - mx) * inv_t);
             total += cand_[i].first;
         }
-        if (p.top_p < 1.0f) {  // the smallest prefix whose mass reaches top_p
-            double mass = 0;
-            for (size_t i = 0; i < keep; ++i) {
-                mass += cand_[i].first;
-                if (mass >= p.top_p * total) {
-                    keep = i + 1;
+        if (p.top_p < 1.0f) {
+            // The smallest most-likely prefix whose mass reaches top_p: sort a growing head
+            // of the candidates until it holds that mass (rarely more than a few hundred).
+            const bool sorted = p.top_k > 0;
+            size_t head = sorted ? keep : std::min<size_t>(keep, 256);
+            for (;;) {
+                if (!sorted) {
+                    std::nth_element(cand_.begin(), cand_.begin() + (head - 1), cand_.begin() + keep, by_logit);
+                    std::sort(cand_.begin(), cand_.begin() + head, by_logit);
+                }
+                double mass = 0;
+                size_t cut = 0;
+                for (; cut < head && mass < p.top_p * total; ++cut) mass += cand_[cut].first;
+                if (mass >= p.top_p * total || head == keep) {
+                    keep = cut;
                     total = mass;
                     break;
                 }
+                head = std::min(keep, head * 8);
             }
         }
         double u = std::uniform_real_distribution<double>(0.0, total)(seq.rng);

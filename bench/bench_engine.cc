@@ -1,0 +1,137 @@
+// Engine benchmarks (not part of the test suite):
+//   overhead  — schedule + block manager + sampling time per step with a model that costs
+//               nothing, at 256 running sequences;
+//   batching  — continuous vs static batching of a mixed-length workload on the embedded
+//               model (CPU backend, f32).
+// Usage: peregrine_bench_engine [overhead|batching|all]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "backend/cpu/cpu_backend.h"
+#include "engine/engine_core.h"
+#include "model/llama.h"
+#include "model/loader.h"
+
+using namespace peregrine;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Logits that cost only the memory they occupy, shaped like a language model's: a Zipf-like
+// fall-off over a fixed random order of the vocabulary.
+class NullExecutor final : public ModelExecutor {
+public:
+    NullExecutor(int vocab, int blocks) : vocab_(vocab), blocks_(blocks) {}
+    int vocab_size() const override { return vocab_; }
+    int max_model_len() const override { return 1 << 20; }
+    int num_kv_blocks() const override { return blocks_; }
+    int block_size() const override { return 16; }
+    void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>&) override {}
+    void execute(const BatchInput& b, std::vector<float>& logits) override {
+        const size_t n = b.logits_indices.size() * vocab_;
+        if (logits.size() != n) {
+            logits.resize(n);
+            std::vector<int> order(vocab_);
+            for (int i = 0; i < vocab_; ++i) order[i] = i;
+            std::shuffle(order.begin(), order.end(), std::mt19937(5));
+            for (size_t i = 0; i < n; ++i) logits[i] = -1.2f * std::log(1.0f + order[i % vocab_]);
+        }
+    }
+private:
+    int vocab_, blocks_;
+};
+
+void overhead(int vocab, float temperature) {
+    const int num_seqs = 256;
+    NullExecutor ex(vocab, num_seqs * 80);
+    EngineConfig cfg;
+    cfg.scheduler.max_num_seqs = num_seqs;
+    cfg.scheduler.max_num_batched_tokens = 8192;
+    EngineCore core(cfg, ex, nullptr);
+    std::mt19937 rng(1);
+    for (int i = 0; i < num_seqs; ++i) {
+        Request r;
+        r.id = std::to_string(i);
+        for (int j = 0; j < 200; ++j) r.prompt_ids.push_back(rng() % vocab);
+        r.sampling.max_tokens = 1000;
+        r.sampling.ignore_eos = true;
+        r.sampling.temperature = temperature;
+        r.sampling.top_p = temperature > 0 ? 0.9f : 1.0f;
+        core.add_request(std::move(r));
+    }
+    core.step();  // prefill of all 256
+    const int steps = 200;
+    const auto t0 = Clock::now();
+    for (int i = 0; i < steps; ++i) core.step();
+    const double per_step = seconds_since(t0) / steps;
+    std::printf("overhead: %d running sequences, vocab %d, %s: %.3f ms per decode step (schedule + blocks + sampling)\n",
+                core.stats().num_running, vocab, temperature > 0 ? "temperature 1 top-p 0.9" : "greedy", per_step * 1e3);
+}
+
+void batching() {
+    CpuBackend backend(0);
+    LoadOptions opt;
+    opt.matmul_dtype_ok = [&](DType t) { return backend.supports_weight_dtype(t); };
+    auto m = load_model(default_model_path(), opt);
+    LlamaModel model(*m, backend);
+    // 96 requests: prompts of 16-64 tokens, outputs of 8-256 tokens (long tail).
+    std::mt19937 rng(42);
+    std::vector<Request> reqs;
+    for (int i = 0; i < 96; ++i) {
+        Request r;
+        r.id = std::to_string(i);
+        r.prompt_ids.push_back(1);
+        const int len = 16 + rng() % 49;
+        for (int j = 1; j < len; ++j) r.prompt_ids.push_back(3 + rng() % 500);
+        r.sampling.temperature = 0;
+        r.sampling.ignore_eos = true;
+        r.sampling.max_tokens = (rng() % 4 == 0) ? 128 + rng() % 129 : 8 + rng() % 57;
+        reqs.push_back(r);
+    }
+    const int batch = 16;
+    auto run = [&](bool continuous) {
+        LlamaExecutor ex(model, backend, 1024, 16);
+        EngineConfig cfg;
+        cfg.scheduler.max_num_seqs = batch;
+        EngineCore core(cfg, ex, nullptr);
+        size_t next = 0;
+        uint64_t tokens = 0;
+        const auto t0 = Clock::now();
+        while (next < reqs.size() || core.has_unfinished()) {
+            // Static batching admits a new batch only when the previous one has fully ended.
+            if (continuous ? next < reqs.size() : !core.has_unfinished()) {
+                const size_t until = continuous ? reqs.size() : std::min(reqs.size(), next + batch);
+                while (next < until) core.add_request(reqs[next++]);
+            }
+            for (const RequestOutput& o : core.step()) tokens += o.token_ids.size();
+        }
+        const double s = seconds_since(t0);
+        std::printf("batching: %-10s %3zu requests, batch %d: %.2f s, %llu output tokens, %.0f tokens/s, %llu steps\n",
+                    continuous ? "continuous" : "static", reqs.size(), batch, s, static_cast<unsigned long long>(tokens),
+                    tokens / s, static_cast<unsigned long long>(core.stats().steps));
+        return tokens / s;
+    };
+    const double st = run(false), ct = run(true);
+    std::printf("batching: continuous / static throughput = %.2fx (%s)\n", ct / st, backend.name().c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const std::string what = argc > 1 ? argv[1] : "all";
+    if (what == "overhead" || what == "all") {
+        overhead(512, 0.0f);
+        overhead(32000, 0.0f);
+        overhead(32000, 1.0f);
+        overhead(151936, 0.0f);
+    }
+    if (what == "batching" || what == "all") batching();
+    return 0;
+}
