@@ -127,7 +127,8 @@ std::function<int()> add_chat_template(CLI::App& app) {
                     "JSON file with all the template's variables (messages, add_generation_prompt, bos_token, ...)");
     cmd->add_option("--messages", args->messages, "Messages: a JSON array, or @FILE (@- for stdin)");
     cmd->add_option("--tools", args->tools, "Tools: a JSON array, or @FILE");
-    cmd->add_option("--vars", args->extra, "More variables: a JSON object, or @FILE (e.g. {\"enable_thinking\": false})");
+    cmd->add_option("--vars", args->extra,
+                    "More variables: a JSON object, or @FILE (e.g. {\"enable_thinking\": false})");
     cmd->add_flag("--add-generation-prompt", args->add_generation_prompt, "End with the assistant turn's header");
     auto* bos = cmd->add_option("--bos-token", args->bos_token, "bos_token (default: the model's)");
     auto* eos = cmd->add_option("--eos-token", args->eos_token, "eos_token (default: the model's)");

@@ -35,7 +35,9 @@ std::string read_stdin() {
     return std::string(std::istreambuf_iterator<char>(std::cin), {});
 }
 
-Tokenizer load_tokenizer(const std::string& path) { return Tokenizer::load(path.empty() ? default_model_path() : path); }
+Tokenizer load_tokenizer(const std::string& path) {
+    return Tokenizer::load(path.empty() ? default_model_path() : path);
+}
 
 int run_tokenize(const TokenizeArgs& a) {
     const Tokenizer tok = load_tokenizer(a.tokenizer);

@@ -1,5 +1,6 @@
 #include "template/interpreter.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -53,7 +54,7 @@ const Value* Scope::lookup(const std::string& name) const {
     return nullptr;
 }
 
-Interpreter::DepthGuard::DepthGuard(Interpreter& interp, uint32_t off) : in(interp), offset(off) {
+Interpreter::DepthGuard::DepthGuard(Interpreter& interp) : in(interp) {
     if (in.depth_ >= in.limits_.max_depth)
         throw ValueError("nesting deeper than " + std::to_string(in.limits_.max_depth) +
                          " levels (a macro that calls itself without end?)");
@@ -64,18 +65,24 @@ Interpreter::Interpreter(const Program& program, std::string_view source, std::s
                          const RenderLimits& limits)
     : program_(program), source_(source), name_(name), limits_(limits) {}
 
+template <typename T>
+void Interpreter::WeakList<T>::add(const std::shared_ptr<T>& p) {
+    if (!items.empty() && items.back().lock() == p) return;  // appends in a loop
+    items.push_back(p);
+    if (items.size() < prune_at) return;
+    std::erase_if(items, [](const std::weak_ptr<T>& w) { return w.expired(); });
+    prune_at = std::max<size_t>(4096, 2 * items.size());
+}
+
 Interpreter::~Interpreter() {
     // Break reference cycles (a list appended to itself, a macro stored in the scope it captured):
     // empty every container changed in place and every captured scope. Nested containers are freed
     // iteratively by their deleter.
-    for (Value& v : mutated_) {
-        if (v.is_array())
-            v.as_array().clear();
-        else if (v.is_object())
-            v.as_object().clear();
-    }
-    mutated_.clear();
-    for (auto& w : captured_) {
+    for (auto& w : mutated_arrays_.items)
+        if (auto a = w.lock()) a->clear();
+    for (auto& w : mutated_objects_.items)
+        if (auto o = w.lock()) o->clear();
+    for (auto& w : captured_.items) {
         if (auto s = w.lock()) {
             auto vars = std::move(s->vars);
             s->vars.clear();
@@ -127,17 +134,8 @@ Value Interpreter::new_object() {
 }
 
 void Interpreter::note_mutation(const Value& container) {
-    if (!container.is_array() && !container.is_object()) return;
-    // one entry per container: the most recent one is checked first (appends in a loop)
-    const void* p = container.is_array() ? static_cast<const void*>(container.array_ptr().get())
-                                         : static_cast<const void*>(container.object_ptr().get());
-    for (size_t i = mutated_.size(), n = 0; i > 0 && n < 8; --i, ++n) {
-        const Value& m = mutated_[i - 1];
-        const void* q = m.is_array() ? static_cast<const void*>(m.array_ptr().get())
-                                     : static_cast<const void*>(m.object_ptr().get());
-        if (p == q) return;
-    }
-    mutated_.push_back(container);
+    if (container.is_array()) mutated_arrays_.add(container.array_ptr());
+    if (container.is_object()) mutated_objects_.add(container.object_ptr());
 }
 
 void Interpreter::append(std::string& out, std::string_view s) {
@@ -155,7 +153,7 @@ Value Interpreter::lookup(const std::string& name, const Scope& scope) const {
 
 Value Interpreter::call(const Value& fn, CallArgs& args) {
     if (!fn.is_function()) throw ValueError(std::string(fn.type_name()) + " is not callable");
-    charge(1);
+    charge(4);  // a call may allocate a scope
     return fn.as_function().fn(*this, args);
 }
 
@@ -171,7 +169,7 @@ Interpreter::Flow Interpreter::exec_body(const Body& body, const std::shared_ptr
 
 Interpreter::Flow Interpreter::exec(const Node& node, const std::shared_ptr<Scope>& scope, std::string& out) {
     try {
-        DepthGuard guard(*this, node.offset);
+        DepthGuard guard(*this);
         switch (node.kind) {
             case Node::Kind::Text:
                 append(out, node.text);
@@ -208,7 +206,7 @@ Interpreter::Flow Interpreter::exec(const Node& node, const std::shared_ptr<Scop
                         v = apply_filter(*this, (*it)->name, v, a);
                     }
                 }
-                assign(node.targets, v, *scope, node.offset);
+                assign(node.targets, v, *scope);
                 break;
             }
             case Node::Kind::Macro:
@@ -261,8 +259,7 @@ Interpreter::Flow Interpreter::exec(const Node& node, const std::shared_ptr<Scop
     return Flow::Normal;
 }
 
-void Interpreter::assign(const std::vector<std::string>& targets, const Value& v, Scope& scope, uint32_t offset) {
-    (void)offset;
+void Interpreter::assign(const std::vector<std::string>& targets, const Value& v, Scope& scope) {
     if (targets.size() == 1) {
         scope.vars[targets[0]] = v;
         return;
@@ -289,7 +286,7 @@ void Interpreter::exec_set(const Node& node, const std::shared_ptr<Scope>& scope
         note_mutation(target);
         return;
     }
-    assign(node.targets, v, *scope, node.offset);
+    assign(node.targets, v, *scope);
 }
 
 void Interpreter::exec_for(const Node& node, const std::shared_ptr<Scope>& scope, std::string& out) {
@@ -301,7 +298,7 @@ void Interpreter::exec_for(const Node& node, const std::shared_ptr<Scope>& scope
         Array kept;
         for (Value& item : items) {
             charge(1);
-            assign(node.targets, item, *loop_scope, node.offset);
+            assign(node.targets, item, *loop_scope);
             if (eval(*node.cond, loop_scope).truthy()) kept.push_back(std::move(item));
         }
         items = std::move(kept);
@@ -340,7 +337,7 @@ void Interpreter::exec_for(const Node& node, const std::shared_ptr<Scope>& scope
         lo.set("previtem", i > 0 ? items[i - 1] : Value());
         lo.set("nextitem", i + 1 < n ? items[i + 1] : Value());
         loop_scope->vars["loop"] = loop;
-        assign(node.targets, items[i], *loop_scope, node.offset);
+        assign(node.targets, items[i], *loop_scope);
         const Flow f = exec_body(node.body, loop_scope, out);
         if (f == Flow::Break) break;
     }
@@ -348,7 +345,7 @@ void Interpreter::exec_for(const Node& node, const std::shared_ptr<Scope>& scope
 }
 
 Value Interpreter::make_macro(const Node& node, const std::shared_ptr<Scope>& scope) {
-    captured_.push_back(scope);
+    captured_.add(scope);
     auto f = std::make_shared<Function>();
     f->name = node.text;
     const Node* np = &node;
@@ -399,7 +396,7 @@ Value Interpreter::make_macro(const Node& node, const std::shared_ptr<Scope>& sc
 }
 
 Value Interpreter::make_caller(const Node& node, const std::shared_ptr<Scope>& scope) {
-    captured_.push_back(scope);
+    captured_.add(scope);
     auto f = std::make_shared<Function>();
     f->name = "caller";
     const Node* np = &node;
@@ -424,7 +421,7 @@ Value Interpreter::make_caller(const Node& node, const std::shared_ptr<Scope>& s
 
 Value Interpreter::eval(const Expr& e, const std::shared_ptr<Scope>& scope) {
     try {
-        DepthGuard guard(*this, e.offset);
+        DepthGuard guard(*this);
         return eval_impl(e, scope);
     } catch (const ValueError& err) {
         fail_at(e.offset, err.what());

@@ -48,7 +48,7 @@ class Interpreter {
     Flow exec(const Node& node, const std::shared_ptr<Scope>& scope, std::string& out);
     void exec_for(const Node& node, const std::shared_ptr<Scope>& scope, std::string& out);
     void exec_set(const Node& node, const std::shared_ptr<Scope>& scope);
-    void assign(const std::vector<std::string>& targets, const Value& v, Scope& scope, uint32_t offset);
+    void assign(const std::vector<std::string>& targets, const Value& v, Scope& scope);
     Value make_macro(const Node& node, const std::shared_ptr<Scope>& scope);
     Value make_caller(const Node& node, const std::shared_ptr<Scope>& scope);
 
@@ -64,8 +64,7 @@ class Interpreter {
 
     struct DepthGuard {
         Interpreter& in;
-        uint32_t offset;
-        DepthGuard(Interpreter& interp, uint32_t off);
+        explicit DepthGuard(Interpreter& interp);
         ~DepthGuard() { --in.depth_; }
     };
 
@@ -76,8 +75,16 @@ class Interpreter {
     int depth_ = 0;
     uint64_t work_ = 0;
     std::shared_ptr<Scope> globals_;
-    std::vector<Value> mutated_;                  // containers changed in place
-    std::vector<std::weak_ptr<Scope>> captured_;  // scopes captured by macros and callers
+    // Weak references, pruned of dead ones as they grow, so a long render does not pile them up.
+    template <typename T>
+    struct WeakList {
+        std::vector<std::weak_ptr<T>> items;
+        size_t prune_at = 4096;
+        void add(const std::shared_ptr<T>& p);
+    };
+    WeakList<Array> mutated_arrays_;  // containers changed in place
+    WeakList<Object> mutated_objects_;
+    WeakList<Scope> captured_;  // scopes captured by macros and callers
 };
 
 // builtins.cc

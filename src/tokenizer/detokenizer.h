@@ -42,14 +42,16 @@ class IncrementalDetokenizer {
 // Watches streamed text for stop strings. push() returns the text that can be shown now:
 // everything up to a stop string when one is found (the stop string itself is never shown),
 // otherwise everything except the longest tail that could still grow into a stop string.
+// The stream ends at the first push that completes a stop string; when several are complete
+// by then, the one that starts first wins (a longer one still incomplete does not count).
 class StopMatcher {
   public:
     explicit StopMatcher(std::vector<std::string> stops);  // empty strings are ignored
 
     struct Result {
-        std::string emit;     // show this
+        std::string emit;      // show this
         bool matched = false;  // a stop string was found: the stream ends here
-        int stop_index = -1;  // which one (an index into the constructor's list)
+        int stop_index = -1;   // which one (an index into the constructor's list)
     };
     Result push(std::string_view text);
     // The end of the stream without a match: the held-back text.

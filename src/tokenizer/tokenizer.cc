@@ -11,7 +11,9 @@ namespace peregrine {
 
 namespace {
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+bool is_space(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
 
 // Words up to this size are remembered within one encode() call.
 constexpr size_t kMaxCachedWord = 128;
@@ -25,7 +27,7 @@ struct Tokenizer::EncodeState {
     std::vector<std::string_view> words;
 
     struct Symbol {
-        int32_t id;      // token id (rank merges); -1 once merged into its left neighbour
+        int32_t id;  // token id (rank merges); -1 once merged into its left neighbour
         int32_t prev, next;
         uint32_t start;  // byte span in the word
         uint32_t len;    // 0 once merged away (score merges)
@@ -47,7 +49,9 @@ struct Tokenizer::EncodeState {
     std::vector<int32_t> pool;
 };
 
-Tokenizer::Tokenizer() : index_(std::make_unique<Index>()) { byte_ids_.fill(-1); }
+Tokenizer::Tokenizer() : index_(std::make_unique<Index>()) {
+    byte_ids_.fill(-1);
+}
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
@@ -123,7 +127,9 @@ void Tokenizer::encode_stretch(std::string_view text, bool at_start, EncodeState
         std::string cur(s), next;
         for (const NormalizerStep& step : normalizer_) {
             switch (step.op) {
-                case NormalizerStep::Op::Normalize: cur = utf8::normalize(cur, step.form); break;
+                case NormalizerStep::Op::Normalize:
+                    cur = utf8::normalize(cur, step.form);
+                    break;
                 case NormalizerStep::Op::Prepend:
                     if (!cur.empty()) cur.insert(0, step.a);
                     break;
@@ -158,10 +164,17 @@ void Tokenizer::encode_stretch(std::string_view text, bool at_start, EncodeState
         const bool has_prefix = s[0] == ' ' || s.starts_with(rep);
         bool prefix = false;
         switch (space_prefix_) {
-            case SpacePrefix::Never: break;
-            case SpacePrefix::Always: prefix = true; break;
-            case SpacePrefix::AlwaysUnless: prefix = !has_prefix; break;
-            case SpacePrefix::FirstUnless: prefix = at_start && !has_prefix; break;
+            case SpacePrefix::Never:
+                break;
+            case SpacePrefix::Always:
+                prefix = true;
+                break;
+            case SpacePrefix::AlwaysUnless:
+                prefix = !has_prefix;
+                break;
+            case SpacePrefix::FirstUnless:
+                prefix = at_start && !has_prefix;
+                break;
         }
         st.escaped.clear();
         if (prefix) st.escaped += rep;
@@ -221,8 +234,8 @@ void Tokenizer::merge_by_rank(std::string_view word, EncodeState& st) const {
             const int32_t id = byte_ids_[static_cast<unsigned char>(word[i])];
             if (id >= 0)
                 add(id, static_cast<uint32_t>(i), 1);
-            else if (unk_id_ >= 0)
-                add(unk_id_, static_cast<uint32_t>(i), 1);
+            else if (model_unk_id_ >= 0)
+                add(model_unk_id_, static_cast<uint32_t>(i), 1);
         }
     } else {
         bool prev_unk = false;
@@ -234,16 +247,17 @@ void Tokenizer::merge_by_rank(std::string_view word, EncodeState& st) const {
                 prev_unk = false;
             } else {
                 bool bytes_ok = byte_fallback_;
-                for (size_t k = 0; bytes_ok && k < len; ++k) bytes_ok = byte_ids_[static_cast<unsigned char>(word[i + k])] >= 0;
+                for (size_t k = 0; bytes_ok && k < len; ++k)
+                    bytes_ok = byte_ids_[static_cast<unsigned char>(word[i + k])] >= 0;
                 if (bytes_ok) {
                     for (size_t k = 0; k < len; ++k)
                         add(byte_ids_[static_cast<unsigned char>(word[i + k])], static_cast<uint32_t>(i + k), 1);
                     prev_unk = false;
-                } else if (unk_id_ >= 0) {
+                } else if (model_unk_id_ >= 0) {
                     if (fuse_unk_ && prev_unk)
                         syms.back().len += static_cast<uint32_t>(len);
                     else
-                        add(unk_id_, static_cast<uint32_t>(i), static_cast<uint32_t>(len));
+                        add(model_unk_id_, static_cast<uint32_t>(i), static_cast<uint32_t>(len));
                     prev_unk = true;
                 }
             }
@@ -361,8 +375,8 @@ std::string Tokenizer::summary() const {
         os << "merges by score";
     else
         os << index_->merges.size() << " merges";
-    os << ", " << splitter_.size() << " split regex" << (splitter_.size() == 1 ? "" : "es") << ", "
-       << added_.size() << " added tokens";
+    os << ", " << splitter_.size() << " split regex" << (splitter_.size() == 1 ? "" : "es") << ", " << added_.size()
+       << " added tokens";
     if (bos_id_ >= 0) os << ", bos " << bos_id_;
     if (eos_id_ >= 0) os << ", eos " << eos_id_;
     os << " (" << description_ << ")";

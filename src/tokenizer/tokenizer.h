@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -62,6 +63,9 @@ class Tokenizer {
     // UTF-8 replaced by U+FFFD, SentencePiece's leading space dropped. Special tokens are
     // left out with skip_special. Throws Error for an id outside the vocabulary.
     std::string decode(std::span<const int32_t> ids, bool skip_special = true) const;
+    std::string decode(std::initializer_list<int32_t> ids, bool skip_special = true) const {
+        return decode(std::span<const int32_t>(ids.begin(), ids.size()), skip_special);
+    }
 
     TokenizerKind kind() const { return kind_; }
     int32_t size() const { return static_cast<int32_t>(tokens_.size()); }
@@ -108,9 +112,9 @@ class Tokenizer {
     // How SentencePiece text gets its leading "▁".
     enum class SpacePrefix {
         Never,
-        Always,         // every stretch of text (llama.cpp add_space_prefix, HF Prepend normalizer)
-        AlwaysUnless,   // every stretch that does not start with one (HF Metaspace "always")
-        FirstUnless,    // only the stretch at the start of the text (HF Metaspace "first")
+        Always,        // every stretch of text (llama.cpp add_space_prefix, HF Prepend normalizer)
+        AlwaysUnless,  // every stretch that does not start with one (HF Metaspace "always")
+        FirstUnless,   // only the stretch at the start of the text (HF Metaspace "first")
     };
     struct NormalizerStep {
         enum class Op { Normalize, Prepend, Replace } op = Op::Normalize;
@@ -132,7 +136,7 @@ class Tokenizer {
     std::vector<TokenType> types_;
     std::vector<float> scores_;  // SentencePiece scores (GGUF); empty when merges rank by order
 
-    struct Index;                  // string → id hash maps, the merge table
+    struct Index;  // string → id hash maps, the merge table
     std::unique_ptr<Index> index_;
     std::array<int32_t, 256> byte_ids_;  // the token of each single byte (byte-level) or <0xXX>
 
@@ -151,6 +155,9 @@ class Tokenizer {
     bool has_user_defined_ = false;
 
     int32_t bos_id_ = -1, eos_id_ = -1, unk_id_ = -1, pad_id_ = -1;
+    // What rank-merge BPE emits for a symbol outside the vocabulary: Hugging Face's
+    // model.unk_token; none for GGUF (llama.cpp drops such bytes).
+    int32_t model_unk_id_ = -1;
     std::vector<int32_t> prefix_ids_, suffix_ids_;
     bool strip_leading_space_ = false;
     std::string description_;  // where it came from, for summary()

@@ -34,7 +34,8 @@ class PairTable {
     // Keeps the first value given for a key (the lowest rank).
     void insert(int32_t left, int32_t right, int32_t rank, int32_t merged) {
         if ((size_ + 1) * 2 > keys_.size()) grow();
-        put(key(left, right), (static_cast<uint64_t>(static_cast<uint32_t>(rank)) << 32) | static_cast<uint32_t>(merged));
+        put(key(left, right),
+            (static_cast<uint64_t>(static_cast<uint32_t>(rank)) << 32) | static_cast<uint32_t>(merged));
     }
     // The rank of the pair, -1 when it does not merge.
     int32_t find(int32_t left, int32_t right, int32_t* merged) const {

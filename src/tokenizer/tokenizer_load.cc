@@ -38,7 +38,10 @@ int parse_byte_token(std::string_view t) {
     int v = 0;
     for (size_t i = 3; i < 5; ++i) {
         const char c = t[i];
-        const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        const int d = c >= '0' && c <= '9'   ? c - '0'
+                      : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                      : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                             : -1;
         if (d < 0) return -1;
         v = v * 16 + d;
     }
@@ -131,8 +134,12 @@ Tokenizer Tokenizer::load(const std::string& path) {
     return from_tokenizer_json(path);
 }
 
-Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) { return TokenizerBuilder::from_json(path); }
-Tokenizer Tokenizer::from_gguf(const GgufFile& gguf) { return TokenizerBuilder::from_gguf(gguf); }
+Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
+    return TokenizerBuilder::from_json(path);
+}
+Tokenizer Tokenizer::from_gguf(const GgufFile& gguf) {
+    return TokenizerBuilder::from_gguf(gguf);
+}
 
 void Tokenizer::finish_load(const std::string& where) {
     const int32_t n = size();
@@ -151,9 +158,8 @@ void Tokenizer::finish_load(const std::string& where) {
         if (!a.special) has_user_defined_ = true;
     }
     for (auto& v : added_by_byte_)
-        std::stable_sort(v.begin(), v.end(), [&](int32_t a, int32_t b) {
-            return added_[a].content.size() > added_[b].content.size();
-        });
+        std::stable_sort(v.begin(), v.end(),
+                         [&](int32_t a, int32_t b) { return added_[a].content.size() > added_[b].content.size(); });
     // SentencePiece text without a pre-tokenizer is one long word, and merging it whole costs
     // O(n log n) hash lookups. When no vocabulary entry has a "▁" after another character,
     // no merge can cross the start of a "▁word", so cutting the text there (before each "▁"
@@ -302,7 +308,7 @@ Tokenizer TokenizerBuilder::from_json(const std::string& path) {
             index.tokens.insert_or_assign(at.content, at.id);
             t.added_.push_back(std::move(at));
         }
-    if (!unk.empty()) t.unk_id_ = t.token_to_id(unk);
+    if (!unk.empty()) t.unk_id_ = t.model_unk_id_ = t.token_to_id(unk);
 
     // Single bytes.
     for (int32_t id = 0; id < n; ++id) {
@@ -387,8 +393,8 @@ Tokenizer TokenizerBuilder::from_json(const std::string& path) {
             t.byte_level_prefix_space_ = get_or<bool>(pj, "add_prefix_space", false);
         } else if (ty == "Metaspace") {
             t.space_replacement_ = get_or<std::string>(pj, "replacement", kSpmSpace);
-            const std::string scheme =
-                get_or<std::string>(pj, "prepend_scheme", get_or<bool>(pj, "add_prefix_space", true) ? "always" : "never");
+            const std::string scheme = get_or<std::string>(
+                pj, "prepend_scheme", get_or<bool>(pj, "add_prefix_space", true) ? "always" : "never");
             t.space_prefix_ = scheme == "first"    ? Tokenizer::SpacePrefix::FirstUnless
                               : scheme == "always" ? Tokenizer::SpacePrefix::AlwaysUnless
                                                    : Tokenizer::SpacePrefix::Never;
@@ -422,8 +428,8 @@ Tokenizer TokenizerBuilder::from_json(const std::string& path) {
                 t.strip_leading_space_ = true;
         } else if (ty == "Metaspace") {
             dec_replacement = get_or<std::string>(dj, "replacement", kSpmSpace);
-            const std::string scheme =
-                get_or<std::string>(dj, "prepend_scheme", get_or<bool>(dj, "add_prefix_space", true) ? "always" : "never");
+            const std::string scheme = get_or<std::string>(
+                dj, "prepend_scheme", get_or<bool>(dj, "add_prefix_space", true) ? "always" : "never");
             if (scheme != "never") t.strip_leading_space_ = true;
         } else if (ty == "Replace") {
             const json pat = dj.value("pattern", json::object());

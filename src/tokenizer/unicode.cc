@@ -150,7 +150,9 @@ const ByteLevelTables& byte_level_tables() {
 
 }  // namespace
 
-uint32_t byte_to_code_point(uint8_t b) { return byte_level_tables().byte_to_cp[b]; }
+uint32_t byte_to_code_point(uint8_t b) {
+    return byte_level_tables().byte_to_cp[b];
+}
 
 int code_point_to_byte(uint32_t cp) {
     const auto& t = byte_level_tables();
@@ -183,11 +185,20 @@ std::string normalize(std::string_view s, NormalForm form) {
     UErrorCode status = U_ZERO_ERROR;
     const icu::Normalizer2* n = nullptr;
     switch (form) {
-        case NormalForm::NFC: n = icu::Normalizer2::getNFCInstance(status); break;
-        case NormalForm::NFKC: n = icu::Normalizer2::getNFKCInstance(status); break;
-        case NormalForm::NFD: n = icu::Normalizer2::getNFDInstance(status); break;
-        case NormalForm::NFKD: n = icu::Normalizer2::getNFKDInstance(status); break;
-        case NormalForm::None: break;
+        case NormalForm::NFC:
+            n = icu::Normalizer2::getNFCInstance(status);
+            break;
+        case NormalForm::NFKC:
+            n = icu::Normalizer2::getNFKCInstance(status);
+            break;
+        case NormalForm::NFD:
+            n = icu::Normalizer2::getNFDInstance(status);
+            break;
+        case NormalForm::NFKD:
+            n = icu::Normalizer2::getNFKDInstance(status);
+            break;
+        case NormalForm::None:
+            break;
     }
     if (U_FAILURE(status) || n == nullptr) fail("unicode normalization unavailable: ", u_errorName(status));
     const icu::StringPiece piece(s.data(), static_cast<int32_t>(s.size()));

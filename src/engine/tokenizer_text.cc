@@ -1,0 +1,46 @@
+#include "engine/tokenizer_text.h"
+
+#include "tokenizer/detokenizer.h"
+
+namespace peregrine {
+
+namespace {
+
+class Choice final : public ChoiceText {
+public:
+    Choice(std::shared_ptr<const Tokenizer> tok, const std::vector<int32_t>& prompt, const std::vector<std::string>& stops)
+        : tok_(std::move(tok)), detok_(*tok_), stops_(stops), stop_strings_(stops) {
+        detok_.prime(prompt);  // the continuation keeps its leading space
+    }
+
+    std::string push(int32_t token, std::string* stop) override { return filter(detok_.push(token), stop); }
+
+    std::string flush() override {
+        std::string stop;
+        std::string text = filter(detok_.finish(), &stop);
+        if (stop.empty() && !stop_strings_.empty()) text += stops_.flush();
+        return text;
+    }
+
+private:
+    std::string filter(const std::string& text, std::string* stop) {
+        if (stop_strings_.empty()) return text;
+        StopMatcher::Result r = stops_.push(text);
+        if (r.matched) *stop = stop_strings_[r.stop_index];
+        return std::move(r.emit);
+    }
+
+    std::shared_ptr<const Tokenizer> tok_;  // keeps the tokenizer alive for detok_
+    IncrementalDetokenizer detok_;
+    StopMatcher stops_;
+    std::vector<std::string> stop_strings_;
+};
+
+}  // namespace
+
+std::unique_ptr<ChoiceText> TokenizerText::start(const std::vector<int32_t>& prompt,
+                                                 const std::vector<std::string>& stops) const {
+    return std::make_unique<Choice>(tokenizer_, prompt, stops);
+}
+
+}  // namespace peregrine
