@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <functional>
 #include <thread>
@@ -24,13 +25,18 @@ class ThreadPool {
     // Calls fn(thread_index, num_threads) once on every thread and returns when all are done.
     void run(const std::function<void(int, int)>& fn);
 
+    // Work (in rough multiply-adds) below which a job runs on the calling thread alone: waking
+    // another thread costs microseconds, far more when the cores are oversubscribed.
+    static constexpr int64_t kMinParallelWork = 1 << 15;
+
     // Splits [0, n) into one contiguous range per thread; fn(begin, end) per non-empty range.
-    // Ranges start at multiples of `align` so that threads do not split a tile.
+    // Ranges start at multiples of `align` so that threads do not split a tile. `work` is the
+    // job's total cost; small jobs run inline.
     template <typename F>
-    void parallel_for(int64_t n, F&& fn, int64_t align = 1) {
+    void parallel_for(int64_t n, F&& fn, int64_t align = 1, int64_t work = INT64_MAX) {
         if (n <= 0) return;
         const int64_t units = (n + align - 1) / align;
-        if (num_threads_ == 1 || units == 1) {
+        if (num_threads_ == 1 || units == 1 || work < kMinParallelWork) {
             fn(int64_t{0}, n);
             return;
         }

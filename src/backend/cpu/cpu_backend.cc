@@ -103,21 +103,24 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& residual, const Tensor&
     const int64_t dim = x.cols(), rows = x.rows();
     PG_CHECK(weight.numel() == dim && out.cols() == dim && out.rows() == rows);
     const float* w = weight.ptr<float>();
-    pool_->parallel_for(rows, [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) {
-            const float* in = x.ptr<float>() + r * dim;
-            float* o = out.ptr<float>() + r * dim;
-            if (!residual.empty()) {
-                float* res = residual.ptr<float>() + r * dim;
-                for (int64_t i = 0; i < dim; ++i) res[i] += in[i];
-                in = res;
+    pool_->parallel_for(
+        rows,
+        [&](int64_t begin, int64_t end) {
+            for (int64_t r = begin; r < end; ++r) {
+                const float* in = x.ptr<float>() + r * dim;
+                float* o = out.ptr<float>() + r * dim;
+                if (!residual.empty()) {
+                    float* res = residual.ptr<float>() + r * dim;
+                    for (int64_t i = 0; i < dim; ++i) res[i] += in[i];
+                    in = res;
+                }
+                double ss = 0;
+                for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(in[i]) * in[i];
+                const float inv = static_cast<float>(1.0 / std::sqrt(ss / dim + eps));
+                for (int64_t i = 0; i < dim; ++i) o[i] = w[i] * (in[i] * inv);
             }
-            double ss = 0;
-            for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(in[i]) * in[i];
-            const float inv = static_cast<float>(1.0 / std::sqrt(ss / dim + eps));
-            for (int64_t i = 0; i < dim; ++i) o[i] = w[i] * (in[i] * inv);
-        }
-    });
+        },
+        1, rows * dim * 4);
 }
 
 void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out, bool exact) {
@@ -143,11 +146,12 @@ void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, co
         kernels_->to_bf16(a.x, x_bf16_.data(), static_cast<int64_t>(count));
         const uint16_t* xb = x_bf16_.data();
         pool_->parallel_for(
-            a.m, [&](int64_t begin, int64_t end) { kernels_->matmul_bf16_rows(a, xb, begin, end); }, 4);
+            a.m, [&](int64_t begin, int64_t end) { kernels_->matmul_bf16_rows(a, xb, begin, end); }, 4,
+            a.n * a.m * a.k);
         return;
     }
     pool_->parallel_for(
-        a.m, [&](int64_t begin, int64_t end) { kernels_->matmul_rows(a, begin, end); }, 4);
+        a.m, [&](int64_t begin, int64_t end) { kernels_->matmul_rows(a, begin, end); }, 4, a.n * a.m * a.k);
 }
 
 void CpuBackend::rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& v, const BatchInput& batch,
@@ -159,34 +163,38 @@ void CpuBackend::rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& 
     const int64_t kv_dim = k.cols();
     const int64_t num_slots = k_cache.dim(0) * k_cache.dim(1);
     PG_CHECK(k_cache.cols() == head_dim && k_cache.dim(2) == num_kv_heads);
-    pool_->parallel_for(n, [&](int64_t begin, int64_t end) {
-        thread_local std::vector<float> cs;
-        cs.resize(2 * half);
-        for (int64_t t = begin; t < end; ++t) {
-            // Angles as Hugging Face forms them: f32 position times f32 inverse frequency.
-            const float pos = static_cast<float>(batch.positions[t]);
-            for (int i = 0; i < half; ++i) {
-                const double angle = static_cast<double>(pos * rope.inv_freq[i]);
-                cs[i] = static_cast<float>(std::cos(angle)) * rope.attention_factor;
-                cs[half + i] = static_cast<float>(std::sin(angle)) * rope.attention_factor;
-            }
-            auto rotate = [&](float* head) {
+    const int64_t rope_work = n * (half * 40 + (q.cols() + k.cols()) * 4);
+    pool_->parallel_for(
+        n,
+        [&](int64_t begin, int64_t end) {
+            thread_local std::vector<float> cs;
+            cs.resize(2 * half);
+            for (int64_t t = begin; t < end; ++t) {
+                // Angles as Hugging Face forms them: f32 position times f32 inverse frequency.
+                const float pos = static_cast<float>(batch.positions[t]);
                 for (int i = 0; i < half; ++i) {
-                    const int a = rope.style == RopeStyle::Neox ? i : 2 * i;
-                    const int b = rope.style == RopeStyle::Neox ? i + half : 2 * i + 1;
-                    const float x0 = head[a], x1 = head[b], c = cs[i], s = cs[half + i];
-                    head[a] = x0 * c - x1 * s;
-                    head[b] = x1 * c + x0 * s;
+                    const double angle = static_cast<double>(pos * rope.inv_freq[i]);
+                    cs[i] = static_cast<float>(std::cos(angle)) * rope.attention_factor;
+                    cs[half + i] = static_cast<float>(std::sin(angle)) * rope.attention_factor;
                 }
-            };
-            for (int h = 0; h < num_q_heads; ++h) rotate(q.ptr<float>() + t * q.cols() + h * head_dim);
-            for (int h = 0; h < num_kv_heads; ++h) rotate(k.ptr<float>() + t * kv_dim + h * head_dim);
-            const int32_t slot = batch.slot_mapping[t];
-            PG_CHECK(slot >= 0 && slot < num_slots, "slot ", slot, " out of range");
-            std::memcpy(k_cache.ptr<float>() + slot * kv_dim, k.ptr<float>() + t * kv_dim, kv_dim * sizeof(float));
-            std::memcpy(v_cache.ptr<float>() + slot * kv_dim, v.ptr<float>() + t * kv_dim, kv_dim * sizeof(float));
-        }
-    });
+                auto rotate = [&](float* head) {
+                    for (int i = 0; i < half; ++i) {
+                        const int a = rope.style == RopeStyle::Neox ? i : 2 * i;
+                        const int b = rope.style == RopeStyle::Neox ? i + half : 2 * i + 1;
+                        const float x0 = head[a], x1 = head[b], c = cs[i], s = cs[half + i];
+                        head[a] = x0 * c - x1 * s;
+                        head[b] = x1 * c + x0 * s;
+                    }
+                };
+                for (int h = 0; h < num_q_heads; ++h) rotate(q.ptr<float>() + t * q.cols() + h * head_dim);
+                for (int h = 0; h < num_kv_heads; ++h) rotate(k.ptr<float>() + t * kv_dim + h * head_dim);
+                const int32_t slot = batch.slot_mapping[t];
+                PG_CHECK(slot >= 0 && slot < num_slots, "slot ", slot, " out of range");
+                std::memcpy(k_cache.ptr<float>() + slot * kv_dim, k.ptr<float>() + t * kv_dim, kv_dim * sizeof(float));
+                std::memcpy(v_cache.ptr<float>() + slot * kv_dim, v.ptr<float>() + t * kv_dim, kv_dim * sizeof(float));
+            }
+        },
+        1, rope_work);
 }
 
 void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchInput& batch,
@@ -198,45 +206,51 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
     const int64_t kv_dim = static_cast<int64_t>(num_kv_heads) * head_dim;
     // token -> sequence
     std::vector<int32_t> seq_of(n);
-    for (int s = 0; s < batch.num_seqs(); ++s)
+    int64_t pairs = 0;  // (query, key) pairs, ignoring the window: a bound on the work
+    for (int s = 0; s < batch.num_seqs(); ++s) {
         for (int t = batch.query_start[s]; t < batch.query_start[s + 1]; ++t) seq_of[t] = s;
+        pairs += static_cast<int64_t>(batch.query_start[s + 1] - batch.query_start[s]) * batch.context_lens[s];
+    }
     const cpu::Kernels& kern = *kernels_;
-    pool_->parallel_for(n * num_heads, [&](int64_t begin, int64_t end) {
-        thread_local std::vector<float> scores;
-        for (int64_t item = begin; item < end; ++item) {
-            const int64_t t = item / num_heads;
-            const int h = static_cast<int>(item % num_heads);
-            const int s = seq_of[t];
-            const int pos = batch.positions[t];
-            const int ctx = batch.context_lens[s];
-            const int last = std::min(pos, ctx - 1);
-            const int first = window > 0 ? std::max(0, pos - window + 1) : 0;
-            const int32_t* table = batch.block_tables.data() + static_cast<int64_t>(s) * batch.max_blocks_per_seq;
-            const float* qh = q.ptr<float>() + t * q.cols() + h * head_dim;
-            const int64_t head_off = static_cast<int64_t>(h / group) * head_dim;
-            float* o = out.ptr<float>() + t * out.cols() + h * head_dim;
-            std::memset(o, 0, head_dim * sizeof(float));
-            if (last < first) continue;
-            scores.resize(last - first + 1);
-            float mx = -INFINITY;
-            for (int j = first; j <= last; ++j) {
-                const int64_t slot = static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
-                const float sc = kern.dot(qh, k_cache.ptr<float>() + slot * kv_dim + head_off, head_dim) * scale;
-                scores[j - first] = sc;
-                mx = std::max(mx, sc);
+    pool_->parallel_for(
+        n * num_heads,
+        [&](int64_t begin, int64_t end) {
+            thread_local std::vector<float> scores;
+            for (int64_t item = begin; item < end; ++item) {
+                const int64_t t = item / num_heads;
+                const int h = static_cast<int>(item % num_heads);
+                const int s = seq_of[t];
+                const int pos = batch.positions[t];
+                const int ctx = batch.context_lens[s];
+                const int last = std::min(pos, ctx - 1);
+                const int first = window > 0 ? std::max(0, pos - window + 1) : 0;
+                const int32_t* table = batch.block_tables.data() + static_cast<int64_t>(s) * batch.max_blocks_per_seq;
+                const float* qh = q.ptr<float>() + t * q.cols() + h * head_dim;
+                const int64_t head_off = static_cast<int64_t>(h / group) * head_dim;
+                float* o = out.ptr<float>() + t * out.cols() + h * head_dim;
+                std::memset(o, 0, head_dim * sizeof(float));
+                if (last < first) continue;
+                scores.resize(last - first + 1);
+                float mx = -INFINITY;
+                for (int j = first; j <= last; ++j) {
+                    const int64_t slot = static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
+                    const float sc = kern.dot(qh, k_cache.ptr<float>() + slot * kv_dim + head_off, head_dim) * scale;
+                    scores[j - first] = sc;
+                    mx = std::max(mx, sc);
+                }
+                double sum = 0;
+                for (float& sc : scores) {
+                    sc = std::exp(sc - mx);
+                    sum += sc;
+                }
+                const float inv = static_cast<float>(1.0 / sum);
+                for (int j = first; j <= last; ++j) {
+                    const int64_t slot = static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
+                    kern.axpy(scores[j - first] * inv, v_cache.ptr<float>() + slot * kv_dim + head_off, o, head_dim);
+                }
             }
-            double sum = 0;
-            for (float& sc : scores) {
-                sc = std::exp(sc - mx);
-                sum += sc;
-            }
-            const float inv = static_cast<float>(1.0 / sum);
-            for (int j = first; j <= last; ++j) {
-                const int64_t slot = static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
-                kern.axpy(scores[j - first] * inv, v_cache.ptr<float>() + slot * kv_dim + head_off, o, head_dim);
-            }
-        }
-    });
+        },
+        1, pairs * num_heads * head_dim * 2);
 }
 
 void CpuBackend::silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
@@ -250,7 +264,7 @@ void CpuBackend::silu_mul(const Tensor& gate, const Tensor& up, const Tensor& ou
         [&](int64_t begin, int64_t end) {
             for (int64_t i = begin; i < end; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
         },
-        64);
+        64, total * 16);
 }
 
 void CpuBackend::copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) {
