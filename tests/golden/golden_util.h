@@ -11,7 +11,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "model/llama.h"
 #include "model/loader.h"
-#include "model/sequence_runner.h"
+#include "golden/sequence_runner.h"
 
 namespace peregrine::testing {
 
