@@ -18,7 +18,7 @@ build: deps $(BUILD_DIR)/build.ninja
 
 # Until the server lands, the main job is a greedy generation on the embedded model.
 run: build
-	$(BUILD_DIR)/peregrine generate --prompt-ids 1,403,407,261,378 --max-tokens 120 --temperature 0
+	$(BUILD_DIR)/peregrine generate --prompt "Once upon a time" --max-tokens 120 --temperature 0
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)

@@ -100,6 +100,7 @@ int run(const GenerateArgs& a) {
     }
     const auto t_end = std::chrono::steady_clock::now();
     if (!a.json) std::printf("\n");
+    std::fflush(stdout);
     // The first step runs the prompt and samples the first token; each later step one token.
     const double prefill_s = std::chrono::duration<double>(t_first - t0).count();
     const double decode_s = std::chrono::duration<double>(t_end - t_first).count();
