@@ -3,11 +3,13 @@
 //               nothing, at 256 running sequences;
 //   batching  — continuous vs static batching of a mixed-length workload on the embedded
 //               model (CPU backend, f32).
-// Usage: peregrine_bench_engine [overhead|batching|all]
+// Usage: peregrine_bench_engine overhead
+//        peregrine_bench_engine batching [MODEL|default] [threads] [batch] [requests]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -75,27 +77,27 @@ void overhead(int vocab, float temperature) {
                 core.stats().num_running, vocab, temperature > 0 ? "temperature 1 top-p 0.9" : "greedy", per_step * 1e3);
 }
 
-void batching() {
-    CpuBackend backend(0);
+void batching(const std::string& model_path, int threads, int batch, int count) {
+    CpuBackend backend(threads);
     LoadOptions opt;
     opt.matmul_dtype_ok = [&](DType t) { return backend.supports_weight_dtype(t); };
-    auto m = load_model(default_model_path(), opt);
+    auto m = load_model(model_path.empty() ? default_model_path() : model_path, opt);
     LlamaModel model(*m, backend);
-    // 96 requests: prompts of 16-64 tokens, outputs of 8-256 tokens (long tail).
+    const int vocab = m->config.vocab_size;
+    // Prompts of 16-64 tokens; outputs of 8-64 tokens, a quarter of them 128-256 (long tail).
     std::mt19937 rng(42);
     std::vector<Request> reqs;
-    for (int i = 0; i < 96; ++i) {
+    for (int i = 0; i < count; ++i) {
         Request r;
         r.id = std::to_string(i);
         r.prompt_ids.push_back(1);
         const int len = 16 + rng() % 49;
-        for (int j = 1; j < len; ++j) r.prompt_ids.push_back(3 + rng() % 500);
+        for (int j = 1; j < len; ++j) r.prompt_ids.push_back(3 + rng() % std::min(vocab - 3, 30000));
         r.sampling.temperature = 0;
         r.sampling.ignore_eos = true;
         r.sampling.max_tokens = (rng() % 4 == 0) ? 128 + rng() % 129 : 8 + rng() % 57;
         reqs.push_back(r);
     }
-    const int batch = 16;
     auto run = [&](bool continuous) {
         LlamaExecutor ex(model, backend, 1024, 16);
         EngineConfig cfg;
@@ -113,7 +115,7 @@ void batching() {
             for (const RequestOutput& o : core.step()) tokens += o.token_ids.size();
         }
         const double s = seconds_since(t0);
-        std::printf("batching: %-10s %3zu requests, batch %d: %.2f s, %llu output tokens, %.0f tokens/s, %llu steps\n",
+        std::printf("batching: %-10s %3zu requests, batch %d: %.2f s, %llu output tokens, %.1f tokens/s, %llu steps\n",
                     continuous ? "continuous" : "static", reqs.size(), batch, s, static_cast<unsigned long long>(tokens),
                     tokens / s, static_cast<unsigned long long>(core.stats().steps));
         return tokens / s;
@@ -132,6 +134,10 @@ int main(int argc, char** argv) {
         overhead(32000, 1.0f);
         overhead(151936, 0.0f);
     }
-    if (what == "batching" || what == "all") batching();
+    if (what == "batching" || what == "all") {
+        const std::string model = argc > 2 ? argv[2] : "";
+        batching(model == "default" ? "" : model, argc > 3 ? std::atoi(argv[3]) : 0, argc > 4 ? std::atoi(argv[4]) : 16,
+                 argc > 5 ? std::atoi(argv[5]) : 96);
+    }
     return 0;
 }

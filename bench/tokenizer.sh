@@ -10,15 +10,19 @@ data=$build/test-data/tokenizers
 [ -f "$data/war-and-peace.txt" ] || cmake --build "$build" --target tokenizer_test_data
 for tok in llama3/tokenizer.json qwen3/tokenizer.json ggml-vocab-llama-spm.gguf; do
     echo "== $tok"
-    taskset -c "$core" "$build/peregrine" tokenize --raw --bench 5 --tokenizer "$data/$tok" - < "$data/war-and-peace.txt"
+    for mode in "" --per-line; do
+        taskset -c "$core" "$build/peregrine" tokenize --raw --bench 5 $mode --tokenizer "$data/$tok" - < "$data/war-and-peace.txt"
+    done
     case $tok in
         *.json)
             peer=${PEER_DIR:-/tmp/peregrine-tokenizers-peer}
             if [ ! -d "$peer/node_modules/tokenizers" ]; then
                 mkdir -p "$peer" && (cd "$peer" && npm install --silent --no-save tokenizers >/dev/null)
             fi
-            TOKENIZERS_PARALLELISM=false NODE_PATH="$peer/node_modules" \
-                taskset -c "$core" node bench/tokenizer_peer.js "$data/$tok" "$data/war-and-peace.txt" 5
+            for mode in "" --per-line; do
+                TOKENIZERS_PARALLELISM=false NODE_PATH="$peer/node_modules" \
+                    taskset -c "$core" node bench/tokenizer_peer.js "$data/$tok" "$data/war-and-peace.txt" 5 $mode
+            done
             ;;
     esac
 done

@@ -204,7 +204,6 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
     const int group = num_heads / num_kv_heads;
     const int block_size = static_cast<int>(k_cache.dim(1));
     const int64_t kv_dim = static_cast<int64_t>(num_kv_heads) * head_dim;
-    // token -> sequence
     std::vector<int32_t> seq_of(n);
     int64_t pairs = 0;  // (query, key) pairs, ignoring the window: a bound on the work
     for (int s = 0; s < batch.num_seqs(); ++s) {
@@ -212,42 +211,37 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
         pairs += static_cast<int64_t>(batch.query_start[s + 1] - batch.query_start[s]) * batch.context_lens[s];
     }
     const cpu::Kernels& kern = *kernels_;
+    // One work item = one token and one kv head, with the query heads that share it.
     pool_->parallel_for(
-        n * num_heads,
+        n * num_kv_heads,
         [&](int64_t begin, int64_t end) {
             thread_local std::vector<float> scores;
             for (int64_t item = begin; item < end; ++item) {
-                const int64_t t = item / num_heads;
-                const int h = static_cast<int>(item % num_heads);
+                const int64_t t = item / num_kv_heads;
+                const int kvh = static_cast<int>(item % num_kv_heads);
                 const int s = seq_of[t];
                 const int pos = batch.positions[t];
-                const int ctx = batch.context_lens[s];
-                const int last = std::min(pos, ctx - 1);
-                const int first = window > 0 ? std::max(0, pos - window + 1) : 0;
-                const int32_t* table = batch.block_tables.data() + static_cast<int64_t>(s) * batch.max_blocks_per_seq;
-                const float* qh = q.ptr<float>() + t * q.cols() + h * head_dim;
-                const int64_t head_off = static_cast<int64_t>(h / group) * head_dim;
-                float* o = out.ptr<float>() + t * out.cols() + h * head_dim;
-                std::memset(o, 0, head_dim * sizeof(float));
-                if (last < first) continue;
-                scores.resize(last - first + 1);
-                float mx = -INFINITY;
-                for (int j = first; j <= last; ++j) {
-                    const int64_t slot = static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
-                    const float sc = kern.dot(qh, k_cache.ptr<float>() + slot * kv_dim + head_off, head_dim) * scale;
-                    scores[j - first] = sc;
-                    mx = std::max(mx, sc);
+                cpu::AttentionArgs a;
+                a.q = q.ptr<float>() + t * q.cols() + static_cast<int64_t>(kvh) * group * head_dim;
+                a.out = out.ptr<float>() + t * out.cols() + static_cast<int64_t>(kvh) * group * head_dim;
+                a.k_cache = k_cache.ptr<float>();
+                a.v_cache = v_cache.ptr<float>();
+                a.kv_dim = kv_dim;
+                a.head_offset = static_cast<int64_t>(kvh) * head_dim;
+                a.table = batch.block_tables.data() + static_cast<int64_t>(s) * batch.max_blocks_per_seq;
+                a.block_size = block_size;
+                a.head_dim = head_dim;
+                a.group = group;
+                a.scale = scale;
+                a.last = std::min(pos, batch.context_lens[s] - 1);
+                a.first = window > 0 ? std::max(0, pos - window + 1) : 0;
+                if (a.last < a.first) {
+                    std::memset(a.out, 0, sizeof(float) * group * head_dim);
+                    continue;
                 }
-                double sum = 0;
-                for (float& sc : scores) {
-                    sc = std::exp(sc - mx);
-                    sum += sc;
-                }
-                const float inv = static_cast<float>(1.0 / sum);
-                for (int j = first; j <= last; ++j) {
-                    const int64_t slot = static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
-                    kern.axpy(scores[j - first] * inv, v_cache.ptr<float>() + slot * kv_dim + head_off, o, head_dim);
-                }
+                scores.resize(static_cast<size_t>(group) * (a.last - a.first + 1));
+                a.scratch = scores.data();
+                kern.attention(a);
             }
         },
         1, pairs * num_heads * head_dim * 2);

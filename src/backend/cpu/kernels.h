@@ -21,6 +21,24 @@ struct MatmulArgs {
     int64_t m;
 };
 
+// One token's attention for the query heads that share one KV head (GQA), over keys
+// [first, last] of its sequence, read through the block table.
+struct AttentionArgs {
+    const float* q;          // [group, head_dim]: the query heads of one kv head, consecutive
+    const float* k_cache;    // [num_blocks * block_size, kv_dim]
+    const float* v_cache;    // same
+    int64_t kv_dim;          // floats per cache slot (num_kv_heads * head_dim)
+    int64_t head_offset;     // this kv head's offset inside a slot
+    const int32_t* table;    // the sequence's block table
+    int block_size;
+    int head_dim;
+    int group;               // query heads per kv head
+    float scale;
+    int first, last;         // key positions, inclusive
+    float* out;              // [group, head_dim]
+    float* scratch;          // [group * (last - first + 1)] scores
+};
+
 struct Kernels {
     const char* name;
     // Computes output columns [m_begin, m_end) of `a.out` (weight rows m_begin..m_end).
@@ -32,6 +50,7 @@ struct Kernels {
     void (*matmul_bf16_rows)(const MatmulArgs& a, const uint16_t* x_bf16, int64_t m_begin, int64_t m_end);
     // dst[i] = bf16(src[i]), round to nearest even.
     void (*to_bf16)(const float* src, uint16_t* dst, int64_t n);
+    void (*attention)(const AttentionArgs& a);
 };
 
 const Kernels& kernels_avx512();

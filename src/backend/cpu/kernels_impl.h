@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "backend/cpu/kernels.h"
@@ -331,8 +332,122 @@ constexpr void (*kMatmulBf16)(const MatmulArgs&, const uint16_t*, int64_t, int64
 
 }  // namespace
 
+// Attention with the head size known at compile time: 8-float vectors (GCC vector
+// extensions, 256-bit in both ISAs), K and V of each key read once for the whole GQA group.
+typedef float v8f __attribute__((vector_size(32)));
+
+inline v8f load8(const float* p) {
+    v8f v;
+    std::memcpy(&v, p, sizeof(v));
+    return v;
+}
+inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
+inline float hsum8(v8f v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+
+template <int D>
+void attention_d(const AttentionArgs& a) {
+    static_assert(D % 8 == 0);
+    constexpr int kChunks = D / 8;
+    const int n = a.last - a.first + 1;
+    const int g_count = a.group;
+    float mx[64];
+    for (int g = 0; g < g_count; ++g) mx[g] = -INFINITY;
+    for (int j = 0; j < n; ++j) {
+        const int pos = a.first + j;
+        const int64_t slot = static_cast<int64_t>(a.table[pos / a.block_size]) * a.block_size + pos % a.block_size;
+        const float* k = a.k_cache + slot * a.kv_dim + a.head_offset;
+        v8f kv[kChunks];
+        for (int c = 0; c < kChunks; ++c) kv[c] = load8(k + 8 * c);
+        for (int g = 0; g < g_count; ++g) {
+            const float* q = a.q + g * D;
+            v8f acc = load8(q) * kv[0];
+            for (int c = 1; c < kChunks; ++c) acc += load8(q + 8 * c) * kv[c];
+            const float sc = hsum8(acc) * a.scale;
+            a.scratch[g * n + j] = sc;
+            mx[g] = std::max(mx[g], sc);
+        }
+    }
+    float inv[64];
+    for (int g = 0; g < g_count; ++g) {
+        float* sc = a.scratch + g * n;
+        double sum = 0;
+        for (int j = 0; j < n; ++j) {
+            sc[j] = std::exp(sc[j] - mx[g]);
+            sum += sc[j];
+        }
+        inv[g] = static_cast<float>(1.0 / sum);
+    }
+    // Heads of the group per pass over V: as many as keep the accumulators in registers.
+    constexpr int kHeads = kChunks >= 16 ? 1 : 16 / kChunks > 8 ? 8 : 16 / kChunks;
+    v8f acc[kHeads][kChunks];
+    for (int g0 = 0; g0 < g_count; g0 += kHeads) {
+        const int gn = std::min(kHeads, g_count - g0);
+        for (int g = 0; g < gn; ++g)
+            for (int c = 0; c < kChunks; ++c) acc[g][c] = v8f{};
+        for (int j = 0; j < n; ++j) {
+            const int pos = a.first + j;
+            const int64_t slot = static_cast<int64_t>(a.table[pos / a.block_size]) * a.block_size + pos % a.block_size;
+            const float* v = a.v_cache + slot * a.kv_dim + a.head_offset;
+            v8f vv[kChunks];
+            for (int c = 0; c < kChunks; ++c) vv[c] = load8(v + 8 * c);
+            for (int g = 0; g < gn; ++g) {
+                const float p = a.scratch[(g0 + g) * n + j];
+                for (int c = 0; c < kChunks; ++c) acc[g][c] += p * vv[c];
+            }
+        }
+        for (int g = 0; g < gn; ++g)
+            for (int c = 0; c < kChunks; ++c) store8(a.out + (g0 + g) * D + 8 * c, acc[g][c] * inv[g0 + g]);
+    }
+}
+
+// Any head size (and groups over 64): the same passes with plain loops.
+void attention_any(const AttentionArgs& a) {
+    const int n = a.last - a.first + 1, d = a.head_dim;
+    for (int g = 0; g < a.group; ++g) {
+        const float* q = a.q + g * d;
+        float* sc = a.scratch + g * n;
+        float mx = -INFINITY;
+        for (int j = 0; j < n; ++j) {
+            const int pos = a.first + j;
+            const int64_t slot = static_cast<int64_t>(a.table[pos / a.block_size]) * a.block_size + pos % a.block_size;
+            sc[j] = dot(q, a.k_cache + slot * a.kv_dim + a.head_offset, d) * a.scale;
+            mx = std::max(mx, sc[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j < n; ++j) {
+            sc[j] = std::exp(sc[j] - mx);
+            sum += sc[j];
+        }
+        const float inv = static_cast<float>(1.0 / sum);
+        float* o = a.out + g * d;
+        std::memset(o, 0, d * sizeof(float));
+        for (int j = 0; j < n; ++j) {
+            const int pos = a.first + j;
+            const int64_t slot = static_cast<int64_t>(a.table[pos / a.block_size]) * a.block_size + pos % a.block_size;
+            axpy(sc[j] * inv, a.v_cache + slot * a.kv_dim + a.head_offset, o, d);
+        }
+    }
+}
+
+void attention(const AttentionArgs& a) {
+    if (a.group <= 64) {
+        switch (a.head_dim) {
+            case 8: return attention_d<8>(a);
+            case 16: return attention_d<16>(a);
+            case 32: return attention_d<32>(a);
+            case 64: return attention_d<64>(a);
+            case 80: return attention_d<80>(a);
+            case 96: return attention_d<96>(a);
+            case 128: return attention_d<128>(a);
+            case 256: return attention_d<256>(a);
+            default: break;
+        }
+    }
+    attention_any(a);
+}
+
 const Kernels& table() {
-    static const Kernels k{PG_KERNEL_NAME, &matmul_rows, &dot, &axpy, kMatmulBf16, &to_bf16};
+    static const Kernels k{PG_KERNEL_NAME, &matmul_rows, &dot, &axpy, kMatmulBf16, &to_bf16, &attention};
     return k;
 }
 
