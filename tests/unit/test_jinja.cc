@@ -80,7 +80,9 @@ TEST(JinjaFilters, Strings) {
               "&lt;a href=&#34;x&#34;&gt;|x=3|a-b");
     EXPECT_EQ(
         render("{{ '42'|int + 1 }}|{{ 'x'|int(7) }}|{{ '3.5'|float }}|{{ 3.7|int }}|{{ 2.5|round }}|{{ -3|abs }}"),
-        "43|7|3.5|3|3.0|3");
+        "43|7|3.5|3|2.0|3");
+    EXPECT_EQ(render("{{ 3.5|round }}|{{ 2.567|round(2) }}|{{ 2.1|round(method='ceil') }}|{{ 3|round }}"),
+              "4.0|2.57|3.0|3");
 }
 
 TEST(JinjaFilters, Lists) {
