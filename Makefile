@@ -16,9 +16,10 @@ $(BUILD_DIR)/build.ninja:
 build: deps $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# Until the server lands, the main job is a greedy generation on the embedded model.
+# The main job: serve the embedded model's OpenAI API on 127.0.0.1:8000 (prints a curl example
+# once ready; Ctrl-C stops it).
 run: build
-	$(BUILD_DIR)/peregrine generate --prompt "Once upon a time" --max-tokens 120 --temperature 0
+	$(BUILD_DIR)/peregrine serve --host 127.0.0.1 --port 8000
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)

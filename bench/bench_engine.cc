@@ -69,12 +69,18 @@ void overhead(int vocab, float temperature) {
         core.add_request(std::move(r));
     }
     core.step();  // prefill of all 256
+    const EngineStats before = core.stats();
     const int steps = 200;
     const auto t0 = Clock::now();
     for (int i = 0; i < steps; ++i) core.step();
     const double per_step = seconds_since(t0) / steps;
-    std::printf("overhead: %d running sequences, vocab %d, %s: %.3f ms per decode step (schedule + blocks + sampling)\n",
-                core.stats().num_running, vocab, temperature > 0 ? "temperature 1 top-p 0.9" : "greedy", per_step * 1e3);
+    const EngineStats after = core.stats();
+    std::printf(
+        "overhead: %d sequences, vocab %6d, %-23s: %.3f ms per decode step; scheduler + blocks + batch %.3f ms, "
+        "sampling + outputs %.3f ms\n",
+        core.stats().num_running, vocab, temperature > 0 ? "temperature 1, top-p 0.9" : "greedy", per_step * 1e3,
+        (after.schedule_seconds - before.schedule_seconds) / steps * 1e3,
+        (after.postprocess_seconds - before.postprocess_seconds) / steps * 1e3);
 }
 
 void batching(const std::string& model_path, int threads, int batch, int count) {

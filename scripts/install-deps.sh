@@ -7,8 +7,11 @@ packages=(
     build-essential cmake ninja-build pkg-config
     nlohmann-json3-dev libcli11-dev libpcre2-dev libicu-dev libxxhash-dev
     libgtest-dev libgmock-dev
+    libboost-dev
     xz-utils
 )
+# The server tests run node (the official `openai` npm client); any recent nodejs with npm will do.
+command -v npm >/dev/null || packages+=(nodejs npm)
 
 missing=()
 for p in "${packages[@]}"; do

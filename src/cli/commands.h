@@ -11,5 +11,6 @@ std::function<int()> add_generate(CLI::App& app);
 std::function<int()> add_tokenize(CLI::App& app);
 std::function<int()> add_detokenize(CLI::App& app);
 std::function<int()> add_chat_template(CLI::App& app);
+std::function<int()> add_serve(CLI::App& app);
 
 }  // namespace peregrine::cli

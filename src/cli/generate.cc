@@ -17,6 +17,8 @@ namespace {
 
 struct GenerateArgs {
     EngineOptions engine;
+    // Options the user gave (the others fall back to generation_config.json, then ours).
+    CLI::Option *temperature_opt = nullptr, *top_p_opt = nullptr, *top_k_opt = nullptr, *min_p_opt = nullptr;
     std::string prompt;
     std::string prompt_ids;
     int max_tokens = 128;
@@ -67,11 +69,13 @@ int run(const GenerateArgs& a) {
         if (req.prompt_ids.empty()) fail("--prompt: the text has no tokens");
     }
     SamplingParams& p = req.sampling;
+    const auto& d = c.generation_defaults;
     p.max_tokens = a.max_tokens;
-    p.temperature = a.temperature;
-    p.top_p = a.top_p;
-    p.top_k = a.top_k;
-    p.min_p = a.min_p;
+    p.temperature = a.temperature_opt->count() == 0 && d.temperature ? *d.temperature : a.temperature;
+    p.top_p = a.top_p_opt->count() == 0 && d.top_p ? *d.top_p : a.top_p;
+    p.top_k = a.top_k_opt->count() == 0 && d.top_k ? std::max(0, *d.top_k) : a.top_k;
+    p.min_p = a.min_p_opt->count() == 0 && d.min_p ? *d.min_p : a.min_p;
+    if (d.repetition_penalty) p.repetition_penalty = *d.repetition_penalty;
     p.stop = a.stop;
     p.ignore_eos = a.ignore_eos;
     if (a.seed >= 0) p.seed = static_cast<uint64_t>(a.seed);
@@ -126,10 +130,12 @@ std::function<int()> add_generate(CLI::App& app) {
     auto* pi = cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, comma separated");
     p->excludes(pi);
     cmd->add_option("--max-tokens", args->max_tokens, "Tokens to generate (default 128)");
-    cmd->add_option("--temperature", args->temperature, "Sampling temperature; 0 = greedy (default 0.8)");
-    cmd->add_option("--top-p", args->top_p, "Nucleus sampling mass (default 0.95)");
-    cmd->add_option("--top-k", args->top_k, "Keep the k most likely tokens; 0 = all (default 40)");
-    cmd->add_option("--min-p", args->min_p, "Drop tokens below min-p times the most likely (default 0)");
+    // Defaults: the model's generation_config.json where it sets them, else these.
+    args->temperature_opt =
+        cmd->add_option("--temperature", args->temperature, "Sampling temperature; 0 = greedy (default 0.8)");
+    args->top_p_opt = cmd->add_option("--top-p", args->top_p, "Nucleus sampling mass (default 0.95)");
+    args->top_k_opt = cmd->add_option("--top-k", args->top_k, "Keep the k most likely tokens; 0 = all (default 40)");
+    args->min_p_opt = cmd->add_option("--min-p", args->min_p, "Drop tokens below min-p times the most likely (default 0)");
     cmd->add_option("--seed", args->seed, "Random seed (default: random)");
     cmd->add_option("--stop", args->stop, "Stop string (repeatable); not included in the output");
     cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep generating after an end-of-sequence token");

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
     auto run_tokenize = peregrine::cli::add_tokenize(app);
     auto run_detokenize = peregrine::cli::add_detokenize(app);
     auto run_chat_template = peregrine::cli::add_chat_template(app);
+    auto run_serve = peregrine::cli::add_serve(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
         if (app.got_subcommand("tokenize")) return run_tokenize();
         if (app.got_subcommand("detokenize")) return run_detokenize();
         if (app.got_subcommand("chat-template")) return run_chat_template();
+        if (app.got_subcommand("serve")) return run_serve();
         std::cout << app.help();
         return 1;
     } catch (const peregrine::Error& e) {

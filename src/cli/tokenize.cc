@@ -21,6 +21,7 @@ struct TokenizeArgs {
     bool raw = false;
     bool json = false;
     int bench = 0;
+    bool per_line = false;
 };
 
 struct DetokenizeArgs {
@@ -45,15 +46,28 @@ int run_tokenize(const TokenizeArgs& a) {
     // --raw: the fixtures' convention; otherwise what Hugging Face's tokenizer(text) does.
     const bool add_special = !a.raw, parse_special = !a.raw;
     if (a.bench > 0) {
+        // The whole text as one string, or (--per-line) each line as its own encode() call.
+        std::vector<std::string_view> lines;
+        if (a.per_line) {
+            for (size_t p = 0; p < text.size();) {
+                const size_t e = std::min(text.find('\n', p), text.size());
+                lines.push_back(std::string_view(text).substr(p, e - p));
+                p = e + 1;
+            }
+        } else {
+            lines.push_back(text);
+        }
         size_t num_tokens = 0;
         double best = 1e30;
         for (int i = 0; i < a.bench; ++i) {
             const auto t0 = std::chrono::steady_clock::now();
-            num_tokens = tok.encode(text, add_special, parse_special).size();
+            num_tokens = 0;
+            for (std::string_view line : lines) num_tokens += tok.encode(line, add_special, parse_special).size();
             best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
-        std::printf("%zu bytes -> %zu tokens; best of %d: %.1f ms, %.2f MB/s (%s)\n", text.size(), num_tokens, a.bench,
-                    best * 1e3, text.size() / best / 1e6, tok.summary().c_str());
+        std::printf("%zu bytes%s -> %zu tokens; best of %d: %.1f ms, %.2f MB/s (%s)\n", text.size(),
+                    a.per_line ? " (one call per line)" : "", num_tokens, a.bench, best * 1e3, text.size() / best / 1e6,
+                    tok.summary().c_str());
         return 0;
     }
     const std::vector<int32_t> ids = tok.encode(text, add_special, parse_special);
@@ -121,6 +135,7 @@ std::function<int()> add_tokenize(CLI::App& app) {
                   "BOS/EOS as the tokenizer says and parse special tokens, like Hugging Face's tokenizer(text))");
     cmd->add_flag("--json", args->json, "Print {\"ids\": [...]} instead of space-separated ids");
     cmd->add_option("--bench", args->bench, "Encode the text N times and print the best throughput (MB/s)");
+    cmd->add_flag("--per-line", args->per_line, "With --bench: encode each line as its own call");
     cmd->add_option("text", args->text, "The text, or - (the default) to read it from stdin");
     return [args] {
         if (args->text.empty()) args->text = "-";

@@ -186,10 +186,11 @@ void EngineCore::fork_choices(RequestState& r, Sequence& parent) {
 std::vector<RequestOutput> EngineCore::step() {
     std::vector<RequestOutput> outputs = std::move(pending_);
     pending_.clear();
+    const Clock::time_point t0 = Clock::now();
     const SchedulerOutput sched = scheduler_.schedule();
     if (sched.empty()) return outputs;
     ++totals_.steps;
-    const Clock::time_point now = Clock::now();
+    const Clock::time_point now = t0;
     for (const ScheduledSeq& s : sched.seqs) {
         RequestState& r = *requests_.at(s.seq->request_id);
         if (!r.was_scheduled) {
@@ -197,10 +198,14 @@ std::vector<RequestOutput> EngineCore::step() {
             r.scheduled = now;
         }
     }
-    executor_.copy_blocks(sched.block_copies);
     build_batch(sched, executor_.block_size(), batch_);
+    const Clock::time_point t1 = Clock::now();
+    executor_.copy_blocks(sched.block_copies);
     executor_.execute(batch_, logits_);
+    const Clock::time_point t2 = Clock::now();
     scheduler_.commit(sched);
+    totals_.schedule_seconds += std::chrono::duration<double>(t1 - t0).count();
+    totals_.execute_seconds += std::chrono::duration<double>(t2 - t1).count();
 
     const int vocab = executor_.vocab_size();
     int row = 0;
@@ -249,6 +254,7 @@ std::vector<RequestOutput> EngineCore::step() {
         }
         if (r.num_finished == r.req.sampling.n) finish_request(r, outputs.back());
     }
+    totals_.postprocess_seconds += std::chrono::duration<double>(Clock::now() - t2).count();
     return outputs;
 }
 

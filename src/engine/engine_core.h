@@ -36,6 +36,10 @@ struct EngineStats {
     uint64_t prompt_tokens = 0;    // of finished and running requests, counted at submit
     uint64_t generation_tokens = 0;
     uint64_t steps = 0;
+    // Cumulative wall time of the step's phases, seconds.
+    double schedule_seconds = 0;     // scheduler + block manager + batch building
+    double execute_seconds = 0;      // the model
+    double postprocess_seconds = 0;  // sampling, text, outputs
 };
 
 class EngineCore {

@@ -194,6 +194,13 @@ ModelConfig read_hf_config(const std::string& dir) {
             if (!ids.empty()) cfg.eos_token_ids = ids;
         }
         if (g.contains("bos_token_id") && g["bos_token_id"].is_number_integer()) cfg.bos_token_id = g["bos_token_id"];
+        const Reader gr{g, gen.string()};
+        auto& d = cfg.generation_defaults;
+        if (gr.has("temperature")) d.temperature = static_cast<float>(gr.get_num("temperature"));
+        if (gr.has("top_p")) d.top_p = static_cast<float>(gr.get_num("top_p"));
+        if (gr.has("min_p")) d.min_p = static_cast<float>(gr.get_num("min_p"));
+        if (gr.has("repetition_penalty")) d.repetition_penalty = static_cast<float>(gr.get_num("repetition_penalty"));
+        if (gr.has("top_k")) d.top_k = gr.get_int("top_k");
     }
     cfg.validate(path.string());
     return cfg;

@@ -1,6 +1,7 @@
 // Architecture and hyper-parameters of a llama-family model, whatever file it came from.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,11 @@ struct ModelConfig {
 
     int bos_token_id = -1;
     std::vector<int> eos_token_ids;
+    // Sampling defaults the model's authors recommend (generation_config.json); unset when absent.
+    struct GenerationDefaults {
+        std::optional<float> temperature, top_p, min_p, repetition_penalty;
+        std::optional<int> top_k;
+    } generation_defaults;
 
     int q_dim() const { return num_heads * head_dim; }
     int kv_dim() const { return num_kv_heads * head_dim; }

@@ -32,6 +32,10 @@ const FixtureSet kSets[] = {
     {"qwen3", "qwen3/tokenizer.json", "qwen3/cases", TokenizerKind::ByteLevelBpe},
 };
 
+void PrintTo(const FixtureSet& f, std::ostream* os) {
+    *os << f.tokenizer;
+}
+
 class TokenizerFixture : public ::testing::TestWithParam<FixtureSet> {};
 
 std::string ids_str(const std::vector<int32_t>& ids) {

@@ -92,8 +92,12 @@ TEST_F(HfConfigTest, QwenFlagsAndEos) {
     const ModelConfig q3 = read({{"model_type", "qwen3"}, {"head_dim", 32}});
     EXPECT_TRUE(q3.qk_norm);
     EXPECT_EQ(q3.q_dim(), 128);  // heads x head_dim need not equal hidden
-    std::ofstream(dir_ / "generation_config.json") << R"({"eos_token_id": [3, 4]})";
-    EXPECT_EQ(read({{"eos_token_id", 2}}).eos_token_ids, (std::vector<int>{3, 4}));
+    std::ofstream(dir_ / "generation_config.json") << R"({"eos_token_id": [3, 4], "temperature": 0.6, "top_k": 20})";
+    const ModelConfig g = read({{"eos_token_id", 2}});
+    EXPECT_EQ(g.eos_token_ids, (std::vector<int>{3, 4}));
+    EXPECT_FLOAT_EQ(*g.generation_defaults.temperature, 0.6f);
+    EXPECT_EQ(*g.generation_defaults.top_k, 20);
+    EXPECT_FALSE(g.generation_defaults.top_p.has_value());
 }
 
 TEST_F(HfConfigTest, Errors) {

@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "core/error.h"
 #include "golden/gguf_writer.h"
@@ -304,6 +306,21 @@ TEST(TokenizerStories, LeadingSpaceRule) {
     EXPECT_EQ(cut.push(e6), "");
     EXPECT_EQ(cut.finish(), "\xEF\xBF\xBD");
     EXPECT_THROW(cut.push(100000), Error);
+}
+
+TEST(TokenizerStories, SharedAcrossThreads) {
+    const Tokenizer& tok = stories();
+    const std::string text = "Once upon a time, there was a little girl named Lily. 日本 café\n\n";
+    const auto expected = tok.encode(text);
+    std::vector<std::thread> threads;
+    std::atomic<int> mismatches{0};
+    for (int t = 0; t < 4; ++t)
+        threads.emplace_back([&] {
+            for (int i = 0; i < 200; ++i)
+                if (tok.encode(text) != expected || tok.decode(expected) != text) ++mismatches;
+        });
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(mismatches.load(), 0);
 }
 
 TEST(TokenizerStop, HoldsBackOnlyPossibleStarts) {

@@ -1,0 +1,136 @@
+// `peregrine serve`: the OpenAI-compatible HTTP server. Listens at once (GET /health answers
+// 503 while the model loads), then serves until SIGINT or SIGTERM.
+#include <pthread.h>
+#include <signal.h>
+
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/engine_options.h"
+#include "core/error.h"
+#include "engine/tokenizer_text.h"
+#include "formats/gguf.h"
+#include "server/http_server.h"
+#include "server/openai_server.h"
+#include "template/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace peregrine::cli {
+
+namespace {
+
+struct ServeArgs {
+    EngineOptions engine;
+    std::string host = "127.0.0.1";
+    int port = 8000;
+    std::vector<std::string> served_model_names;
+    std::vector<std::string> api_keys;
+    int io_threads = 0;
+    int64_t max_body_bytes = int64_t{32} << 20;
+};
+
+// The name clients use for the model: its folder or file name.
+std::string default_model_name(const std::string& path) {
+    std::filesystem::path p(path);
+    while (!p.empty() && p.filename().empty()) p = p.parent_path();
+    std::string name = p.filename().string();
+    if (p.extension() == ".gguf" || p.extension() == ".safetensors") name = p.stem().string();
+    if (p.extension() == ".safetensors") name = p.parent_path().filename().string();
+    return name.empty() ? "peregrine" : name;
+}
+
+std::unique_ptr<server::ServedModel> load(const EngineOptions& opts) {
+    auto stack = std::make_shared<EngineStack>(build_engine_stack(opts));
+    auto m = std::make_unique<server::ServedModel>();
+    const LoadedModel& loaded = *stack->loaded;
+    m->path = loaded.path;
+    m->max_model_len = loaded.config.max_position_embeddings;
+    m->vocab_size = loaded.config.vocab_size;
+    m->tokenizer = std::make_shared<const Tokenizer>(loaded.gguf ? Tokenizer::from_gguf(*loaded.gguf)
+                                                                 : Tokenizer::load(loaded.model_dir));
+    try {
+        m->chat_template = std::make_shared<const ChatTemplate>(
+            loaded.gguf ? ChatTemplate::from_gguf(*loaded.gguf) : ChatTemplate::from_model(loaded.model_dir));
+    } catch (const Error& e) {
+        m->chat_template_error = e.what();
+        std::fprintf(stderr, "  chat template: none (%s); /v1/chat/completions will answer 400\n", e.what());
+    }
+    m->engine = std::make_unique<Engine>(stack->config, std::move(stack->executor),
+                                         std::make_shared<TokenizerText>(m->tokenizer));
+    m->owner = stack;
+    return m;
+}
+
+int run(ServeArgs& a) {
+    // SIGINT/SIGTERM go to sigwait below, not to whichever thread happens to run.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    std::signal(SIGPIPE, SIG_IGN);
+
+    server::OpenAiServerOptions sopts;
+    sopts.model_names = a.served_model_names;
+    if (sopts.model_names.empty())
+        sopts.model_names.push_back(default_model_name(a.engine.model.empty() ? default_model_path() : a.engine.model));
+    sopts.api_keys = a.api_keys;
+    if (const char* env = std::getenv("PEREGRINE_API_KEY"); env && *env && sopts.api_keys.empty())
+        sopts.api_keys.push_back(env);
+    auto app = std::make_shared<server::OpenAiServer>(sopts);
+
+    server::HttpServerOptions hopts;
+    hopts.host = a.host;
+    hopts.port = a.port;
+    hopts.io_threads = a.io_threads;
+    hopts.max_body_bytes = static_cast<size_t>(a.max_body_bytes);
+    server::HttpServer http(hopts, [app](const server::HttpRequest& req, std::shared_ptr<server::Exchange> ex) {
+        app->handle(req, std::move(ex));
+    });
+    http.start();
+    const std::string url =
+        str_cat("http://", a.host.find(':') != std::string::npos ? "[" + a.host + "]" : a.host, ":", http.port());
+    std::fprintf(stderr, "listening on %s (loading the model)\n", url.c_str());
+
+    app->set_model(load(a.engine));
+    std::fprintf(stderr, "ready: serving '%s' at %s/v1 (%zu API key%s)\n", app->model_name().c_str(), url.c_str(),
+                 sopts.api_keys.size(), sopts.api_keys.size() == 1 ? "" : "s");
+    std::fprintf(stderr,
+                 "try: curl -s %s/v1/completions -H 'Content-Type: application/json'%s -d '{\"model\": \"%s\", "
+                 "\"prompt\": \"Once upon a time\", \"max_tokens\": 40, \"temperature\": 0}'\n",
+                 url.c_str(), sopts.api_keys.empty() ? "" : " -H 'Authorization: Bearer $PEREGRINE_API_KEY'",
+                 app->model_name().c_str());
+    std::fflush(stderr);
+
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::fprintf(stderr, "%s: shutting down\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    http.stop();
+    app->shutdown();
+    return 0;
+}
+
+}  // namespace
+
+std::function<int()> add_serve(CLI::App& app) {
+    auto args = std::make_shared<ServeArgs>();
+    CLI::App* cmd = app.add_subcommand("serve", "Serve the OpenAI-compatible HTTP API");
+    add_engine_options(cmd, args->engine);
+    cmd->add_option("--host", args->host, "Address to listen on (default 127.0.0.1)");
+    cmd->add_option("--port", args->port, "Port to listen on; 0 = any free port (default 8000)")
+        ->check(CLI::Range(0, 65535));
+    cmd->add_option("--served-model-name", args->served_model_names,
+                    "Model name(s) clients send; the first is reported (default: the model's folder or file name)");
+    cmd->add_option("--api-key", args->api_keys,
+                    "Accepted API key (repeatable; default: $PEREGRINE_API_KEY, none = no authentication)");
+    cmd->add_option("--io-threads", args->io_threads, "HTTP I/O threads (default: min(4, cores), at least 2)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--max-body-bytes", args->max_body_bytes, "Largest request body; larger gets 413 (default 32 MiB)")
+        ->check(CLI::PositiveNumber);
+    return [args] { return run(*args); };
+}
+
+}  // namespace peregrine::cli

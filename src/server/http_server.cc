@@ -1,0 +1,475 @@
+#include "server/http_server.h"
+
+#include <algorithm>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <cstdio>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "core/error.h"
+
+namespace peregrine::server {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+std::string_view HttpRequest::header(std::string_view lower_name) const {
+    for (const auto& [k, v] : headers)
+        if (k == lower_name) return v;
+    return {};
+}
+
+namespace {
+
+constexpr size_t kMaxHeaderBytes = 64 * 1024;
+constexpr size_t kMaxReadAhead = 1 << 20;  // bytes read while a response is under way (pipelining)
+
+std::string lower(std::string_view s) {
+    std::string out(s);
+    for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return out;
+}
+
+std::string error_json(const char* message, const char* code) {
+    return str_cat(R"({"error": {"message": ")", message,
+                   R"(", "type": "invalid_request_error", "param": null, "code": ")", code, R"("}})");
+}
+
+class Session;
+
+std::string new_request_id() {
+    static std::atomic<uint64_t> next{0};
+    thread_local const uint64_t salt = std::random_device{}();
+    char buf[40];
+    std::snprintf(buf, sizeof(buf), "req-%08llx%08llx", static_cast<unsigned long long>(salt & 0xffffffff),
+                  static_cast<unsigned long long>(next.fetch_add(1)));
+    return buf;
+}
+
+class SessionExchange final : public Exchange {
+  public:
+    SessionExchange(std::shared_ptr<Session> s, uint64_t gen) : s_(std::move(s)), gen_(gen) {}
+    void post(std::function<void()> fn) override;
+    void respond(int status, std::string body, std::string content_type, const HeaderList& extra) override;
+    void start_events(const HeaderList& extra) override;
+    void send_event(std::string_view data) override;
+    void end_events() override;
+    void on_client_gone(std::function<void()> fn) override;
+    bool client_gone() const override;
+
+  private:
+    std::shared_ptr<Session> s_;
+    uint64_t gen_;
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+  public:
+    Session(tcp::socket&& socket, const HttpServerOptions& opts, const HttpHandler& handler)
+        : stream_(std::move(socket)), opts_(opts), handler_(handler) {
+        beast::error_code ec;
+        const auto ep = stream_.socket().remote_endpoint(ec);
+        if (!ec) remote_ = str_cat(ep.address().to_string(), ":", ep.port());
+    }
+
+    void run() {
+        net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->do_read(); });
+    }
+
+  private:
+    friend class SessionExchange;
+
+    // --- reading requests ---------------------------------------------------------------
+    void do_read() {
+        parser_.emplace();
+        parser_->body_limit(opts_.max_body_bytes);
+        parser_->header_limit(kMaxHeaderBytes);
+        stream_.expires_after(std::chrono::seconds(opts_.idle_timeout_s));
+        http::async_read_header(stream_, buffer_, *parser_,
+                                [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+    }
+
+    void on_header(beast::error_code ec) {
+        if (ec) return on_read_error(ec);
+        auto& req = parser_->get();
+        auto expect = req[http::field::expect];
+        if (beast::iequals(expect, "100-continue")) {
+            inflight_ = "HTTP/1.1 100 Continue\r\n\r\n";
+            net::async_write(stream_, net::buffer(inflight_),
+                             [self = shared_from_this()](beast::error_code ec, size_t) {
+                                 if (ec) return self->close();
+                                 self->read_body();
+                             });
+            return;
+        }
+        read_body();
+    }
+
+    void read_body() {
+        http::async_read(stream_, buffer_, *parser_,
+                         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_body(ec); });
+    }
+
+    void on_read_error(beast::error_code ec) {
+        if (ec == http::error::body_limit) {
+            return respond_and_close(
+                413, error_json("the request body is larger than the server accepts", "request_too_large"));
+        }
+        if (ec == http::error::header_limit) {
+            return respond_and_close(431, error_json("the request headers are too large", "headers_too_large"));
+        }
+        if (ec.category() == http::make_error_code(http::error::bad_method).category() &&
+            ec != http::error::end_of_stream && ec != http::error::partial_message) {
+            return respond_and_close(400, error_json("malformed HTTP request", "bad_request"));
+        }
+        close();  // end of stream, timeout, reset
+    }
+
+    void on_body(beast::error_code ec) {
+        if (ec) return on_read_error(ec);
+        auto& req = parser_->get();
+        HttpRequest r;
+        r.method = std::string(req.method_string());
+        const std::string_view target(req.target().data(), req.target().size());
+        const size_t q = target.find('?');
+        r.path = std::string(target.substr(0, q));
+        if (q != std::string_view::npos) r.query = std::string(target.substr(q + 1));
+        for (const auto& f : req)
+            r.headers.emplace_back(lower(std::string_view(f.name_string().data(), f.name_string().size())),
+                                   std::string(f.value()));
+        r.body = std::move(req.body());
+        r.remote = remote_;
+        r.request_id = std::string(r.header("x-request-id"));
+        const bool printable =
+            std::all_of(r.request_id.begin(), r.request_id.end(), [](char c) { return c > ' ' && c < 127; });
+        if (r.request_id.empty() || r.request_id.size() > 128 || !printable) r.request_id = new_request_id();
+        request_id_ = r.request_id;
+        keep_alive_ = req.keep_alive();
+        http11_ = req.version() >= 11;
+        parser_.reset();
+        begin_exchange();
+        auto ex = std::make_shared<SessionExchange>(shared_from_this(), gen_);
+        try {
+            handler_(r, ex);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "server: handler failed on %s %s: %s\n", r.method.c_str(), r.path.c_str(), e.what());
+            if (!finishing_ && !events_) respond(gen_, 500, error_json("internal server error", "internal_error"));
+        }
+    }
+
+    // --- one request/response -------------------------------------------------------------
+    void begin_exchange() {
+        ++gen_;
+        active_ = true;
+        finishing_ = false;
+        events_ = false;
+        on_gone_ = nullptr;
+        stream_.expires_never();
+        start_watch();
+    }
+
+    // A read kept pending while the response is under way: EOF or an error means the client left.
+    void start_watch() {
+        if (watch_pending_ || gone_ || buffer_.size() > kMaxReadAhead) return;
+        watch_pending_ = true;
+        stream_.async_read_some(buffer_.prepare(4096),
+                                [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_watch(ec, n); });
+    }
+
+    void on_watch(beast::error_code ec, size_t n) {
+        watch_pending_ = false;
+        if (!ec) buffer_.commit(n);
+        if (ec && ec != net::error::operation_aborted) return client_lost();
+        if (active_) {
+            if (!ec) start_watch();
+            return;
+        }
+        if (gone_) return;
+        // The exchange ended while this read was pending.
+        if (keep_alive_)
+            do_read();
+        else
+            drain();
+    }
+
+    void client_lost() {
+        if (gone_) return;
+        close();
+        if (active_ && on_gone_) {
+            auto fn = std::move(on_gone_);
+            on_gone_ = nullptr;
+            fn();
+        }
+    }
+
+    void close() {
+        if (gone_) return;
+        gone_ = true;
+        beast::error_code ec;
+        stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+        stream_.socket().close(ec);
+    }
+
+    std::string head(int status, const std::string& content_type, const HeaderList& extra) const {
+        std::string h = str_cat("HTTP/1.1 ", status, " ", http::obsolete_reason(static_cast<http::status>(status)),
+                                "\r\nContent-Type: ", content_type, "\r\n");
+        for (const auto& [k, v] : extra) h += str_cat(k, ": ", v, "\r\n");
+        if (!request_id_.empty()) h += str_cat("X-Request-Id: ", request_id_, "\r\n");
+        if (!keep_alive_)
+            h += "Connection: close\r\n";
+        else if (!http11_)
+            h += "Connection: keep-alive\r\n";
+        return h;
+    }
+
+    void respond(uint64_t gen, int status, std::string body, const std::string& content_type = "application/json",
+                 const HeaderList& extra = {}) {
+        if (gen != gen_ || !active_ || finishing_ || events_ || gone_) return;
+        wire_ += head(status, content_type, extra);
+        wire_ += str_cat("Content-Length: ", body.size(), "\r\n\r\n");
+        wire_ += body;
+        finishing_ = true;
+        do_write();
+    }
+
+    void respond_and_close(int status, std::string body) {
+        request_id_ = new_request_id();
+        keep_alive_ = false;
+        http11_ = true;
+        parser_.reset();
+        begin_exchange();
+        respond(gen_, status, std::move(body));
+    }
+
+    void start_events(uint64_t gen, const HeaderList& extra) {
+        if (gen != gen_ || !active_ || finishing_ || events_ || gone_) return;
+        events_ = true;
+        if (!http11_) keep_alive_ = false;  // no chunked encoding: the body ends with the connection
+        wire_ += head(200, "text/event-stream; charset=utf-8", extra);
+        wire_ += "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n";
+        wire_ += http11_ ? "Transfer-Encoding: chunked\r\n\r\n" : "\r\n";
+        do_write();
+    }
+
+    void send_event(uint64_t gen, std::string_view data) {
+        if (gen != gen_ || !active_ || finishing_ || !events_ || gone_) return;
+        body_ += "data: ";
+        body_ += data;
+        body_ += "\n\n";
+        do_write();
+    }
+
+    void end_events(uint64_t gen) {
+        if (gen != gen_ || !active_ || finishing_ || !events_ || gone_) return;
+        finishing_ = true;
+        if (http11_) tail_ = "0\r\n\r\n";
+        do_write();
+    }
+
+    void do_write() {
+        if (writing_ || gone_) return;
+        std::string out = std::move(wire_);
+        wire_.clear();
+        if (!body_.empty()) {
+            if (http11_) {
+                char size[32];
+                std::snprintf(size, sizeof(size), "%zx\r\n", body_.size());
+                out += size;
+                out += body_;
+                out += "\r\n";
+            } else {
+                out += body_;
+            }
+            body_.clear();
+        }
+        out += tail_;
+        tail_.clear();
+        if (out.empty()) {
+            if (finishing_ && active_) finish_exchange();
+            return;
+        }
+        inflight_ = std::move(out);
+        writing_ = true;
+        net::async_write(stream_, net::buffer(inflight_),
+                         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
+    }
+
+    void on_write(beast::error_code ec) {
+        writing_ = false;
+        inflight_.clear();
+        if (ec) return client_lost();
+        do_write();
+    }
+
+    void finish_exchange() {
+        active_ = false;
+        on_gone_ = nullptr;
+        if (!keep_alive_) return linger_close();
+        if (watch_pending_) {  // on_watch continues with do_read
+            beast::error_code ec;
+            stream_.socket().cancel(ec);
+            return;
+        }
+        do_read();
+    }
+
+    // Connection: close: stop sending, read (and drop) what the client still sends for a while,
+    // so that it sees the response rather than a reset.
+    void linger_close() {
+        beast::error_code ec;
+        stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+        stream_.expires_after(std::chrono::seconds(2));
+        if (watch_pending_) {  // on_watch continues with drain
+            stream_.socket().cancel(ec);
+            return;
+        }
+        drain();
+    }
+
+    void drain() {
+        if (gone_) return;
+        stream_.async_read_some(net::buffer(drain_buf_), [self = shared_from_this()](beast::error_code ec, size_t) {
+            if (ec) return self->close();
+            self->drain();
+        });
+    }
+
+    beast::tcp_stream stream_;
+    const HttpServerOptions& opts_;
+    const HttpHandler& handler_;
+    std::string remote_;
+    std::string request_id_;  // of the current exchange
+    beast::flat_buffer buffer_;
+    std::optional<http::request_parser<http::string_body>> parser_;
+
+    uint64_t gen_ = 0;        // which exchange is current
+    bool active_ = false;     // a request is being answered
+    bool finishing_ = false;  // its last bytes are queued
+    bool events_ = false;     // answering with server-sent events
+    bool keep_alive_ = true;
+    bool http11_ = true;
+    bool gone_ = false;  // the socket is closed
+    bool watch_pending_ = false;
+    bool writing_ = false;
+    std::function<void()> on_gone_;
+
+    std::string wire_;      // framed bytes to send (status line and headers, whole responses)
+    std::string body_;      // event data to send as one chunk
+    std::string tail_;      // the last chunk
+    std::string inflight_;  // what async_write is sending
+    std::array<char, 4096> drain_buf_;
+};
+
+void SessionExchange::post(std::function<void()> fn) {
+    net::post(s_->stream_.get_executor(), std::move(fn));
+}
+void SessionExchange::respond(int status, std::string body, std::string content_type, const HeaderList& extra) {
+    s_->respond(gen_, status, std::move(body), content_type, extra);
+}
+void SessionExchange::start_events(const HeaderList& extra) {
+    s_->start_events(gen_, extra);
+}
+void SessionExchange::send_event(std::string_view data) {
+    s_->send_event(gen_, data);
+}
+void SessionExchange::end_events() {
+    s_->end_events(gen_);
+}
+void SessionExchange::on_client_gone(std::function<void()> fn) {
+    if (s_->gen_ != gen_ || !s_->active_) return;
+    if (s_->gone_) return fn();
+    s_->on_gone_ = std::move(fn);
+}
+bool SessionExchange::client_gone() const {
+    return s_->gone_;
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+    HttpServerOptions opts;
+    HttpHandler handler;
+    net::io_context ioc;
+    tcp::acceptor acceptor{ioc};
+    std::vector<std::thread> threads;
+    int port = 0;
+
+    Impl(HttpServerOptions o, HttpHandler h, int num_threads)
+        : opts(std::move(o)), handler(std::move(h)), ioc(num_threads) {}
+
+    void do_accept() {
+        acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+            if (!acceptor.is_open()) return;
+            if (!ec) {
+                beast::error_code ignored;
+                socket.set_option(tcp::no_delay(true), ignored);
+                std::make_shared<Session>(std::move(socket), opts, handler)->run();
+            } else if (ec == net::error::no_descriptors) {
+                std::fprintf(stderr, "server: accept: %s\n", ec.message().c_str());
+                std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            }
+            do_accept();
+        });
+    }
+};
+
+HttpServer::HttpServer(HttpServerOptions options, HttpHandler handler) {
+    int n = options.io_threads;
+    if (n <= 0) n = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 2, 4);
+    options.io_threads = n;
+    impl_ = std::make_unique<Impl>(std::move(options), std::move(handler), n);
+}
+
+HttpServer::~HttpServer() {
+    stop();
+}
+
+void HttpServer::start() {
+    Impl& s = *impl_;
+    beast::error_code ec;
+    tcp::resolver resolver(s.ioc);
+    auto results = resolver.resolve(s.opts.host, std::to_string(s.opts.port),
+                                    tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+    if (ec || results.empty()) fail("--host ", s.opts.host, ": ", ec ? ec.message() : "no address");
+    const tcp::endpoint ep = results.begin()->endpoint();
+    s.acceptor.open(ep.protocol(), ec);
+    if (!ec) s.acceptor.set_option(net::socket_base::reuse_address(true), ec);
+    if (!ec) s.acceptor.bind(ep, ec);
+    if (!ec) s.acceptor.listen(net::socket_base::max_listen_connections, ec);
+    if (ec) fail("cannot listen on ", s.opts.host, ":", s.opts.port, ": ", ec.message());
+    s.port = s.acceptor.local_endpoint().port();
+    s.do_accept();
+    for (int i = 0; i < s.opts.io_threads; ++i) {
+        s.threads.emplace_back([&s] {
+            for (;;) {  // a handler that throws loses its connection, never the thread
+                try {
+                    s.ioc.run();
+                    return;
+                } catch (const std::exception& e) {
+                    std::fprintf(stderr, "server: I/O handler failed: %s\n", e.what());
+                }
+            }
+        });
+    }
+}
+
+int HttpServer::port() const {
+    return impl_->port;
+}
+
+void HttpServer::stop() {
+    if (!impl_) return;
+    Impl& s = *impl_;
+    s.ioc.stop();
+    for (auto& t : s.threads)
+        if (t.joinable()) t.join();
+    s.threads.clear();
+    beast::error_code ec;
+    s.acceptor.close(ec);
+}
+
+}  // namespace peregrine::server

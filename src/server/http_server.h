@@ -1,0 +1,86 @@
+// HTTP/1.1 with keep-alive on a pool of I/O threads (Boost.Beast over Asio). Each connection
+// runs on its own strand; a handler gets each request on that strand together with an
+// Exchange through which it answers, at once (respond) or as server-sent events (start_events,
+// send_event, end_events), from the strand. Work arriving from other threads reaches the strand
+// through Exchange::post. While a request is being answered the connection keeps a read
+// pending, so a client that goes away is noticed at once (on_client_gone). Every response carries
+// X-Request-Id: the client's own (printable, up to 128 bytes) or a new one.
+//
+// Beast stays inside http_server.cc; this header is all the rest of the server sees.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace peregrine::server {
+
+struct HttpRequest {
+    std::string method;                                        // "GET", "POST", ...
+    std::string path;                                          // the target without its query
+    std::string query;                                         // after '?', undecoded
+    std::vector<std::pair<std::string, std::string>> headers;  // names lower case
+    std::string body;
+    std::string remote;      // "ip:port"
+    std::string request_id;  // the client's X-Request-Id, else a new one; sent back with the response
+
+    // The first header named `lower_name`, "" when absent.
+    std::string_view header(std::string_view lower_name) const;
+};
+
+using HeaderList = std::vector<std::pair<std::string, std::string>>;
+
+class Exchange {
+  public:
+    virtual ~Exchange() = default;
+    // Any thread: runs `fn` on the connection's strand (dropped if the server has stopped).
+    virtual void post(std::function<void()> fn) = 0;
+
+    // Strand only. A whole response; ends the exchange.
+    virtual void respond(int status, std::string body, std::string content_type = "application/json",
+                         const HeaderList& extra = {}) = 0;
+    // Strand only. 200 text/event-stream (chunked), then `data: <data>\n\n` per event, then the end.
+    virtual void start_events(const HeaderList& extra = {}) = 0;
+    virtual void send_event(std::string_view data) = 0;
+    virtual void end_events() = 0;
+
+    // Strand only. Called once if the client disconnects before the response is complete.
+    virtual void on_client_gone(std::function<void()> fn) = 0;
+    virtual bool client_gone() const = 0;
+};
+
+// Called on the connection's strand; must answer through the exchange (now or later).
+using HttpHandler = std::function<void(const HttpRequest&, std::shared_ptr<Exchange>)>;
+
+struct HttpServerOptions {
+    std::string host = "127.0.0.1";
+    int port = 8000;                           // 0: any free port (see HttpServer::port)
+    int io_threads = 0;                        // 0: min(4, cores), at least 2
+    size_t max_body_bytes = size_t{32} << 20;  // larger bodies get 413
+    int idle_timeout_s = 60;                   // keep-alive connections with no request are closed
+};
+
+class HttpServer {
+  public:
+    HttpServer(HttpServerOptions options, HttpHandler handler);
+    ~HttpServer();  // stop()
+    HttpServer(const HttpServer&) = delete;
+    HttpServer& operator=(const HttpServer&) = delete;
+
+    // Binds and listens (throws Error when it cannot), starts the I/O threads.
+    void start();
+    // The bound port (after start).
+    int port() const;
+    // Stops accepting, closes every connection, joins the I/O threads.
+    void stop();
+
+  private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace peregrine::server

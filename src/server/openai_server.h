@@ -1,0 +1,84 @@
+// The OpenAI-compatible API on top of the Engine: routes, authentication, request parsing and
+// tokenization (on the I/O thread that received the request), submission, and the answer
+// (one JSON body, or server-sent events) built from the engine's outputs as the stream pump
+// delivers them. A client that disconnects aborts its requests.
+//
+//   POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize
+//   GET  /v1/models, /v1/models/{id}, /health (503 until set_model)
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "peregrine/engine.h"
+#include "server/http_server.h"
+#include "server/openai_protocol.h"
+#include "server/stream_pump.h"
+#include "template/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace peregrine::server {
+
+// A loaded model ready to serve.
+struct ServedModel {
+    std::shared_ptr<void> owner;  // what the engine's executor points into; outlives the engine
+    std::shared_ptr<const Tokenizer> tokenizer;
+    std::shared_ptr<const ChatTemplate> chat_template;  // null when the model has none
+    std::string chat_template_error;                    // why it is null
+    std::unique_ptr<Engine> engine;
+    int max_model_len = 0;
+    int vocab_size = 0;
+    std::string path;
+
+    ~ServedModel();  // the engine first, then what it points into
+};
+
+struct OpenAiServerOptions {
+    std::vector<std::string> model_names;  // the first is the one reported; requests may name any
+    std::vector<std::string> api_keys;     // empty: no authentication
+};
+
+class OpenAiServer {
+  public:
+    explicit OpenAiServer(OpenAiServerOptions options);
+    ~OpenAiServer();
+
+    // The model is loaded: start answering (until then everything but /health is 503).
+    void set_model(std::unique_ptr<ServedModel> model);
+    // Called on a connection's strand for each request.
+    void handle(const HttpRequest& req, std::shared_ptr<Exchange> ex);
+    // Aborts what is running, stops the engine and the pump, drops every pending exchange.
+    void shutdown();
+
+    const std::string& model_name() const { return options_.model_names.front(); }
+
+    struct Counters {
+        std::atomic<uint64_t> requests_served{0};   // completions answered in full
+        std::atomic<uint64_t> requests_aborted{0};  // ended by a client that went away
+        std::atomic<int64_t> in_flight{0};
+    };
+
+  private:
+    void handle_completion(const HttpRequest& req, std::shared_ptr<Exchange> ex, bool chat);
+    void handle_health(Exchange& ex);
+    void handle_models(Exchange& ex, const std::string& id);
+    void handle_tokenize(const HttpRequest& req, Exchange& ex);
+    void handle_detokenize(const HttpRequest& req, Exchange& ex);
+    bool authorized(const HttpRequest& req) const;
+    void check_model(const std::string& name) const;
+    std::vector<int32_t> render_chat(const CompletionParams& p) const;
+
+    OpenAiServerOptions options_;
+    std::atomic<bool> ready_{false};
+    std::unique_ptr<ServedModel> model_;
+    jinja::Context template_functions_;  // strftime_now
+    StreamPump pump_;
+    Counters counters_;
+    const std::chrono::steady_clock::time_point started_;
+    const int64_t created_unix_;
+};
+
+}  // namespace peregrine::server
