@@ -24,12 +24,14 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 // Logits that cost only the memory they occupy, shaped like a language model's: a Zipf-like
 // fall-off over a fixed random order of the vocabulary.
 class NullExecutor final : public ModelExecutor {
-public:
+  public:
     NullExecutor(int vocab, int blocks) : vocab_(vocab), blocks_(blocks) {}
     int vocab_size() const override { return vocab_; }
     int max_model_len() const override { return 1 << 20; }
@@ -46,7 +48,8 @@ public:
             for (size_t i = 0; i < n; ++i) logits[i] = -1.2f * std::log(1.0f + order[i % vocab_]);
         }
     }
-private:
+
+  private:
     int vocab_, blocks_;
 };
 
@@ -122,8 +125,9 @@ void batching(const std::string& model_path, int threads, int batch, int count) 
         }
         const double s = seconds_since(t0);
         std::printf("batching: %-10s %3zu requests, batch %d: %.2f s, %llu output tokens, %.1f tokens/s, %llu steps\n",
-                    continuous ? "continuous" : "static", reqs.size(), batch, s, static_cast<unsigned long long>(tokens),
-                    tokens / s, static_cast<unsigned long long>(core.stats().steps));
+                    continuous ? "continuous" : "static", reqs.size(), batch, s,
+                    static_cast<unsigned long long>(tokens), tokens / s,
+                    static_cast<unsigned long long>(core.stats().steps));
         return tokens / s;
     };
     const double st = run(false), ct = run(true);

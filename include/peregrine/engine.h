@@ -19,7 +19,7 @@ namespace peregrine {
 
 // The outputs of one request, in order. Filled by the engine thread, read by one consumer.
 class RequestStream {
-public:
+  public:
     explicit RequestStream(std::string id) : id_(std::move(id)) {}
     const std::string& id() const { return id_; }
 
@@ -28,7 +28,7 @@ public:
     // As next(), giving up after `timeout` (then returns false with *timed_out = true).
     bool next_for(RequestOutput& out, std::chrono::milliseconds timeout, bool* timed_out);
 
-private:
+  private:
     friend class Engine;
     void push(RequestOutput out, bool last);
 
@@ -40,7 +40,7 @@ private:
 };
 
 class Engine {
-public:
+  public:
     Engine(const EngineConfig& config, std::unique_ptr<ModelExecutor> executor,
            std::shared_ptr<const TextProcessor> text);
     ~Engine();  // shutdown()
@@ -57,7 +57,7 @@ public:
     // Stops the loop; requests still running end with "abort".
     void shutdown();
 
-private:
+  private:
     void loop();
 
     std::unique_ptr<ModelExecutor> executor_;

@@ -11,30 +11,30 @@
 namespace peregrine {
 
 struct SamplingParams {
-    int n = 1;                    // completions per prompt; they share the prompt's KV blocks
-    float temperature = 1.0f;     // 0 = greedy
+    int n = 1;                 // completions per prompt; they share the prompt's KV blocks
+    float temperature = 1.0f;  // 0 = greedy
     float top_p = 1.0f;
-    int top_k = 0;                // 0 = no limit
-    float min_p = 0.0f;           // drop tokens below min_p * p(most likely)
-    float repetition_penalty = 1.0f;  // > 1 discourages tokens seen in the prompt or output
-    float presence_penalty = 0.0f;    // subtracted once from tokens present in the output
-    float frequency_penalty = 0.0f;   // subtracted per occurrence in the output
+    int top_k = 0;                                      // 0 = no limit
+    float min_p = 0.0f;                                 // drop tokens below min_p * p(most likely)
+    float repetition_penalty = 1.0f;                    // > 1 discourages tokens seen in the prompt or output
+    float presence_penalty = 0.0f;                      // subtracted once from tokens present in the output
+    float frequency_penalty = 0.0f;                     // subtracted per occurrence in the output
     std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logits before sampling
-    std::optional<uint64_t> seed;     // per-request RNG: the same tokens whatever else runs
-    std::vector<std::string> stop;    // stop strings, never included in the output
+    std::optional<uint64_t> seed;                       // per-request RNG: the same tokens whatever else runs
+    std::vector<std::string> stop;                      // stop strings, never included in the output
     std::vector<int32_t> stop_token_ids;
     bool ignore_eos = false;
-    int min_tokens = 0;           // EOS and stop tokens are masked until this many are generated
-    int max_tokens = 16;          // clamped to the context left
-    int logprobs = -1;            // -1: none; k >= 0: the sampled token's logprob and the top k (k <= 20)
+    int min_tokens = 0;   // EOS and stop tokens are masked until this many are generated
+    int max_tokens = 16;  // clamped to the context left
+    int logprobs = -1;    // -1: none; k >= 0: the sampled token's logprob and the top k (k <= 20)
 };
 
 struct Request {
     std::string id;
     std::vector<int32_t> prompt_ids;
     SamplingParams sampling;
-    int priority = 0;             // lower runs first (as vLLM)
-    std::string cache_salt;       // isolates prefix-cache entries between tenants
+    int priority = 0;        // lower runs first (as vLLM)
+    std::string cache_salt;  // isolates prefix-cache entries between tenants
 };
 
 enum class FinishReason { None, Stop, Length, Abort };
@@ -48,30 +48,30 @@ struct TokenLogprob {
 
 struct Usage {
     int prompt_tokens = 0;
-    int completion_tokens = 0;    // over all n choices
-    int cached_tokens = 0;        // prompt tokens served from the prefix cache
+    int completion_tokens = 0;  // over all n choices
+    int cached_tokens = 0;      // prompt tokens served from the prefix cache
 };
 
 // Where a request's time went, in seconds (steady clock), reported with its last output.
 struct RequestTiming {
-    double queue = 0;          // submit → first scheduled
-    double prefill = 0;        // first scheduled → first token (time to first token minus queueing)
-    double decode = 0;         // first token → last token
+    double queue = 0;    // submit → first scheduled
+    double prefill = 0;  // first scheduled → first token (time to first token minus queueing)
+    double decode = 0;   // first token → last token
     double time_to_first_token = 0;
-    double total = 0;          // submit → finish
+    double total = 0;  // submit → finish
 };
 
 // One increment of one choice of a request. The last output of a choice carries its finish
 // reason; the last output of the request also carries the usage.
 struct RequestOutput {
     std::string request_id;
-    int index = 0;                      // which of the n choices
-    std::vector<int32_t> token_ids;     // new tokens since the previous output
-    std::string text;                   // new text since the previous output (complete UTF-8)
-    std::vector<TokenLogprob> logprobs; // one per new token when requested
+    int index = 0;                       // which of the n choices
+    std::vector<int32_t> token_ids;      // new tokens since the previous output
+    std::string text;                    // new text since the previous output (complete UTF-8)
+    std::vector<TokenLogprob> logprobs;  // one per new token when requested
     FinishReason finish = FinishReason::None;
-    std::string stop_reason;            // the stop string or token that ended the choice
-    std::optional<Usage> usage;         // set on the request's last output
+    std::string stop_reason;              // the stop string or token that ended the choice
+    std::optional<Usage> usage;           // set on the request's last output
     std::optional<RequestTiming> timing;  // likewise
 };
 

@@ -69,7 +69,8 @@ EngineStack build_engine_stack(const EngineOptions& o) {
     const int64_t per_block = static_cast<int64_t>(one.bytes_per_block());
     int64_t bytes = o.kv_cache_memory;
     if (bytes == 0) {
-        const int64_t want = static_cast<int64_t>(o.max_num_seqs) * c.max_position_embeddings / o.block_size * per_block;
+        const int64_t want =
+            static_cast<int64_t>(o.max_num_seqs) * c.max_position_embeddings / o.block_size * per_block;
         bytes = std::min<int64_t>(want, int64_t{4} << 30);
     }
     s.num_kv_blocks = static_cast<int>(bytes / per_block);

@@ -15,7 +15,7 @@
 namespace peregrine::cli {
 
 struct EngineOptions {
-    std::string model;           // empty: the embedded model
+    std::string model;  // empty: the embedded model
     int threads = 0;
     std::string dtype = "auto";
     int block_size = 16;

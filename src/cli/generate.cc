@@ -56,8 +56,8 @@ std::vector<int32_t> parse_ids(const std::string& s, int vocab) {
 int run(const GenerateArgs& a) {
     EngineStack s = build_engine_stack(a.engine);
     const ModelConfig& c = s.loaded->config;
-    auto tokenizer = std::make_shared<const Tokenizer>(
-        s.loaded->gguf ? Tokenizer::from_gguf(*s.loaded->gguf) : Tokenizer::load(s.loaded->model_dir));
+    auto tokenizer = std::make_shared<const Tokenizer>(s.loaded->gguf ? Tokenizer::from_gguf(*s.loaded->gguf)
+                                                                      : Tokenizer::load(s.loaded->model_dir));
 
     Request req;
     req.id = "generate";
@@ -135,7 +135,8 @@ std::function<int()> add_generate(CLI::App& app) {
         cmd->add_option("--temperature", args->temperature, "Sampling temperature; 0 = greedy (default 0.8)");
     args->top_p_opt = cmd->add_option("--top-p", args->top_p, "Nucleus sampling mass (default 0.95)");
     args->top_k_opt = cmd->add_option("--top-k", args->top_k, "Keep the k most likely tokens; 0 = all (default 40)");
-    args->min_p_opt = cmd->add_option("--min-p", args->min_p, "Drop tokens below min-p times the most likely (default 0)");
+    args->min_p_opt =
+        cmd->add_option("--min-p", args->min_p, "Drop tokens below min-p times the most likely (default 0)");
     cmd->add_option("--seed", args->seed, "Random seed (default: random)");
     cmd->add_option("--stop", args->stop, "Stop string (repeatable); not included in the output");
     cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep generating after an end-of-sequence token");

@@ -130,9 +130,12 @@ void BlockManager::release(Sequence& seq) {
 std::tuple<uint64_t, uint64_t, int32_t> BlockManager::eviction_key(int32_t b) const {
     const Block& blk = blocks_[b];
     switch (policy_) {
-        case EvictionPolicy::Lru: return {blk.last_used, 0, b};
-        case EvictionPolicy::Lfu: return {blk.uses, blk.last_used, b};
-        case EvictionPolicy::Fifo: return {blk.cached_at, 0, b};
+        case EvictionPolicy::Lru:
+            return {blk.last_used, 0, b};
+        case EvictionPolicy::Lfu:
+            return {blk.uses, blk.last_used, b};
+        case EvictionPolicy::Fifo:
+            return {blk.cached_at, 0, b};
     }
     return {0, 0, b};
 }

@@ -30,7 +30,7 @@ struct BlockStats {
 };
 
 class BlockManager {
-public:
+  public:
     BlockManager(int num_blocks, int block_size, EvictionPolicy policy = EvictionPolicy::Lru,
                  bool prefix_caching = true);
 
@@ -77,20 +77,20 @@ public:
     static uint64_t hash_block(uint64_t parent, uint64_t salt, const int32_t* tokens, int n);
     static uint64_t hash_salt(const std::string& salt);
 
-private:
+  private:
     struct Block {
         int ref = 0;
         bool hashed = false;  // full, with `hash` and `tokens` set
         bool cached = false;  // findable through cached_ (the first block with this hash)
         uint64_t hash = 0;
         std::vector<int32_t> tokens;
-        uint64_t last_used = 0;   // LRU
-        uint64_t uses = 0;        // LFU
-        uint64_t cached_at = 0;   // FIFO
+        uint64_t last_used = 0;                             // LRU
+        uint64_t uses = 0;                                  // LFU
+        uint64_t cached_at = 0;                             // FIFO
         std::tuple<uint64_t, uint64_t, int32_t> evict_key;  // position in evictable_ while there
     };
 
-    int32_t take_block();                 // a fresh private block (ref 1), evicting if needed
+    int32_t take_block();  // a fresh private block (ref 1), evicting if needed
     void add_ref(int32_t b);
     void drop_ref(int32_t b);
     std::tuple<uint64_t, uint64_t, int32_t> eviction_key(int32_t b) const;
@@ -99,9 +99,9 @@ private:
     EvictionPolicy policy_;
     bool prefix_caching_;
     std::vector<Block> blocks_;
-    std::vector<int32_t> free_;  // count 0, unhashed (a stack)
+    std::vector<int32_t> free_;                                    // count 0, unhashed (a stack)
     std::set<std::tuple<uint64_t, uint64_t, int32_t>> evictable_;  // count 0, cached; first = next victim
-    std::unordered_map<uint64_t, int32_t> cached_;                  // hash -> block
+    std::unordered_map<uint64_t, int32_t> cached_;                 // hash -> block
     uint64_t clock_ = 0;
     BlockStats stats_;
 };

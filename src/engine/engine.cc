@@ -38,7 +38,9 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<ModelExecutor> execut
     thread_ = std::thread([this] { loop(); });
 }
 
-Engine::~Engine() { shutdown(); }
+Engine::~Engine() {
+    shutdown();
+}
 
 std::shared_ptr<RequestStream> Engine::submit(Request request) {
     core_.check_request(request);  // immutable state only

@@ -9,10 +9,14 @@ namespace peregrine {
 
 const char* finish_reason_name(FinishReason r) {
     switch (r) {
-        case FinishReason::Stop: return "stop";
-        case FinishReason::Length: return "length";
-        case FinishReason::Abort: return "abort";
-        case FinishReason::None: break;
+        case FinishReason::Stop:
+            return "stop";
+        case FinishReason::Length:
+            return "length";
+        case FinishReason::Abort:
+            return "abort";
+        case FinishReason::None:
+            break;
     }
     return "";
 }
@@ -236,15 +240,17 @@ std::vector<RequestOutput> EngineCore::step() {
             const SamplingParams& p = r.req.sampling;
             const bool is_eos = std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), tok) !=
                                 config_.eos_token_ids.end();
-            const bool is_stop_token = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) !=
-                                       p.stop_token_ids.end();
+            const bool is_stop_token =
+                std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end();
             std::string stop;
             if ((is_eos && !p.ignore_eos) || is_stop_token) {
                 finish_choice(r, *seq, FinishReason::Stop, is_stop_token ? std::to_string(tok) : "", out);
             } else {
                 if (!r.texts.empty()) out.text = r.texts[seq->index]->push(tok, &stop);
-                if (!stop.empty()) finish_choice(r, *seq, FinishReason::Stop, stop, out);
-                else if (seq->num_output() >= seq->max_tokens) finish_choice(r, *seq, FinishReason::Length, "", out);
+                if (!stop.empty())
+                    finish_choice(r, *seq, FinishReason::Stop, stop, out);
+                else if (seq->num_output() >= seq->max_tokens)
+                    finish_choice(r, *seq, FinishReason::Length, "", out);
             }
             outputs.push_back(std::move(out));
         }

@@ -29,11 +29,11 @@ struct EngineStats {
     int num_waiting = 0;
     int num_kv_blocks = 0;
     int num_kv_blocks_used = 0;
-    uint64_t prefix_queries = 0;   // tokens
-    uint64_t prefix_hits = 0;      // tokens
+    uint64_t prefix_queries = 0;  // tokens
+    uint64_t prefix_hits = 0;     // tokens
     uint64_t evictions = 0;
     uint64_t preemptions = 0;
-    uint64_t prompt_tokens = 0;    // of finished and running requests, counted at submit
+    uint64_t prompt_tokens = 0;  // of finished and running requests, counted at submit
     uint64_t generation_tokens = 0;
     uint64_t steps = 0;
     // Cumulative wall time of the step's phases, seconds.
@@ -43,7 +43,7 @@ struct EngineStats {
 };
 
 class EngineCore {
-public:
+  public:
     // `text` may be null: then outputs carry token ids only and stop strings are refused.
     EngineCore(const EngineConfig& config, ModelExecutor& executor, std::shared_ptr<const TextProcessor> text);
     ~EngineCore();
@@ -68,7 +68,7 @@ public:
     // Live sequences, for invariant checks in tests.
     std::vector<const Sequence*> live_sequences() const;
 
-private:
+  private:
     struct RequestState;
     void finish_choice(RequestState& r, Sequence& seq, FinishReason reason, std::string stop, RequestOutput& out);
     void finish_request(RequestState& r, RequestOutput& last);

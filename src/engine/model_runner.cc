@@ -9,15 +9,24 @@
 namespace peregrine {
 
 LlamaExecutor::LlamaExecutor(LlamaModel& model, Backend& backend, int num_blocks, int block_size)
-    : model_(model), backend_(backend),
+    : model_(model),
+      backend_(backend),
       cache_(std::make_unique<KvCache>(backend, model.kv_cache_shape(num_blocks, block_size))) {}
 
 LlamaExecutor::~LlamaExecutor() = default;
 
-int LlamaExecutor::vocab_size() const { return model_.config().vocab_size; }
-int LlamaExecutor::max_model_len() const { return model_.config().max_position_embeddings; }
-int LlamaExecutor::num_kv_blocks() const { return cache_->shape().num_blocks; }
-int LlamaExecutor::block_size() const { return cache_->shape().block_size; }
+int LlamaExecutor::vocab_size() const {
+    return model_.config().vocab_size;
+}
+int LlamaExecutor::max_model_len() const {
+    return model_.config().max_position_embeddings;
+}
+int LlamaExecutor::num_kv_blocks() const {
+    return cache_->shape().num_blocks;
+}
+int LlamaExecutor::block_size() const {
+    return cache_->shape().block_size;
+}
 
 void LlamaExecutor::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
     if (pairs.empty()) return;

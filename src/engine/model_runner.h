@@ -17,7 +17,7 @@ class KvCache;
 // What the engine needs from a model: run a batch against its own KV cache. The real one
 // wraps LlamaModel; tests use a fake with the same contract.
 class ModelExecutor {
-public:
+  public:
     virtual ~ModelExecutor() = default;
     virtual int vocab_size() const = 0;
     virtual int max_model_len() const = 0;
@@ -31,7 +31,7 @@ public:
 
 // The model and its paged KV cache on one backend.
 class LlamaExecutor final : public ModelExecutor {
-public:
+  public:
     LlamaExecutor(LlamaModel& model, Backend& backend, int num_blocks, int block_size);
     ~LlamaExecutor() override;
 
@@ -42,7 +42,7 @@ public:
     void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
     void execute(const BatchInput& batch, std::vector<float>& logits) override;
 
-private:
+  private:
     LlamaModel& model_;
     Backend& backend_;
     std::unique_ptr<KvCache> cache_;

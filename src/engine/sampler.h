@@ -16,7 +16,7 @@ namespace peregrine {
 constexpr int kMaxLogprobs = 20;
 
 class Sampler {
-public:
+  public:
     // `eos_ids`: the model's end tokens (masked while min_tokens is not reached).
     explicit Sampler(std::vector<int32_t> eos_ids) : eos_ids_(std::move(eos_ids)) {}
 
@@ -24,14 +24,14 @@ public:
     // Fills `logprob` when the request asked for logprobs.
     int32_t sample(const float* logits, int vocab, Sequence& seq, TokenLogprob* logprob);
 
-private:
+  private:
     void raw_logprobs(const float* logits, int vocab, int top, TokenLogprob* out);
 
     std::vector<int32_t> eos_ids_;
-    std::vector<float> work_;                   // [vocab] processed logits
+    std::vector<float> work_;  // [vocab] processed logits
     std::vector<std::pair<float, int32_t>> cand_;
-    std::vector<int32_t> counts_;               // [vocab] output-token counts, zeroed after use
-    std::vector<uint8_t> seen_;                 // [vocab] prompt or output token present
+    std::vector<int32_t> counts_;  // [vocab] output-token counts, zeroed after use
+    std::vector<uint8_t> seen_;    // [vocab] prompt or output token present
 };
 
 }  // namespace peregrine

@@ -21,8 +21,8 @@ struct SchedulerConfig {
 
 struct ScheduledSeq {
     Sequence* seq;
-    int num_new;   // tokens [seq->num_computed, seq->num_computed + num_new) run this step
-    bool sample;   // the chunk reaches the end of the sequence: a token is sampled after it
+    int num_new;  // tokens [seq->num_computed, seq->num_computed + num_new) run this step
+    bool sample;  // the chunk reaches the end of the sequence: a token is sampled after it
 };
 
 struct SchedulerOutput {
@@ -34,7 +34,7 @@ struct SchedulerOutput {
 };
 
 class Scheduler {
-public:
+  public:
     Scheduler(const SchedulerConfig& config, BlockManager& blocks);
 
     void add_waiting(Sequence* seq);
@@ -51,7 +51,7 @@ public:
     uint64_t num_preemptions() const { return num_preemptions_; }
     const std::vector<Sequence*>& running() const { return running_; }
 
-private:
+  private:
     struct ByPriority {
         bool operator()(const Sequence* a, const Sequence* b) const {
             if (a->priority != b->priority) return a->priority < b->priority;

@@ -17,14 +17,14 @@ enum class SeqStatus { Waiting, Running, Finished };
 struct Sequence {
     uint64_t seq_id = 0;
     std::string request_id;
-    int index = 0;                     // choice index within the request
+    int index = 0;  // choice index within the request
     int priority = 0;
-    uint64_t arrival = 0;              // submit order; ties in priority go to the earlier
+    uint64_t arrival = 0;  // submit order; ties in priority go to the earlier
     SeqStatus status = SeqStatus::Waiting;
     const SamplingParams* sampling = nullptr;  // owned by the request
-    uint64_t cache_salt = 0;           // hash of the request's cache_salt (0 = none)
+    uint64_t cache_salt = 0;                   // hash of the request's cache_salt (0 = none)
 
-    std::vector<int32_t> tokens;       // prompt followed by the output
+    std::vector<int32_t> tokens;  // prompt followed by the output
     int num_prompt_tokens = 0;
     int num_computed = 0;              // tokens whose K/V are in the cache
     int num_cached_prompt_tokens = 0;  // prompt tokens that came from the prefix cache (first admission)
@@ -32,7 +32,7 @@ struct Sequence {
     std::vector<int32_t> block_table;  // logical block i -> physical block
 
     std::mt19937_64 rng;
-    int max_tokens = 0;                // after clamping to the context
+    int max_tokens = 0;  // after clamping to the context
 
     int num_tokens() const { return static_cast<int>(tokens.size()); }
     int num_output() const { return num_tokens() - num_prompt_tokens; }

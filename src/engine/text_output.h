@@ -10,7 +10,7 @@
 namespace peregrine {
 
 class ChoiceText {
-public:
+  public:
     virtual ~ChoiceText() = default;
     // Adds one generated token. Returns the text that is now final: complete UTF-8, and
     // nothing that could still turn out to begin a stop string. When a stop string is
@@ -21,7 +21,7 @@ public:
 };
 
 class TextProcessor {
-public:
+  public:
     virtual ~TextProcessor() = default;
     // `prompt` lets the detokenizer continue the prompt's text (leading-space rules).
     virtual std::unique_ptr<ChoiceText> start(const std::vector<int32_t>& prompt,

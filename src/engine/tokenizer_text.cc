@@ -7,8 +7,9 @@ namespace peregrine {
 namespace {
 
 class Choice final : public ChoiceText {
-public:
-    Choice(std::shared_ptr<const Tokenizer> tok, const std::vector<int32_t>& prompt, const std::vector<std::string>& stops)
+  public:
+    Choice(std::shared_ptr<const Tokenizer> tok, const std::vector<int32_t>& prompt,
+           const std::vector<std::string>& stops)
         : tok_(std::move(tok)), detok_(*tok_), stops_(stops), stop_strings_(stops) {
         detok_.prime(prompt);  // the continuation keeps its leading space
     }
@@ -22,7 +23,7 @@ public:
         return text;
     }
 
-private:
+  private:
     std::string filter(const std::string& text, std::string* stop) {
         if (stop_strings_.empty()) return text;
         StopMatcher::Result r = stops_.push(text);

@@ -10,12 +10,12 @@
 namespace peregrine {
 
 class TokenizerText final : public TextProcessor {
-public:
+  public:
     explicit TokenizerText(std::shared_ptr<const Tokenizer> tokenizer) : tokenizer_(std::move(tokenizer)) {}
     std::unique_ptr<ChoiceText> start(const std::vector<int32_t>& prompt,
                                       const std::vector<std::string>& stops) const override;
 
-private:
+  private:
     std::shared_ptr<const Tokenizer> tokenizer_;
 };
 

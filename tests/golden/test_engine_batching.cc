@@ -68,12 +68,14 @@ TEST(EngineBatching, CrowdMatchesAloneBitwise) {
         ASSERT_EQ(static_cast<int>(solo[r.id].size()), r.sampling.max_tokens);
     }
     // Also the plain one-sequence path agrees on one of them.
-    EXPECT_EQ(m.greedy(reqs[0].prompt_ids, reqs[0].sampling.max_tokens), std::vector<int>(solo["r0"].begin(), solo["r0"].end()));
+    EXPECT_EQ(m.greedy(reqs[0].prompt_ids, reqs[0].sampling.max_tokens),
+              std::vector<int>(solo["r0"].begin(), solo["r0"].end()));
 
     for (const Crowd& c : {Crowd{2048, 512}, Crowd{32, 512}, Crowd{2048, 24}, Crowd{32, 24}}) {
         EngineStats st;
         const auto got = run(m, reqs, c, 5, &st);
-        for (const Request& r : reqs) EXPECT_EQ(got.at(r.id), solo.at(r.id)) << r.id << " budget " << c.budget << " blocks " << c.num_blocks;
+        for (const Request& r : reqs)
+            EXPECT_EQ(got.at(r.id), solo.at(r.id)) << r.id << " budget " << c.budget << " blocks " << c.num_blocks;
         if (c.num_blocks == 24) {
             EXPECT_GT(st.preemptions, 0u) << "budget " << c.budget;
         } else {

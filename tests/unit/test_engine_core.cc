@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <map>
 #include <optional>
-#include <set>
 #include <random>
+#include <set>
 
 #include "core/error.h"
 #include "engine/engine_core.h"
@@ -71,7 +71,8 @@ TEST(EngineCore, RandomTrafficKeepsBlockInvariants) {
     cfg.scheduler.max_num_seqs = 8;
     EngineCore core(cfg, ex, nullptr);
     std::mt19937 rng(1234);
-    std::vector<std::vector<int32_t>> prefixes = {{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {50, 51, 52, 53, 54, 55, 56, 57}};
+    std::vector<std::vector<int32_t>> prefixes = {{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12},
+                                                  {50, 51, 52, 53, 54, 55, 56, 57}};
     std::vector<std::string> live;
     int next_id = 0, ops = 0;
     for (; ops < 10000; ++ops) {
@@ -133,7 +134,8 @@ TEST(EngineCore, BatchCompositionDoesNotChangeGreedyOutput) {
                 }
                 check_invariants(core);
             }
-            for (const Request& r : reqs) EXPECT_EQ(got[std::make_pair(r.id, 0)], alone(r)) << r.id << " budget " << budget;
+            for (const Request& r : reqs)
+                EXPECT_EQ(got[std::make_pair(r.id, 0)], alone(r)) << r.id << " budget " << budget;
             if (blocks == 24) {
                 EXPECT_GT(core.stats().preemptions, 0u);
             }
@@ -249,7 +251,7 @@ TEST(EngineCore, RejectsBadRequests) {
     bad([](Request& r) { r.sampling.top_p = 0; });
     bad([](Request& r) { r.sampling.n = 0; });
     bad([](Request& r) { r.sampling.logprobs = 21; });
-    bad([](Request& r) { r.sampling.stop = {"x"}; });  // no tokenizer here
+    bad([](Request& r) { r.sampling.stop = {"x"}; });      // no tokenizer here
     core.add_request(make_request("ok", {1, 2, 3}, 100));  // clamped to the room left
     auto out = drain(core);
     EXPECT_EQ(out[std::make_pair(std::string("ok"), 0)].size(), 29u);

@@ -24,19 +24,19 @@ struct MatmulArgs {
 // One token's attention for the query heads that share one KV head (GQA), over keys
 // [first, last] of its sequence, read through the block table.
 struct AttentionArgs {
-    const float* q;          // [group, head_dim]: the query heads of one kv head, consecutive
-    const float* k_cache;    // [num_blocks * block_size, kv_dim]
-    const float* v_cache;    // same
-    int64_t kv_dim;          // floats per cache slot (num_kv_heads * head_dim)
-    int64_t head_offset;     // this kv head's offset inside a slot
-    const int32_t* table;    // the sequence's block table
+    const float* q;        // [group, head_dim]: the query heads of one kv head, consecutive
+    const float* k_cache;  // [num_blocks * block_size, kv_dim]
+    const float* v_cache;  // same
+    int64_t kv_dim;        // floats per cache slot (num_kv_heads * head_dim)
+    int64_t head_offset;   // this kv head's offset inside a slot
+    const int32_t* table;  // the sequence's block table
     int block_size;
     int head_dim;
-    int group;               // query heads per kv head
+    int group;  // query heads per kv head
     float scale;
-    int first, last;         // key positions, inclusive
-    float* out;              // [group, head_dim]
-    float* scratch;          // [group * (last - first + 1)] scores
+    int first, last;  // key positions, inclusive
+    float* out;       // [group, head_dim]
+    float* scratch;   // [group * (last - first + 1)] scores
 };
 
 struct Kernels {

@@ -341,8 +341,12 @@ inline v8f load8(const float* p) {
     std::memcpy(&v, p, sizeof(v));
     return v;
 }
-inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
-inline float hsum8(v8f v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+inline void store8(float* p, v8f v) {
+    std::memcpy(p, &v, sizeof(v));
+}
+inline float hsum8(v8f v) {
+    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
 
 template <int D>
 void attention_d(const AttentionArgs& a) {
@@ -432,15 +436,24 @@ void attention_any(const AttentionArgs& a) {
 void attention(const AttentionArgs& a) {
     if (a.group <= 64) {
         switch (a.head_dim) {
-            case 8: return attention_d<8>(a);
-            case 16: return attention_d<16>(a);
-            case 32: return attention_d<32>(a);
-            case 64: return attention_d<64>(a);
-            case 80: return attention_d<80>(a);
-            case 96: return attention_d<96>(a);
-            case 128: return attention_d<128>(a);
-            case 256: return attention_d<256>(a);
-            default: break;
+            case 8:
+                return attention_d<8>(a);
+            case 16:
+                return attention_d<16>(a);
+            case 32:
+                return attention_d<32>(a);
+            case 64:
+                return attention_d<64>(a);
+            case 80:
+                return attention_d<80>(a);
+            case 96:
+                return attention_d<96>(a);
+            case 128:
+                return attention_d<128>(a);
+            case 256:
+                return attention_d<256>(a);
+            default:
+                break;
         }
     }
     attention_any(a);
