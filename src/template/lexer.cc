@@ -1,4 +1,5 @@
 #include "template/lexer.h"
+#include "tokenizer/unicode.h"
 
 #include <cstring>
 
@@ -17,24 +18,6 @@ bool is_name_start(char c) {
 }
 bool is_name_char(char c) {
     return is_name_start(c) || is_digit(c);
-}
-
-void append_utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-        out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-        out += static_cast<char>(0xC0 | (cp >> 6));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-        out += static_cast<char>(0xE0 | (cp >> 12));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-        out += static_cast<char>(0xF0 | (cp >> 18));
-        out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
 }
 
 class Lexer {
@@ -344,7 +327,7 @@ class Lexer {
                     }
                     if (cp > 0x10FFFF) fail("escape outside the Unicode range", i - 2);
                     i += n;
-                    append_utf8(out, cp);
+                    utf8::append(out, cp);
                     break;
                 }
                 default:

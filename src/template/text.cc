@@ -1,4 +1,5 @@
 #include "template/text.h"
+#include "tokenizer/unicode.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -22,24 +23,6 @@ uint32_t decode(std::string_view ch) {
     uint32_t cp = ch.size() == 2 ? (c & 0x1F) : ch.size() == 3 ? (c & 0x0F) : (c & 0x07);
     for (size_t i = 1; i < ch.size(); ++i) cp = (cp << 6) | (static_cast<unsigned char>(ch[i]) & 0x3F);
     return cp;
-}
-
-void encode(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-        out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-        out += static_cast<char>(0xC0 | (cp >> 6));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-        out += static_cast<char>(0xE0 | (cp >> 12));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-        out += static_cast<char>(0xF0 | (cp >> 18));
-        out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
 }
 
 uint32_t to_upper_cp(uint32_t c) {
@@ -100,7 +83,7 @@ void put_upper(std::string& out, uint32_t cp) {
         out += "SS";
         return;
     }
-    encode(out, to_upper_cp(cp));
+    utf8::append(out, to_upper_cp(cp));
 }
 
 }  // namespace
@@ -133,7 +116,7 @@ std::string upper(std::string_view s) {
 }
 
 std::string lower(std::string_view s) {
-    return map_chars(s, [](std::string& out, uint32_t cp, size_t) { encode(out, to_lower_cp(cp)); });
+    return map_chars(s, [](std::string& out, uint32_t cp, size_t) { utf8::append(out, to_lower_cp(cp)); });
 }
 
 bool has_cased(std::string_view s, bool want_upper) {
@@ -150,7 +133,7 @@ std::string capitalize(std::string_view s) {
         if (i == 0)
             put_upper(out, cp);
         else
-            encode(out, to_lower_cp(cp));
+            utf8::append(out, to_lower_cp(cp));
     });
 }
 
@@ -161,9 +144,9 @@ std::string title(std::string_view s) {
         if (letter && !prev_letter)
             put_upper(out, cp);
         else if (letter)
-            encode(out, to_lower_cp(cp));
+            utf8::append(out, to_lower_cp(cp));
         else
-            encode(out, cp);
+            utf8::append(out, cp);
         prev_letter = letter;
     });
 }
@@ -174,13 +157,13 @@ std::string jinja_title(std::string_view s) {
         const bool sep = cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' ||
                          (cp < 0x80 && is_py_space(static_cast<char>(cp)));
         if (sep) {
-            encode(out, cp);
+            utf8::append(out, cp);
             word_start = true;
         } else if (word_start) {
             put_upper(out, cp);
             word_start = false;
         } else {
-            encode(out, to_lower_cp(cp));
+            utf8::append(out, to_lower_cp(cp));
         }
     });
 }

@@ -348,6 +348,11 @@ inline float hsum8(v8f v) {
     return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
+// Cache slot of key position `pos` through the sequence's block table.
+inline int64_t cache_slot(const AttentionArgs& a, int pos) {
+    return static_cast<int64_t>(a.table[pos / a.block_size]) * a.block_size + pos % a.block_size;
+}
+
 template <int D>
 void attention_d(const AttentionArgs& a) {
     static_assert(D % 8 == 0);
@@ -358,7 +363,7 @@ void attention_d(const AttentionArgs& a) {
     for (int g = 0; g < g_count; ++g) mx[g] = -INFINITY;
     for (int j = 0; j < n; ++j) {
         const int pos = a.first + j;
-        const int64_t slot = static_cast<int64_t>(a.table[pos / a.block_size]) * a.block_size + pos % a.block_size;
+        const int64_t slot = cache_slot(a, pos);
         const float* k = a.k_cache + slot * a.kv_dim + a.head_offset;
         v8f kv[kChunks];
         for (int c = 0; c < kChunks; ++c) kv[c] = load8(k + 8 * c);
@@ -390,7 +395,7 @@ void attention_d(const AttentionArgs& a) {
             for (int c = 0; c < kChunks; ++c) acc[g][c] = v8f{};
         for (int j = 0; j < n; ++j) {
             const int pos = a.first + j;
-            const int64_t slot = static_cast<int64_t>(a.table[pos / a.block_size]) * a.block_size + pos % a.block_size;
+            const int64_t slot = cache_slot(a, pos);
             const float* v = a.v_cache + slot * a.kv_dim + a.head_offset;
             v8f vv[kChunks];
             for (int c = 0; c < kChunks; ++c) vv[c] = load8(v + 8 * c);
@@ -413,7 +418,7 @@ void attention_any(const AttentionArgs& a) {
         float mx = -INFINITY;
         for (int j = 0; j < n; ++j) {
             const int pos = a.first + j;
-            const int64_t slot = static_cast<int64_t>(a.table[pos / a.block_size]) * a.block_size + pos % a.block_size;
+            const int64_t slot = cache_slot(a, pos);
             sc[j] = dot(q, a.k_cache + slot * a.kv_dim + a.head_offset, d) * a.scale;
             mx = std::max(mx, sc[j]);
         }
@@ -427,7 +432,7 @@ void attention_any(const AttentionArgs& a) {
         std::memset(o, 0, d * sizeof(float));
         for (int j = 0; j < n; ++j) {
             const int pos = a.first + j;
-            const int64_t slot = static_cast<int64_t>(a.table[pos / a.block_size]) * a.block_size + pos % a.block_size;
+            const int64_t slot = cache_slot(a, pos);
             axpy(sc[j] * inv, a.v_cache + slot * a.kv_dim + a.head_offset, o, d);
         }
     }
