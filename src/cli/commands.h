@@ -12,5 +12,6 @@ std::function<int()> add_tokenize(CLI::App& app);
 std::function<int()> add_detokenize(CLI::App& app);
 std::function<int()> add_chat_template(CLI::App& app);
 std::function<int()> add_serve(CLI::App& app);
+std::function<int()> add_bench(CLI::App& app);  // `bench serve`
 
 }  // namespace peregrine::cli

@@ -1,8 +1,12 @@
 // `peregrine serve`: the OpenAI-compatible HTTP server. Listens at once (GET /health answers
-// 503 while the model loads), then serves until SIGINT or SIGTERM.
+// 503 while the model loads), then serves until SIGINT or SIGTERM: new API requests then get 503
+// (and /health "draining") while running ones finish, for up to --shutdown-timeout seconds; then
+// the rest are aborted (their clients get finish_reason "abort") and the process exits 0. A
+// second signal skips the wait.
 #include <pthread.h>
 #include <signal.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -30,7 +34,23 @@ struct ServeArgs {
     std::vector<std::string> api_keys;
     int io_threads = 0;
     int64_t max_body_bytes = int64_t{32} << 20;
+    std::vector<std::string> allowed_origins;
+    int64_t rate_limit_rpm = 0;
+    int64_t rate_limit_tpm = 0;
+    bool access_log = false;
+    double shutdown_timeout_s = 10;
 };
+
+// Waits up to `seconds` for `done`, polling; false when a signal in `signals` arrives first.
+template <typename Done>
+bool wait_until(const sigset_t& signals, double seconds, Done done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+        timespec ts{0, 20'000'000};
+        if (sigtimedwait(&signals, nullptr, &ts) > 0) return false;
+    }
+    return true;
+}
 
 // The name clients use for the model: its folder or file name.
 std::string default_model_name(const std::string& path) {
@@ -80,6 +100,10 @@ int run(ServeArgs& a) {
     sopts.api_keys = a.api_keys;
     if (const char* env = std::getenv("PEREGRINE_API_KEY"); env && *env && sopts.api_keys.empty())
         sopts.api_keys.push_back(env);
+    sopts.allowed_origins = a.allowed_origins;
+    sopts.rate_limits.requests_per_minute = a.rate_limit_rpm;
+    sopts.rate_limits.tokens_per_minute = a.rate_limit_tpm;
+    sopts.access_log = a.access_log;
     auto app = std::make_shared<server::OpenAiServer>(sopts);
 
     server::HttpServerOptions hopts;
@@ -107,7 +131,17 @@ int run(ServeArgs& a) {
 
     int sig = 0;
     sigwait(&signals, &sig);
-    std::fprintf(stderr, "%s: shutting down\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    std::fprintf(stderr, "%s: draining %lld request(s) for up to %g s\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                 static_cast<long long>(app->in_flight()), a.shutdown_timeout_s);
+    std::fflush(stderr);
+    app->begin_drain();
+    wait_until(signals, a.shutdown_timeout_s, [&] { return app->in_flight() == 0; });
+    if (app->in_flight() > 0) {
+        std::fprintf(stderr, "aborting %lld request(s)\n", static_cast<long long>(app->in_flight()));
+        app->abort_all();
+        wait_until(signals, 2.0, [&] { return app->in_flight() == 0; });  // their last chunks go out
+    }
+    std::fprintf(stderr, "shutting down\n");
     http.stop();
     app->shutdown();
     return 0;
@@ -130,6 +164,19 @@ std::function<int()> add_serve(CLI::App& app) {
         ->check(CLI::NonNegativeNumber);
     cmd->add_option("--max-body-bytes", args->max_body_bytes, "Largest request body; larger gets 413 (default 32 MiB)")
         ->check(CLI::PositiveNumber);
+    cmd->add_option("--allowed-origins", args->allowed_origins,
+                    "CORS: origins browsers may call from, or * for any (default: none, no CORS headers)");
+    cmd->add_option("--rate-limit-rpm", args->rate_limit_rpm,
+                    "Requests per minute per API key (per client address without keys); 0 = unlimited (default 0)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--rate-limit-tpm", args->rate_limit_tpm,
+                    "Tokens (prompt + max_tokens) per minute per API key or client address; 0 = unlimited (default 0)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_flag("--access-log,!--no-access-log", args->access_log,
+                  "One JSON line per request on stderr (default off)");
+    cmd->add_option("--shutdown-timeout", args->shutdown_timeout_s,
+                    "On SIGTERM, seconds in-flight requests may take to finish before they are aborted (default 10)")
+        ->check(CLI::NonNegativeNumber);
     return [args] { return run(*args); };
 }
 

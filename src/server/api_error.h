@@ -23,6 +23,12 @@ class ApiError : public std::runtime_error {
     const std::string& param() const { return param_; }
     const std::string& code() const { return code_; }
     const std::string& type() const { return type_; }
+    // 429 and 503: seconds the client should wait (sent as Retry-After), 0 for none.
+    int retry_after_s() const { return retry_after_s_; }
+    ApiError& with_retry_after(int seconds) {
+        retry_after_s_ = seconds;
+        return *this;
+    }
 
     // {"error": {...}}; empty param and code become null.
     nlohmann::ordered_json body() const {
@@ -47,6 +53,7 @@ class ApiError : public std::runtime_error {
     std::string param_;
     std::string code_;
     std::string type_;
+    int retry_after_s_ = 0;
 };
 
 // 400 naming the request field at fault.

@@ -51,6 +51,9 @@ class Exchange {
     // Strand only. Called once if the client disconnects before the response is complete.
     virtual void on_client_gone(std::function<void()> fn) = 0;
     virtual bool client_gone() const = 0;
+
+    // Strand only. The token counts of the request being answered, for whoever records it.
+    virtual void note_usage(int /*prompt_tokens*/, int /*completion_tokens*/) {}
 };
 
 // Called on the connection's strand; must answer through the exchange (now or later).

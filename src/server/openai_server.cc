@@ -96,10 +96,11 @@ Json stop_reason_json(const std::string& s, const SamplingParams& sp) {
 // on the connection's strand (on_outputs arrives there through Exchange::post).
 class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   public:
-    CompletionJob(const ServedModel& model, OpenAiServer::Counters& counters, CompletionParams params,
-                  std::shared_ptr<Exchange> ex, std::string model_name)
+    CompletionJob(const ServedModel& model, OpenAiServer::Counters& counters, ServerMetrics& metrics,
+                  CompletionParams params, std::shared_ptr<Exchange> ex, std::string model_name)
         : model_(model),
           counters_(counters),
+          metrics_(metrics),
           p_(std::move(params)),
           ex_(std::move(ex)),
           model_name_(std::move(model_name)),
@@ -204,6 +205,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
             const int pi = prompt_index(out.request_id);
             const int ci = pi * p_.sampling.n + out.index;
             if (ci < 0 || ci >= static_cast<int>(choices_.size())) continue;
+            if (out.usage && out.timing) metrics_.observe_request(out.finish, *out.usage, *out.timing);
             if (out.usage) {
                 usage_.prompt_tokens += out.usage->prompt_tokens;
                 usage_.completion_tokens += out.usage->completion_tokens;
@@ -225,6 +227,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
         }
         if (!done) return;
         --counters_.in_flight;
+        ex_->note_usage(usage_.prompt_tokens, usage_.completion_tokens);
         if (gone_ || ex_->client_gone()) {
             ++counters_.requests_aborted;
             return;
@@ -372,6 +375,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
 
     const ServedModel& model_;
     OpenAiServer::Counters& counters_;
+    ServerMetrics& metrics_;
     const CompletionParams p_;
     std::shared_ptr<Exchange> ex_;
     const std::string model_name_;
@@ -400,7 +404,11 @@ ServedModel::~ServedModel() {
 }
 
 OpenAiServer::OpenAiServer(OpenAiServerOptions options)
-    : options_(std::move(options)), started_(std::chrono::steady_clock::now()), created_unix_(unix_now()) {
+    : options_(std::move(options)),
+      cors_(options_.allowed_origins),
+      limiter_(options_.rate_limits),
+      started_(std::chrono::steady_clock::now()),
+      created_unix_(unix_now()) {
     if (options_.model_names.empty()) options_.model_names.push_back("peregrine");
     define_strftime_now(template_functions_, local_time_now);
 }
@@ -412,6 +420,10 @@ OpenAiServer::~OpenAiServer() {
 void OpenAiServer::set_model(std::unique_ptr<ServedModel> model) {
     model_ = std::move(model);
     ready_.store(true, std::memory_order_release);
+}
+
+void OpenAiServer::abort_all() {
+    if (model_ && model_->engine) model_->engine->shutdown();
 }
 
 void OpenAiServer::shutdown() {
@@ -441,7 +453,39 @@ void OpenAiServer::check_model(const std::string& name) const {
                    "model", "model_not_found");
 }
 
-void OpenAiServer::handle(const HttpRequest& req, std::shared_ptr<Exchange> ex) {
+void OpenAiServer::handle(const HttpRequest& req, std::shared_ptr<Exchange> raw) {
+    std::shared_ptr<Exchange> ex;
+    if (cors_.enabled() || options_.access_log)
+        ex = std::make_shared<TrackedExchange>(std::move(raw), req, cors_.response_headers(req), options_.access_log);
+    else
+        ex = std::move(raw);
+    if (cors_.is_allowed_preflight(req)) return ex->respond(204, "", "text/plain", cors_.preflight_headers(req));
+    route(req, ex);
+}
+
+// The client's rate-limit key: its API key when the server has keys, else its address.
+void OpenAiServer::check_rate(const HttpRequest& req, int64_t tokens) {
+    if (!limiter_.enabled()) return;
+    std::string key;
+    if (!options_.api_keys.empty()) {
+        key = std::string(req.header("authorization"));
+    } else {
+        key = req.remote;
+        if (const size_t colon = key.rfind(':'); colon != std::string::npos) key.resize(colon);
+    }
+    const RateLimiter::Decision d = limiter_.admit(key, tokens);
+    if (d.admitted) return;
+    if (d.never)
+        throw ApiError(429,
+                       str_cat("this request needs ", tokens, " tokens (prompt + max_tokens), more than the limit of ",
+                               limiter_.options().tokens_per_minute, " tokens per minute"),
+                       "max_tokens", "rate_limit_exceeded")
+            .with_retry_after(d.retry_after_s);
+    throw ApiError(429, str_cat("rate limit reached; retry after ", d.retry_after_s, " s"), "", "rate_limit_exceeded")
+        .with_retry_after(d.retry_after_s);
+}
+
+void OpenAiServer::route(const HttpRequest& req, const std::shared_ptr<Exchange>& ex) {
     try {
         const std::string& path = req.path;
         auto method_is = [&](const char* m) {
@@ -453,6 +497,10 @@ void OpenAiServer::handle(const HttpRequest& req, std::shared_ptr<Exchange> ex) 
             method_is("GET");
             return handle_health(*ex);
         }
+        if (path == "/metrics") {
+            method_is("GET");
+            return handle_metrics(*ex);
+        }
         const bool known = path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/models" ||
                            path.rfind("/v1/models/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
         if (!known) throw ApiError(404, str_cat("no route for ", req.method, " ", path), "", "not_found");
@@ -461,6 +509,10 @@ void OpenAiServer::handle(const HttpRequest& req, std::shared_ptr<Exchange> ex) 
                            "invalid_api_key");
         if (!ready_.load(std::memory_order_acquire))
             throw ApiError(503, "the model is still loading", "", "model_loading");
+        if (draining_.load(std::memory_order_acquire))
+            throw ApiError(503, "the server is shutting down", "", "shutting_down");
+        const bool completion = path == "/v1/completions" || path == "/v1/chat/completions";
+        if (!completion) check_rate(req, 0);  // completions pay once their tokens are known
         if (path == "/v1/completions" && method_is("POST")) return handle_completion(req, ex, false);
         if (path == "/v1/chat/completions" && method_is("POST")) return handle_completion(req, ex, true);
         if (path == "/v1/models" && method_is("GET")) return handle_models(*ex, "");
@@ -471,6 +523,7 @@ void OpenAiServer::handle(const HttpRequest& req, std::shared_ptr<Exchange> ex) 
     } catch (const ApiError& e) {
         HeaderList extra;
         if (e.status() == 401) extra.emplace_back("WWW-Authenticate", "Bearer");
+        if (e.retry_after_s() > 0) extra.emplace_back("Retry-After", std::to_string(e.retry_after_s()));
         if (e.status() == 405)
             extra.emplace_back("Allow", req.path == "/health" || req.path.rfind("/v1/models", 0) == 0 ? "GET" : "POST");
         send_error(*ex, e, extra);
@@ -514,7 +567,7 @@ void OpenAiServer::handle_completion(const HttpRequest& req, std::shared_ptr<Exc
     CompletionParams p =
         parse_completion_params(parse_body(req), chat ? Endpoint::ChatCompletions : Endpoint::Completions);
     check_model(p.model);
-    auto job = std::make_shared<CompletionJob>(m, counters_, p, ex, p.model.empty() ? model_name() : p.model);
+    auto job = std::make_shared<CompletionJob>(m, counters_, metrics_, p, ex, p.model.empty() ? model_name() : p.model);
     if (chat) {
         job->prompts.push_back(render_chat(p));
     } else {
@@ -548,12 +601,28 @@ void OpenAiServer::handle_completion(const HttpRequest& req, std::shared_ptr<Exc
                                    " prompt tokens plus max_tokens ", p.sampling.max_tokens, " exceed it"),
                            "max_tokens", "context_length_exceeded");
     }
+    if (limiter_.enabled()) {
+        // Admission cost: every prompt plus the most it may generate, for each of its n choices.
+        int64_t tokens = 0;
+        for (const auto& ids : job->prompts) {
+            const int64_t len = static_cast<int64_t>(ids.size());
+            tokens += len + std::min<int64_t>(p.sampling.max_tokens, m.max_model_len - len) * p.sampling.n;
+        }
+        check_rate(req, tokens);
+    }
     job->submit(pump_);
 }
 
 void OpenAiServer::handle_health(Exchange& ex) {
     Json j;
     const double uptime = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+    if (draining_.load(std::memory_order_acquire)) {
+        j["status"] = "draining";
+        j["model"] = model_name();
+        j["uptime_s"] = uptime;
+        j["requests_in_flight"] = counters_.in_flight.load();
+        return send_json(ex, j, 503);
+    }
     if (!ready_.load(std::memory_order_acquire)) {
         j["status"] = "loading";
         j["model"] = model_name();
@@ -579,6 +648,11 @@ void OpenAiServer::handle_health(Exchange& ex) {
     j["generation_tokens"] = s.generation_tokens;
     j["memory_rss_bytes"] = rss_bytes();
     send_json(ex, j);
+}
+
+void OpenAiServer::handle_metrics(Exchange& ex) {
+    const EngineStats s = ready_.load(std::memory_order_acquire) ? model_->engine->stats() : EngineStats{};
+    ex.respond(200, metrics_.render(model_name(), s), "text/plain; version=0.0.4; charset=utf-8");
 }
 
 void OpenAiServer::handle_models(Exchange& ex, const std::string& id) {

@@ -4,7 +4,11 @@
 // delivers them. A client that disconnects aborts its requests.
 //
 //   POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize
-//   GET  /v1/models, /v1/models/{id}, /health (503 until set_model)
+//   GET  /v1/models, /v1/models/{id}, /health (503 until set_model, and while draining), /metrics
+//   OPTIONS (CORS preflight from an allowed origin)
+//
+// Around the routes: CORS headers, API keys, per-key rate limits (429 with Retry-After), JSON
+// access logs, and draining (begin_drain: new API requests get 503, in-flight ones finish).
 #pragma once
 
 #include <atomic>
@@ -15,7 +19,10 @@
 
 #include "peregrine/engine.h"
 #include "server/http_server.h"
+#include "server/metrics.h"
+#include "server/middleware.h"
 #include "server/openai_protocol.h"
+#include "server/rate_limit.h"
 #include "server/stream_pump.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -37,8 +44,11 @@ struct ServedModel {
 };
 
 struct OpenAiServerOptions {
-    std::vector<std::string> model_names;  // the first is the one reported; requests may name any
-    std::vector<std::string> api_keys;     // empty: no authentication
+    std::vector<std::string> model_names;      // the first is the one reported; requests may name any
+    std::vector<std::string> api_keys;         // empty: no authentication
+    std::vector<std::string> allowed_origins;  // CORS; "*" for any, empty: no CORS headers
+    RateLimitOptions rate_limits;              // per API key, or per client address without keys
+    bool access_log = false;                   // one JSON line per request on stderr
 };
 
 class OpenAiServer {
@@ -53,6 +63,13 @@ class OpenAiServer {
     // Aborts what is running, stops the engine and the pump, drops every pending exchange.
     void shutdown();
 
+    // Graceful shutdown: /health answers 503 "draining" and new API requests 503; running ones go on.
+    void begin_drain() { draining_.store(true, std::memory_order_release); }
+    // Completion requests still being answered.
+    int64_t in_flight() const { return counters_.in_flight.load(); }
+    // Ends every running request now (finish reason "abort"); their answers still go out.
+    void abort_all();
+
     const std::string& model_name() const { return options_.model_names.front(); }
 
     struct Counters {
@@ -63,7 +80,10 @@ class OpenAiServer {
 
   private:
     void handle_completion(const HttpRequest& req, std::shared_ptr<Exchange> ex, bool chat);
+    void route(const HttpRequest& req, const std::shared_ptr<Exchange>& ex);
     void handle_health(Exchange& ex);
+    void handle_metrics(Exchange& ex);
+    void check_rate(const HttpRequest& req, int64_t tokens);
     void handle_models(Exchange& ex, const std::string& id);
     void handle_tokenize(const HttpRequest& req, Exchange& ex);
     void handle_detokenize(const HttpRequest& req, Exchange& ex);
@@ -73,6 +93,10 @@ class OpenAiServer {
 
     OpenAiServerOptions options_;
     std::atomic<bool> ready_{false};
+    std::atomic<bool> draining_{false};
+    CorsPolicy cors_;
+    RateLimiter limiter_;
+    ServerMetrics metrics_;
     std::unique_ptr<ServedModel> model_;
     jinja::Context template_functions_;  // strftime_now
     StreamPump pump_;

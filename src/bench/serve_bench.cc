@@ -1,0 +1,638 @@
+#include "bench/serve_bench.h"
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange without including it
+
+#include <algorithm>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <set>
+
+#include "core/error.h"
+
+namespace peregrine::bench {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// --- SSE ---------------------------------------------------------------------------------------
+
+std::vector<std::string> SseSplitter::feed(std::string_view bytes) {
+    buf_.append(bytes);
+    std::vector<std::string> events;
+    size_t start = 0;
+    for (;;) {
+        // An event ends at a blank line: "\n\n" (also "\r\n\r\n" once '\r' is dropped below).
+        size_t end = std::string::npos, next = 0;
+        for (size_t i = start; i + 1 < buf_.size(); ++i) {
+            if (buf_[i] != '\n') continue;
+            if (buf_[i + 1] == '\n') {
+                end = i, next = i + 2;
+                break;
+            }
+            if (buf_[i + 1] == '\r' && i + 2 < buf_.size() && buf_[i + 2] == '\n') {
+                end = i, next = i + 3;
+                break;
+            }
+        }
+        if (end == std::string::npos) break;
+        std::string data;
+        bool any = false;
+        size_t pos = start;
+        while (pos <= end) {
+            size_t nl = buf_.find('\n', pos);
+            if (nl == std::string::npos || nl > end) nl = end;
+            std::string_view line(buf_.data() + pos, nl - pos);
+            if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+            if (line.starts_with("data:")) {
+                line.remove_prefix(5);
+                if (line.starts_with(' ')) line.remove_prefix(1);
+                if (any) data += '\n';
+                data.append(line);
+                any = true;
+            }
+            pos = nl + 1;
+        }
+        if (any) events.push_back(std::move(data));
+        start = next;
+    }
+    buf_.erase(0, start);
+    return events;
+}
+
+bool SseSplitter::has_partial() const {
+    return buf_.find_first_not_of("\r\n") != std::string::npos;
+}
+
+void StreamTracker::on_event(const std::string& data, double now) {
+    if (failed()) return;
+    if (done_) return;  // nothing counts after [DONE]
+    if (data == "[DONE]") {
+        done_ = true;
+        return;
+    }
+    Json j = Json::parse(data, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+        error_kind_ = "malformed_sse";
+        error_ = "event is not a JSON object: " + data.substr(0, 200);
+        return;
+    }
+    if (j.contains("error")) {
+        error_kind_ = "error_event";
+        error_ = "error event: " + data.substr(0, 300);
+        return;
+    }
+    auto choices = j.find("choices");
+    if (choices != j.end() && choices->is_array()) {
+        for (const Json& c : *choices) {
+            const Json* content = nullptr;
+            if (chat_) {
+                auto d = c.find("delta");
+                if (d != c.end() && d->is_object()) {
+                    auto t = d->find("content");
+                    if (t != d->end()) content = &*t;
+                }
+            } else {
+                auto t = c.find("text");
+                if (t != c.end()) content = &*t;
+            }
+            if (!content || !content->is_string() || content->get_ref<const std::string&>().empty()) continue;
+            if (!seen_content_) {
+                seen_content_ = true;
+                first_ = now;
+            } else {
+                itl_.push_back(now - last_);
+            }
+            last_ = now;
+            ++chunks_;
+        }
+    }
+    auto usage = j.find("usage");
+    if (usage != j.end() && usage->is_object()) {
+        prompt_tokens_ = usage->value("prompt_tokens", int64_t{0});
+        output_tokens_ = usage->value("completion_tokens", int64_t{0});
+        had_usage_ = true;
+    }
+}
+
+void StreamTracker::finish(double now, RequestResult& r) {
+    r.e2e = now;
+    if (!failed() && !done_) {
+        error_kind_ = "missing_done";
+        error_ = "the stream ended without data: [DONE]";
+    }
+    r.ok = !failed();
+    r.error_kind = error_kind_;
+    r.error = error_;
+    r.ttft = seen_content_ ? first_ : now;
+    r.itl = std::move(itl_);
+    r.had_usage = had_usage_;
+    r.prompt_tokens = prompt_tokens_;
+    r.output_tokens = had_usage_ ? output_tokens_ : chunks_;
+}
+
+// --- statistics --------------------------------------------------------------------------------
+
+double percentile(std::vector<double> v, double q) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    const double rank = q / 100.0 * static_cast<double>(v.size() - 1);
+    const size_t lo = static_cast<size_t>(std::floor(rank));
+    const size_t hi = std::min(lo + 1, v.size() - 1);
+    const double frac = rank - static_cast<double>(lo);
+    return v[lo] + (v[hi] - v[lo]) * frac;
+}
+
+Distribution distribution(const std::vector<double>& v) {
+    Distribution d;
+    if (v.empty()) return d;
+    double sum = 0;
+    for (double x : v) sum += x;
+    d.mean = sum / static_cast<double>(v.size());
+    double sq = 0;
+    for (double x : v) sq += (x - d.mean) * (x - d.mean);
+    d.std = std::sqrt(sq / static_cast<double>(v.size()));
+    std::vector<double> s = v;
+    std::sort(s.begin(), s.end());
+    d.median = percentile(s, 50);
+    d.p90 = percentile(s, 90);
+    d.p99 = percentile(s, 99);
+    d.max = s.back();
+    return d;
+}
+
+ServeBenchSummary summarize(const std::vector<RequestResult>& results, double duration_s, int expected_output_len) {
+    ServeBenchSummary s;
+    s.duration_s = duration_s;
+    std::vector<double> ttft, tpot, itl, e2e;
+    std::set<std::string> seen_errors;
+    for (const RequestResult& r : results) {
+        if (!r.ok) {
+            ++s.failed;
+            ++s.errors[r.error_kind.empty() ? "unknown" : r.error_kind];
+            if (s.error_examples.size() < 5 && seen_errors.insert(r.error).second) s.error_examples.push_back(r.error);
+            continue;
+        }
+        ++s.completed;
+        s.total_input_tokens += r.prompt_tokens;
+        s.total_output_tokens += r.output_tokens;
+        if (!r.had_usage) ++s.without_usage;
+        if (expected_output_len > 0 && r.output_tokens != expected_output_len) ++s.output_len_mismatches;
+        ttft.push_back(r.ttft * 1e3);
+        e2e.push_back(r.e2e * 1e3);
+        if (r.output_tokens > 1) tpot.push_back((r.e2e - r.ttft) * 1e3 / static_cast<double>(r.output_tokens - 1));
+        for (double x : r.itl) itl.push_back(x * 1e3);
+    }
+    if (duration_s > 0) {
+        s.request_throughput = static_cast<double>(s.completed) / duration_s;
+        s.output_throughput = static_cast<double>(s.total_output_tokens) / duration_s;
+        s.total_token_throughput = static_cast<double>(s.total_input_tokens + s.total_output_tokens) / duration_s;
+    }
+    s.ttft_ms = distribution(ttft);
+    s.tpot_ms = distribution(tpot);
+    s.itl_ms = distribution(itl);
+    s.e2e_ms = distribution(e2e);
+    return s;
+}
+
+namespace {
+
+void line(std::string& out, const char* label, const std::string& value) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%-40s%s\n", label, value.c_str());
+    out += buf;
+}
+std::string num(double x, int digits = 2) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*f", digits, x);
+    return buf;
+}
+void rule(std::string& out, const char* title, char fill) {
+    const int width = 50;
+    const int len = static_cast<int>(std::string_view(title).size());
+    const int left = std::max(0, (width - len) / 2);
+    const int right = std::max(0, width - len - left);
+    out += std::string(left, fill) + title + std::string(right, fill) + "\n";
+}
+void dist_lines(std::string& out, const char* name, const Distribution& d) {
+    const std::string n = name;
+    line(out, ("Mean " + n + " (ms):").c_str(), num(d.mean));
+    line(out, ("Median " + n + " (ms):").c_str(), num(d.median));
+    line(out, ("P90 " + n + " (ms):").c_str(), num(d.p90));
+    line(out, ("P99 " + n + " (ms):").c_str(), num(d.p99));
+}
+void dist_json(Json& j, const char* name, const Distribution& d) {
+    const std::string n = name;
+    j["mean_" + n + "_ms"] = d.mean;
+    j["median_" + n + "_ms"] = d.median;
+    j["std_" + n + "_ms"] = d.std;
+    j["p90_" + n + "_ms"] = d.p90;
+    j["p99_" + n + "_ms"] = d.p99;
+    j["max_" + n + "_ms"] = d.max;
+}
+
+}  // namespace
+
+std::string format_summary(const ServeBenchSummary& s, const ServeBenchOptions& o) {
+    std::string out;
+    rule(out, " Serving Benchmark Result ", '=');
+    line(out, "Endpoint:", "/v1/" + std::string(o.endpoint == "chat" ? "chat/completions" : "completions"));
+    line(out, "Concurrency:", std::to_string(o.concurrency));
+    line(out, "Request rate (req/s):", o.request_rate > 0 ? num(o.request_rate) : std::string("inf"));
+    line(out, "Successful requests:", std::to_string(s.completed));
+    line(out, "Failed requests:", std::to_string(s.failed));
+    line(out, "Benchmark duration (s):", num(s.duration_s));
+    line(out, "Total input tokens:", std::to_string(s.total_input_tokens));
+    line(out, "Total generated tokens:", std::to_string(s.total_output_tokens));
+    line(out, "Request throughput (req/s):", num(s.request_throughput));
+    line(out, "Output token throughput (tok/s):", num(s.output_throughput));
+    line(out, "Total token throughput (tok/s):", num(s.total_token_throughput));
+    rule(out, "Time to First Token", '-');
+    dist_lines(out, "TTFT", s.ttft_ms);
+    rule(out, "Time per Output Token (excl. 1st token)", '-');
+    dist_lines(out, "TPOT", s.tpot_ms);
+    rule(out, "Inter-token Latency", '-');
+    dist_lines(out, "ITL", s.itl_ms);
+    rule(out, "End-to-end Latency", '-');
+    dist_lines(out, "E2E", s.e2e_ms);
+    if (s.failed > 0 || s.output_len_mismatches > 0 || s.without_usage > 0) {
+        rule(out, "Problems", '-');
+        for (const auto& [kind, n] : s.errors) line(out, ("Failed (" + kind + "):").c_str(), std::to_string(n));
+        if (s.output_len_mismatches > 0)
+            line(out, "Output length != --output-len:", std::to_string(s.output_len_mismatches));
+        if (s.without_usage > 0) line(out, "No usage chunk (chunks counted):", std::to_string(s.without_usage));
+        for (const std::string& e : s.error_examples) out += "  e.g. " + e + "\n";
+    }
+    rule(out, "", '=');
+    return out;
+}
+
+Json summary_json(const ServeBenchSummary& s, const ServeBenchOptions& o) {
+    Json j;
+    j["endpoint"] = o.endpoint == "chat" ? "/v1/chat/completions" : "/v1/completions";
+    j["url"] = o.url;
+    j["model"] = o.model;
+    j["num_requests"] = o.num_requests;
+    j["concurrency"] = o.concurrency;
+    j["request_rate"] = o.request_rate > 0 ? Json(o.request_rate) : Json("inf");
+    j["prompt_len"] = o.prompt_len;
+    j["output_len"] = o.output_len;
+    j["prompt_kind"] = o.prompt_kind;
+    j["seed"] = o.seed;
+    j["completed"] = s.completed;
+    j["failed"] = s.failed;
+    j["duration"] = s.duration_s;
+    j["total_input_tokens"] = s.total_input_tokens;
+    j["total_output_tokens"] = s.total_output_tokens;
+    j["request_throughput"] = s.request_throughput;
+    j["output_throughput"] = s.output_throughput;
+    j["total_token_throughput"] = s.total_token_throughput;
+    dist_json(j, "ttft", s.ttft_ms);
+    dist_json(j, "tpot", s.tpot_ms);
+    dist_json(j, "itl", s.itl_ms);
+    dist_json(j, "e2el", s.e2e_ms);
+    j["output_len_mismatches"] = s.output_len_mismatches;
+    j["without_usage"] = s.without_usage;
+    j["errors"] = s.errors;
+    j["error_examples"] = s.error_examples;
+    return j;
+}
+
+// --- the client --------------------------------------------------------------------------------
+
+namespace {
+
+struct Target {
+    std::string host, port, prefix;
+};
+
+Target parse_url(const std::string& url) {
+    std::string_view u = url;
+    if (u.starts_with("https://")) fail("bench serve: https is not supported (", url, ")");
+    if (u.starts_with("http://")) u.remove_prefix(7);
+    const size_t slash = u.find('/');
+    std::string_view hostport = u.substr(0, slash);
+    std::string prefix = slash == std::string_view::npos ? "" : std::string(u.substr(slash));
+    while (!prefix.empty() && prefix.back() == '/') prefix.pop_back();
+    if (prefix.ends_with("/v1")) prefix.resize(prefix.size() - 3);
+    Target t;
+    t.prefix = prefix;
+    if (hostport.starts_with('[')) {  // [v6]:port
+        const size_t close = hostport.find(']');
+        if (close == std::string_view::npos) fail("bench serve: bad URL '", url, "'");
+        t.host = std::string(hostport.substr(1, close - 1));
+        hostport.remove_prefix(close + 1);
+        t.port = hostport.starts_with(':') ? std::string(hostport.substr(1)) : "80";
+    } else {
+        const size_t colon = hostport.rfind(':');
+        t.host = std::string(hostport.substr(0, colon));
+        t.port = colon == std::string_view::npos ? "80" : std::string(hostport.substr(colon + 1));
+    }
+    if (t.host.empty() || t.port.empty()) fail("bench serve: bad URL '", url, "'");
+    return t;
+}
+
+// Short common words: a random-word prompt costs roughly one token per word on most vocabularies.
+constexpr const char* kWords[] = {
+    "the",   "a",     "little", "girl",  "boy",   "dog",  "cat",  "saw",   "big",   "red",  "ball",  "tree",
+    "house", "happy", "sad",    "went",  "park",  "play", "with", "her",   "his",   "mom",  "dad",   "and",
+    "they",  "were",  "friend", "sun",   "sky",   "blue", "bird", "fish",  "water", "run",  "jump",  "day",
+    "one",   "time",  "there",  "was",   "said",  "look", "find", "toy",   "box",   "car",  "good",  "nice",
+    "small", "funny", "cake",   "apple", "green", "hat",  "bed",  "night", "moon",  "star", "smile", "help"};
+
+std::vector<std::string> build_bodies(const ServeBenchOptions& o, bool ids) {
+    std::mt19937_64 rng(o.seed);
+    std::uniform_int_distribution<int> id_dist(o.token_id_min, o.token_id_max);
+    std::uniform_int_distribution<size_t> word_dist(0, std::size(kWords) - 1);
+    std::vector<std::string> bodies;
+    bodies.reserve(static_cast<size_t>(o.num_requests));
+    for (int i = 0; i < o.num_requests; ++i) {
+        Json prompt;
+        if (ids) {
+            prompt = Json::array();
+            for (int k = 0; k < o.prompt_len; ++k) prompt.push_back(id_dist(rng));
+        } else {
+            std::string text;
+            for (int k = 0; k < o.prompt_len; ++k) {
+                if (k) text += ' ';
+                text += kWords[word_dist(rng)];
+            }
+            prompt = text;
+        }
+        Json j;
+        j["model"] = o.model;
+        if (o.endpoint == "chat") {
+            j["messages"] = Json::array({Json{{"role", "user"}, {"content", prompt}}});
+        } else {
+            j["prompt"] = prompt;
+        }
+        j["max_tokens"] = o.output_len;
+        j["ignore_eos"] = true;
+        j["temperature"] = o.temperature;
+        j["stream"] = true;
+        j["stream_options"] = {{"include_usage", true}};
+        bodies.push_back(j.dump());
+    }
+    return bodies;
+}
+
+struct Run {
+    explicit Run(const ServeBenchOptions& opts) : o(opts), target(parse_url(opts.url)) {}
+    const ServeBenchOptions& o;
+    Target target;
+    tcp::resolver::results_type endpoints;
+    std::vector<std::string> bodies;
+    std::vector<double> arrivals;  // seconds after start, when request_rate > 0
+    std::vector<RequestResult> results;
+    Clock::time_point start;
+    int next = 0;
+    int finished = 0;
+    bool progress = false;
+    int last_progress_pct = -1;
+    bool chat = false;
+
+    void note_finished() {
+        ++finished;
+        if (!progress) return;
+        const int pct = static_cast<int>(int64_t{finished} * 100 / o.num_requests);
+        if (pct / 10 != last_progress_pct / 10) {
+            last_progress_pct = pct;
+            std::fprintf(stderr, "  %d/%d requests done (%.1f s)\n", finished, o.num_requests,
+                         std::chrono::duration<double>(Clock::now() - start).count());
+        }
+    }
+};
+
+http::request<http::string_body> make_request(const Target& t, http::verb verb, const std::string& path,
+                                              const std::string& api_key, std::string body) {
+    http::request<http::string_body> req{verb, t.prefix + path, 11};
+    req.set(http::field::host, t.host + ":" + t.port);
+    req.set(http::field::user_agent, "peregrine-bench-serve");
+    if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
+    req.keep_alive(true);
+    if (verb == http::verb::post) {
+        req.set(http::field::content_type, "application/json");
+        req.set(http::field::accept, "text/event-stream");
+        req.body() = std::move(body);
+    }
+    req.prepare_payload();
+    return req;
+}
+
+std::string io_kind(const beast::error_code& ec) {
+    return ec == beast::error::timeout ? "timeout" : "io";
+}
+
+asio::awaitable<void> worker(Run& run) {
+    auto ex = co_await asio::this_coro::executor;
+    beast::tcp_stream stream(ex);
+    beast::flat_buffer buffer;
+    bool connected = false;
+    const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(run.o.timeout_s));
+    const std::string path = run.chat ? "/v1/chat/completions" : "/v1/completions";
+    std::vector<char> body_storage(16384);  // per worker: another worker's read may complete before this one resumes
+    char* const body_buf = body_storage.data();
+    const size_t body_cap = body_storage.size();
+    while (run.next < run.o.num_requests) {
+        const int i = run.next++;
+        RequestResult& r = run.results[static_cast<size_t>(i)];
+        if (!run.arrivals.empty()) {
+            asio::steady_timer timer(ex);
+            timer.expires_at(run.start + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(run.arrivals[static_cast<size_t>(i)])));
+            beast::error_code ignored;
+            co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+        }
+        beast::error_code ec;
+        const auto t0 = Clock::now();
+        auto since = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+        auto fail_io = [&](const char* what) {
+            r.ok = false;
+            r.error_kind = io_kind(ec);
+            r.error = std::string(what) + ": " + ec.message();
+            r.e2e = since();
+            beast::error_code ignored;
+            stream.socket().close(ignored);
+            buffer.clear();
+            connected = false;
+        };
+        if (!connected) {
+            stream.expires_after(timeout);
+            co_await stream.async_connect(run.endpoints, asio::redirect_error(asio::use_awaitable, ec));
+            if (ec) {
+                fail_io("connect");
+                r.error_kind = "connect";
+                run.note_finished();
+                continue;
+            }
+            stream.socket().set_option(tcp::no_delay(true), ec);
+            connected = true;
+        }
+        auto req = make_request(run.target, http::verb::post, path, run.o.api_key, run.bodies[static_cast<size_t>(i)]);
+        stream.expires_after(timeout);
+        co_await http::async_write(stream, req, asio::redirect_error(asio::use_awaitable, ec));
+        if (ec) {
+            fail_io("write");
+            run.note_finished();
+            continue;
+        }
+        http::response_parser<http::buffer_body> parser;
+        parser.body_limit(std::numeric_limits<std::uint64_t>::max());  // not boost::none: 1.74 compares a length > none
+        co_await http::async_read_header(stream, buffer, parser, asio::redirect_error(asio::use_awaitable, ec));
+        if (ec) {
+            fail_io("read header");
+            run.note_finished();
+            continue;
+        }
+        const int status = parser.get().result_int();
+        StreamTracker tracker(run.chat);
+        SseSplitter sse;
+        std::string error_body;
+        while (!parser.is_done()) {
+            parser.get().body().data = body_buf;
+            parser.get().body().size = body_cap;
+            co_await http::async_read_some(stream, buffer, parser, asio::redirect_error(asio::use_awaitable, ec));
+            if (ec == http::error::need_buffer) ec = {};
+            if (ec) break;
+            const size_t n = body_cap - parser.get().body().size;
+            if (n == 0) continue;
+            const double now = since();
+            if (status != 200) {
+                if (error_body.size() < 400) error_body.append(body_buf, std::min(n, 400 - error_body.size()));
+                continue;
+            }
+            for (const std::string& ev : sse.feed(std::string_view(body_buf, n))) tracker.on_event(ev, now);
+        }
+        if (ec) {
+            fail_io("read body");
+            run.note_finished();
+            continue;
+        }
+        if (status != 200) {
+            r.ok = false;
+            r.error_kind = "http_" + std::to_string(status);
+            r.error = "HTTP " + std::to_string(status) + ": " + error_body;
+            r.e2e = since();
+        } else {
+            tracker.finish(since(), r);
+            if (r.ok && sse.has_partial()) {
+                r.ok = false;
+                r.error_kind = "malformed_sse";
+                r.error = "the stream ended inside an event";
+            }
+        }
+        if (!parser.get().keep_alive()) {
+            beast::error_code ignored;
+            stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+            stream.socket().close(ignored);
+            buffer.clear();
+            connected = false;
+        }
+        run.note_finished();
+    }
+    if (connected) {
+        beast::error_code ignored;
+        stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    }
+}
+
+// GET /v1/models → the first model's id.
+asio::awaitable<void> fetch_model(Run& run, std::string& model, std::string& error) {
+    auto ex = co_await asio::this_coro::executor;
+    beast::tcp_stream stream(ex);
+    beast::error_code ec;
+    stream.expires_after(std::chrono::seconds(30));
+    co_await stream.async_connect(run.endpoints, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) {
+        error = "connect: " + ec.message();
+        co_return;
+    }
+    auto req = make_request(run.target, http::verb::get, "/v1/models", run.o.api_key, "");
+    co_await http::async_write(stream, req, asio::redirect_error(asio::use_awaitable, ec));
+    beast::flat_buffer buffer;
+    http::response<http::string_body> res;
+    if (!ec) co_await http::async_read(stream, buffer, res, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) {
+        error = "GET /v1/models: " + ec.message();
+        co_return;
+    }
+    if (res.result_int() != 200) {
+        error = "GET /v1/models: HTTP " + std::to_string(res.result_int()) + ": " + res.body().substr(0, 300);
+        co_return;
+    }
+    Json j = Json::parse(res.body(), nullptr, false);
+    if (j.is_object() && j.contains("data") && j["data"].is_array() && !j["data"].empty() &&
+        j["data"][0].contains("id") && j["data"][0]["id"].is_string()) {
+        model = j["data"][0]["id"].get<std::string>();
+    } else {
+        error = "GET /v1/models: no model in " + res.body().substr(0, 300);
+    }
+    beast::error_code ignored;
+    stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+}
+
+}  // namespace
+
+ServeBenchSummary run_serve_bench(ServeBenchOptions& o, bool progress) {
+    if (o.endpoint != "completions" && o.endpoint != "chat")
+        fail("bench serve: --endpoint must be 'completions' or 'chat', not '", o.endpoint, "'");
+    if (o.prompt_kind != "auto" && o.prompt_kind != "ids" && o.prompt_kind != "words")
+        fail("bench serve: --prompt-kind must be 'ids', 'words' or 'auto'");
+    if (o.prompt_kind == "ids" && o.endpoint == "chat")
+        fail("bench serve: chat prompts are text; use --prompt-kind words");
+    if (o.token_id_min < 0 || o.token_id_max < o.token_id_min) fail("bench serve: bad --token-id-range");
+    if (o.num_requests <= 0 || o.concurrency <= 0) fail("bench serve: --num-requests and --concurrency must be > 0");
+    if (o.prompt_kind == "auto") o.prompt_kind = o.endpoint == "chat" ? "words" : "ids";
+
+    asio::io_context io(1);
+    Run run(o);
+    run.chat = o.endpoint == "chat";
+    {
+        tcp::resolver resolver(io);
+        beast::error_code ec;
+        run.endpoints = resolver.resolve(run.target.host, run.target.port, ec);
+        if (ec) fail("bench serve: cannot resolve ", run.target.host, ":", run.target.port, ": ", ec.message());
+    }
+    if (o.model.empty()) {
+        std::string model, error;
+        asio::co_spawn(io, fetch_model(run, model, error), asio::detached);
+        io.run();
+        io.restart();
+        if (model.empty()) fail("bench serve: no --model given and none found at ", o.url, " (", error, ")");
+        o.model = model;
+    }
+    run.bodies = build_bodies(o, o.prompt_kind == "ids");
+    run.results.resize(static_cast<size_t>(o.num_requests));
+    if (o.request_rate > 0) {
+        std::mt19937_64 rng(o.seed ^ 0x9e3779b97f4a7c15ull);
+        std::exponential_distribution<double> gap(o.request_rate);
+        double t = 0;
+        for (int i = 0; i < o.num_requests; ++i) {
+            run.arrivals.push_back(t);
+            t += gap(rng);
+        }
+    }
+    run.progress = progress;
+    if (progress)
+        std::fprintf(stderr, "bench serve: %d requests to %s%s (model '%s'), concurrency %d, %d %s in, %d tokens out\n",
+                     o.num_requests, ("http://" + run.target.host + ":" + run.target.port + run.target.prefix).c_str(),
+                     run.chat ? "/v1/chat/completions" : "/v1/completions", o.model.c_str(), o.concurrency,
+                     o.prompt_len, o.prompt_kind == "ids" ? "token ids" : "words", o.output_len);
+    run.start = Clock::now();
+    const int workers = std::min(o.concurrency, o.num_requests);
+    for (int w = 0; w < workers; ++w) asio::co_spawn(io, worker(run), asio::detached);
+    io.run();
+    const double duration = std::chrono::duration<double>(Clock::now() - run.start).count();
+    return summarize(run.results, duration, o.output_len);
+}
+
+}  // namespace peregrine::bench

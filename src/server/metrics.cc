@@ -1,0 +1,196 @@
+#include "server/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace peregrine::server {
+
+namespace {
+
+// Seconds, as vLLM's buckets.
+const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,
+                                          0.75,  1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0};
+const std::vector<double> kItlBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                         0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+const std::vector<double> kLatencyBuckets = {0.3,  0.5,  0.8,  1.0,  1.5,  2.0,   2.5,   5.0,   10.0, 15.0,
+                                             20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0};
+
+// 1, 2, 5, 10, 20, 50, ... up to `max` (vLLM's build_1_2_5_buckets).
+std::vector<double> buckets_1_2_5(double max) {
+    std::vector<double> b;
+    for (double scale = 1;; scale *= 10)
+        for (double m : {1.0, 2.0, 5.0}) {
+            if (m * scale > max) return b;
+            b.push_back(m * scale);
+        }
+}
+
+std::string format_value(double v) {
+    if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+    if (std::isnan(v)) return "NaN";
+    if (v == std::floor(v) && std::fabs(v) < 1e15) {
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "%.0f", v);
+        return buf;
+    }
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.17g", v);
+    // Shortest text that reads back the same.
+    for (int prec = 1; prec <= 17; ++prec) {
+        char shorter[32];
+        std::snprintf(shorter, sizeof(shorter), "%.*g", prec, v);
+        if (std::strtod(shorter, nullptr) == v) return shorter;
+    }
+    return buf;
+}
+
+std::string with_label(std::string_view labels, std::string_view extra) {
+    std::string s(labels);
+    if (!s.empty() && !extra.empty()) s += ',';
+    s += extra;
+    return s;
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double value, uint64_t count) {
+    if (count == 0 || std::isnan(value)) return;
+    const size_t i = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
+    counts_[i] += count;
+    count_ += count;
+    sum_ += value * static_cast<double>(count);
+}
+
+uint64_t Histogram::cumulative(size_t i) const {
+    uint64_t c = 0;
+    for (size_t k = 0; k <= i && k < counts_.size(); ++k) c += counts_[k];
+    return c;
+}
+
+std::string escape_label(std::string_view value) {
+    std::string out;
+    for (char c : value) {
+        if (c == '\\')
+            out += "\\\\";
+        else if (c == '"')
+            out += "\\\"";
+        else if (c == '\n')
+            out += "\\n";
+        else
+            out += c;
+    }
+    return out;
+}
+
+void PrometheusWriter::header(std::string_view name, std::string_view type, std::string_view help) {
+    out_ += "# HELP ";
+    out_ += name;
+    out_ += ' ';
+    out_ += help;
+    out_ += "\n# TYPE ";
+    out_ += name;
+    out_ += ' ';
+    out_ += type;
+    out_ += '\n';
+}
+
+void PrometheusWriter::sample(std::string_view name, std::string_view labels, double value) {
+    out_ += name;
+    if (!labels.empty()) {
+        out_ += '{';
+        out_ += labels;
+        out_ += '}';
+    }
+    out_ += ' ';
+    out_ += format_value(value);
+    out_ += '\n';
+}
+
+void PrometheusWriter::histogram(std::string_view name, std::string_view labels, const Histogram& h) {
+    const std::string bucket = std::string(name) + "_bucket";
+    for (size_t i = 0; i <= h.bounds().size(); ++i) {
+        const double le = i < h.bounds().size() ? h.bounds()[i] : INFINITY;
+        sample(bucket, with_label(labels, "le=\"" + format_value(le) + "\""), static_cast<double>(h.cumulative(i)));
+    }
+    sample(std::string(name) + "_sum", labels, h.sum());
+    sample(std::string(name) + "_count", labels, static_cast<double>(h.count()));
+}
+
+ServerMetrics::ServerMetrics()
+    : ttft_(kTtftBuckets),
+      itl_(kItlBuckets),
+      e2e_(kLatencyBuckets),
+      queue_(kLatencyBuckets),
+      prompt_tokens_(buckets_1_2_5(1 << 20)),
+      generation_tokens_(buckets_1_2_5(1 << 20)) {}
+
+void ServerMetrics::observe_request(FinishReason finish, const Usage& usage, const RequestTiming& timing) {
+    std::lock_guard lock(mu_);
+    if (finish == FinishReason::Stop)
+        ++success_stop_;
+    else if (finish == FinishReason::Length)
+        ++success_length_;
+    else if (finish == FinishReason::Abort)
+        ++success_abort_;
+    e2e_.observe(timing.total);
+    queue_.observe(timing.queue);
+    prompt_tokens_.observe(usage.prompt_tokens);
+    generation_tokens_.observe(usage.completion_tokens);
+    if (usage.completion_tokens > 0) ttft_.observe(timing.time_to_first_token);
+    // The request's mean gap between tokens, once per gap.
+    if (usage.completion_tokens > 1)
+        itl_.observe(timing.decode / (usage.completion_tokens - 1), static_cast<uint64_t>(usage.completion_tokens - 1));
+}
+
+std::string ServerMetrics::render(std::string_view model_name, const EngineStats& s) const {
+    const std::string model = "model_name=\"" + escape_label(model_name) + "\"";
+    PrometheusWriter w;
+    auto gauge = [&](const char* name, const char* help, double v) {
+        w.header(name, "gauge", help);
+        w.sample(name, model, v);
+    };
+    auto counter = [&](const char* name, const char* help, double v) {
+        const std::string total = std::string(name) + "_total";
+        w.header(total, "counter", help);
+        w.sample(total, model, v);
+    };
+    gauge("peregrine:num_requests_running", "Number of requests in model execution batches.", s.num_running);
+    gauge("peregrine:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting);
+    gauge("peregrine:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+          s.num_kv_blocks > 0 ? static_cast<double>(s.num_kv_blocks_used) / s.num_kv_blocks : 0.0);
+    counter("peregrine:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+            static_cast<double>(s.prefix_queries));
+    counter("peregrine:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+            static_cast<double>(s.prefix_hits));
+    counter("peregrine:num_preemptions", "Cumulative number of preemptions from the engine.",
+            static_cast<double>(s.preemptions));
+    counter("peregrine:prompt_tokens", "Number of prefill tokens processed.", static_cast<double>(s.prompt_tokens));
+    counter("peregrine:generation_tokens", "Number of generation tokens processed.",
+            static_cast<double>(s.generation_tokens));
+
+    std::lock_guard lock(mu_);
+    w.header("peregrine:request_success_total", "counter", "Count of successfully processed requests.");
+    w.sample("peregrine:request_success_total", with_label(model, "finished_reason=\"stop\""),
+             static_cast<double>(success_stop_));
+    w.sample("peregrine:request_success_total", with_label(model, "finished_reason=\"length\""),
+             static_cast<double>(success_length_));
+    w.sample("peregrine:request_success_total", with_label(model, "finished_reason=\"abort\""),
+             static_cast<double>(success_abort_));
+    auto hist = [&](const char* name, const char* help, const Histogram& h) {
+        w.header(name, "histogram", help);
+        w.histogram(name, model, h);
+    };
+    hist("peregrine:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttft_);
+    hist("peregrine:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itl_);
+    hist("peregrine:e2e_request_latency_seconds", "Histogram of end-to-end request latency in seconds.", e2e_);
+    hist("peregrine:request_queue_time_seconds", "Histogram of time spent waiting in the queue in seconds.", queue_);
+    hist("peregrine:request_prompt_tokens", "Number of prefill tokens processed, per request.", prompt_tokens_);
+    hist("peregrine:request_generation_tokens", "Number of generation tokens processed, per request.",
+         generation_tokens_);
+    return w.text();
+}
+
+}  // namespace peregrine::server
