@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/config.h"
 #include "cli/engine_options.h"
 #include "core/error.h"
 #include "engine/tokenizer_text.h"
@@ -98,8 +99,6 @@ int run(ServeArgs& a) {
     if (sopts.model_names.empty())
         sopts.model_names.push_back(default_model_name(a.engine.model.empty() ? default_model_path() : a.engine.model));
     sopts.api_keys = a.api_keys;
-    if (const char* env = std::getenv("PEREGRINE_API_KEY"); env && *env && sopts.api_keys.empty())
-        sopts.api_keys.push_back(env);
     sopts.allowed_origins = a.allowed_origins;
     sopts.rate_limits.requests_per_minute = a.rate_limit_rpm;
     sopts.rate_limits.tokens_per_minute = a.rate_limit_tpm;
@@ -131,10 +130,11 @@ int run(ServeArgs& a) {
 
     int sig = 0;
     sigwait(&signals, &sig);
+    // Drain first, then say so: whoever reads the log line may probe /health at once.
+    app->begin_drain();
     std::fprintf(stderr, "%s: draining %lld request(s) for up to %g s\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
                  static_cast<long long>(app->in_flight()), a.shutdown_timeout_s);
     std::fflush(stderr);
-    app->begin_drain();
     wait_until(signals, a.shutdown_timeout_s, [&] { return app->in_flight() == 0; });
     if (app->in_flight() > 0) {
         std::fprintf(stderr, "aborting %lld request(s)\n", static_cast<long long>(app->in_flight()));
@@ -159,7 +159,8 @@ std::function<int()> add_serve(CLI::App& app) {
     cmd->add_option("--served-model-name", args->served_model_names,
                     "Model name(s) clients send; the first is reported (default: the model's folder or file name)");
     cmd->add_option("--api-key", args->api_keys,
-                    "Accepted API key (repeatable; default: $PEREGRINE_API_KEY, none = no authentication)");
+                    "Accepted API key (repeatable; $PEREGRINE_API_KEY takes a comma-separated list; default: none = no "
+                    "authentication)");
     cmd->add_option("--io-threads", args->io_threads, "HTTP I/O threads (default: min(4, cores), at least 2)")
         ->check(CLI::NonNegativeNumber);
     cmd->add_option("--max-body-bytes", args->max_body_bytes, "Largest request body; larger gets 413 (default 32 MiB)")
@@ -177,6 +178,7 @@ std::function<int()> add_serve(CLI::App& app) {
     cmd->add_option("--shutdown-timeout", args->shutdown_timeout_s,
                     "On SIGTERM, seconds in-flight requests may take to finish before they are aborted (default 10)")
         ->check(CLI::NonNegativeNumber);
+    add_config_layers(cmd);  // --config FILE and PEREGRINE_* for every option above
     return [args] { return run(*args); };
 }
 

@@ -4,7 +4,9 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/websocket.hpp>
 #include <cstdio>
+#include <deque>
 #include <optional>
 #include <random>
 #include <thread>
@@ -15,6 +17,7 @@ namespace peregrine::server {
 
 namespace beast = boost::beast;
 namespace http = beast::http;
+namespace websocket = beast::websocket;
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
 
@@ -61,10 +64,112 @@ class SessionExchange final : public Exchange {
     void end_events() override;
     void on_client_gone(std::function<void()> fn) override;
     bool client_gone() const override;
+    void accept_websocket(WebSocketSetup setup) override;
 
   private:
     std::shared_ptr<Session> s_;
     uint64_t gen_;
+};
+
+// A connection after its upgrade: one read always pending, writes one at a time from a queue.
+class WsSession final : public WebSocket, public std::enable_shared_from_this<WsSession> {
+  public:
+    explicit WsSession(beast::tcp_stream&& stream) : ws_(std::move(stream)) {}
+
+    void start(http::request<http::string_body> req, const std::string& request_id, size_t max_message,
+               WebSocketSetup setup) {
+        req_ = std::move(req);
+        setup_ = std::move(setup);
+        ws_.set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
+        ws_.set_option(websocket::stream_base::decorator(
+            [request_id](websocket::response_type& res) { res.set("X-Request-Id", request_id); }));
+        ws_.read_message_max(max_message);
+        ws_.async_accept(req_, [self = shared_from_this()](beast::error_code ec) { self->on_accept(ec); });
+    }
+
+    void post(std::function<void()> fn) override { net::post(ws_.get_executor(), std::move(fn)); }
+
+    void send(std::string text) override {
+        if (closed_ || closing_) return;
+        queue_.push_back(std::move(text));
+        if (!writing_) do_write();
+    }
+
+    void close() override {
+        if (closed_ || closing_) return;
+        closing_ = true;
+        if (!writing_) do_close();
+    }
+
+    bool closed() const override { return closed_; }
+
+  private:
+    void on_accept(beast::error_code ec) {
+        req_ = {};
+        if (ec) {
+            setup_ = nullptr;
+            closed_ = true;
+            return;
+        }
+        auto setup = std::move(setup_);
+        setup_ = nullptr;
+        callbacks_ = setup(shared_from_this());
+        do_read();
+    }
+
+    void do_read() {
+        ws_.async_read(rbuf_, [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+    }
+
+    void on_read(beast::error_code ec) {
+        if (ec) return finish();
+        std::string msg = beast::buffers_to_string(rbuf_.data());
+        rbuf_.consume(rbuf_.size());
+        if (callbacks_.on_message) callbacks_.on_message(std::move(msg));
+        if (!closed_) do_read();
+    }
+
+    void do_write() {
+        writing_ = true;
+        ws_.text(true);
+        ws_.async_write(net::buffer(queue_.front()),
+                        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
+    }
+
+    void on_write(beast::error_code ec) {
+        writing_ = false;
+        if (!queue_.empty()) queue_.pop_front();
+        if (ec) return finish();
+        if (!queue_.empty() && !closed_) return do_write();
+        if (closing_ && !closed_) do_close();
+    }
+
+    void do_close() {
+        ws_.async_close(websocket::close_code::normal,
+                        [self = shared_from_this()](beast::error_code) { self->finish(); });
+    }
+
+    // The connection ended (either side, or an error): tell the owner once, then forget it.
+    void finish() {
+        if (closed_) return;
+        closed_ = true;
+        queue_.clear();
+        beast::error_code ec;
+        beast::get_lowest_layer(ws_).socket().close(ec);  // no-op after a clean close handshake
+        auto on_close = std::move(callbacks_.on_close);
+        callbacks_ = {};
+        if (on_close) on_close();
+    }
+
+    websocket::stream<beast::tcp_stream> ws_;
+    http::request<http::string_body> req_;  // the handshake, until accepted
+    WebSocketSetup setup_;
+    WebSocketCallbacks callbacks_;
+    beast::flat_buffer rbuf_;
+    std::deque<std::string> queue_;  // front: being written
+    bool writing_ = false;
+    bool closing_ = false;
+    bool closed_ = false;
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -142,6 +247,7 @@ class Session : public std::enable_shared_from_this<Session> {
             r.headers.emplace_back(lower(std::string_view(f.name_string().data(), f.name_string().size())),
                                    std::string(f.value()));
         r.body = std::move(req.body());
+        r.websocket_upgrade = websocket::is_upgrade(req);
         r.remote = remote_;
         r.request_id = std::string(r.header("x-request-id"));
         const bool printable =
@@ -150,8 +256,12 @@ class Session : public std::enable_shared_from_this<Session> {
         request_id_ = r.request_id;
         keep_alive_ = req.keep_alive();
         http11_ = req.version() >= 11;
+        if (r.websocket_upgrade)
+            upgrade_.emplace(parser_->release());  // a client sends nothing more before the answer
+        else
+            upgrade_.reset();
         parser_.reset();
-        begin_exchange();
+        begin_exchange(/*watch=*/!r.websocket_upgrade);
         auto ex = std::make_shared<SessionExchange>(shared_from_this(), gen_);
         try {
             handler_(r, ex);
@@ -162,14 +272,26 @@ class Session : public std::enable_shared_from_this<Session> {
     }
 
     // --- one request/response -------------------------------------------------------------
-    void begin_exchange() {
+    void begin_exchange(bool watch = true) {
         ++gen_;
         active_ = true;
         finishing_ = false;
         events_ = false;
         on_gone_ = nullptr;
         stream_.expires_never();
-        start_watch();
+        if (watch) start_watch();
+    }
+
+    // The socket moves to a WebSocket session; this one is done (no read is pending).
+    void accept_websocket(uint64_t gen, WebSocketSetup setup) {
+        if (gen != gen_ || !active_ || finishing_ || events_ || gone_ || !upgrade_ || watch_pending_ || writing_)
+            return;
+        active_ = false;
+        gone_ = true;
+        on_gone_ = nullptr;
+        auto ws = std::make_shared<WsSession>(std::move(stream_));
+        ws->start(std::move(*upgrade_), request_id_, opts_.max_body_bytes, std::move(setup));
+        upgrade_.reset();
     }
 
     // A read kept pending while the response is under way: EOF or an error means the client left.
@@ -345,6 +467,7 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string request_id_;  // of the current exchange
     beast::flat_buffer buffer_;
     std::optional<http::request_parser<http::string_body>> parser_;
+    std::optional<http::request<http::string_body>> upgrade_;  // a WebSocket handshake being answered
 
     uint64_t gen_ = 0;        // which exchange is current
     bool active_ = false;     // a request is being answered
@@ -386,6 +509,9 @@ void SessionExchange::on_client_gone(std::function<void()> fn) {
 }
 bool SessionExchange::client_gone() const {
     return s_->gone_;
+}
+void SessionExchange::accept_websocket(WebSocketSetup setup) {
+    s_->accept_websocket(gen_, std::move(setup));
 }
 
 }  // namespace

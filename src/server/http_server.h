@@ -4,7 +4,9 @@
 // send_event, end_events), from the strand. Work arriving from other threads reaches the strand
 // through Exchange::post. While a request is being answered the connection keeps a read
 // pending, so a client that goes away is noticed at once (on_client_gone). Every response carries
-// X-Request-Id: the client's own (printable, up to 128 bytes) or a new one.
+// X-Request-Id: the client's own (printable, up to 128 bytes) or a new one. A WebSocket upgrade
+// request reaches the handler like any other (websocket_upgrade set); the handler refuses it with
+// respond, or takes it with Exchange::accept_websocket, and the connection becomes a WebSocket.
 //
 // Beast stays inside http_server.cc; this header is all the rest of the server sees.
 #pragma once
@@ -25,14 +27,35 @@ struct HttpRequest {
     std::string query;                                         // after '?', undecoded
     std::vector<std::pair<std::string, std::string>> headers;  // names lower case
     std::string body;
-    std::string remote;      // "ip:port"
-    std::string request_id;  // the client's X-Request-Id, else a new one; sent back with the response
+    std::string remote;              // "ip:port"
+    std::string request_id;          // the client's X-Request-Id, else a new one; sent back with the response
+    bool websocket_upgrade = false;  // a WebSocket handshake (GET with Upgrade: websocket)
 
     // The first header named `lower_name`, "" when absent.
     std::string_view header(std::string_view lower_name) const;
 };
 
 using HeaderList = std::vector<std::pair<std::string, std::string>>;
+
+// A WebSocket connection (one upgraded request), living on the strand of its TCP connection.
+class WebSocket {
+  public:
+    virtual ~WebSocket() = default;
+    // Any thread: runs `fn` on the connection's strand (dropped if the server has stopped).
+    virtual void post(std::function<void()> fn) = 0;
+    // Strand only. Queues one text message; messages go out in order. Dropped once closed.
+    virtual void send(std::string text) = 0;
+    // Strand only. Sends the close frame once the queued messages are out.
+    virtual void close() = 0;
+    virtual bool closed() const = 0;
+};
+
+struct WebSocketCallbacks {
+    std::function<void(std::string message)> on_message;  // strand; each message received
+    std::function<void()> on_close;                       // strand; once, when the connection ends
+};
+// Called on the strand once the handshake succeeded; returns the connection's callbacks.
+using WebSocketSetup = std::function<WebSocketCallbacks(std::shared_ptr<WebSocket>)>;
 
 class Exchange {
   public:
@@ -54,6 +77,14 @@ class Exchange {
 
     // Strand only. The token counts of the request being answered, for whoever records it.
     virtual void note_usage(int /*prompt_tokens*/, int /*completion_tokens*/) {}
+
+    // Strand only. Where the client can cancel a request and stay connected (WebSocket), `fn`
+    // aborts the request; its answer still ends normally (finish reason "abort").
+    virtual void on_cancel(std::function<void()> /*fn*/) {}
+
+    // Strand only, for a request with websocket_upgrade: answers 101 Switching Protocols and
+    // turns the connection into a WebSocket (then `setup` runs). Ends the exchange.
+    virtual void accept_websocket(WebSocketSetup setup) = 0;
 };
 
 // Called on the connection's strand; must answer through the exchange (now or later).

@@ -101,6 +101,11 @@ void TrackedExchange::on_client_gone(std::function<void()> fn) {
     });
 }
 
+void TrackedExchange::accept_websocket(WebSocketSetup setup) {
+    inner_->accept_websocket(std::move(setup));
+    finish(101);
+}
+
 void TrackedExchange::note_usage(int prompt_tokens, int completion_tokens) {
     prompt_tokens_ = prompt_tokens;
     completion_tokens_ = completion_tokens;

@@ -46,6 +46,8 @@ class TrackedExchange final : public Exchange, public std::enable_shared_from_th
     void on_client_gone(std::function<void()> fn) override;
     bool client_gone() const override { return inner_->client_gone(); }
     void note_usage(int prompt_tokens, int completion_tokens) override;
+    void on_cancel(std::function<void()> fn) override { inner_->on_cancel(std::move(fn)); }
+    void accept_websocket(WebSocketSetup setup) override;
 
   private:
     HeaderList merged(const HeaderList& extra) const;

@@ -31,20 +31,24 @@ void send_json(Exchange& ex, const Json& j, int status = 200) {
 // Nesting is bounded: deeper values would recurse through every later conversion.
 constexpr int kMaxJsonDepth = 64;
 
-Json parse_body(const HttpRequest& req) {
-    if (req.body.empty()) throw ApiError(400, "the request body is empty; expected a JSON object");
+Json parse_object(const std::string& text, const char* what) {
+    if (text.empty()) throw ApiError(400, str_cat("the ", what, " is empty; expected a JSON object"));
     auto depth_limit = [](int depth, Json::parse_event_t, Json&) {
         if (depth > kMaxJsonDepth)
             throw ApiError(400, str_cat("the request JSON nests deeper than ", kMaxJsonDepth, " levels"));
         return true;
     };
     try {
-        Json j = Json::parse(req.body, depth_limit);
-        if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
+        Json j = Json::parse(text, depth_limit);
+        if (!j.is_object()) throw ApiError(400, str_cat("the ", what, " must be a JSON object"));
         return j;
     } catch (const Json::parse_error& e) {
-        throw ApiError(400, str_cat("the request body is not valid JSON: ", e.what()), "", "invalid_json");
+        throw ApiError(400, str_cat("the ", what, " is not valid JSON: ", e.what()), "", "invalid_json");
     }
+}
+
+Json parse_body(const HttpRequest& req) {
+    return parse_object(req.body, "request body");
 }
 
 int64_t unix_now() {
@@ -149,6 +153,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
         }
         auto self = shared_from_this();
         ex_->on_client_gone([self] { self->client_gone(); });
+        ex_->on_cancel([self] { self->cancel(); });
         pump.add(std::move(streams), [self](std::vector<RequestOutput>&& outs, bool done) {
             auto batch = std::make_shared<std::vector<RequestOutput>>(std::move(outs));
             self->ex_->post([self, batch, done] {
@@ -193,6 +198,11 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     void client_gone() {
         if (gone_) return;
         gone_ = true;
+        for (const std::string& id : engine_ids_) model_.engine->abort(id);
+    }
+
+    // The client asked to stop but still listens: the answer ends with finish reason "abort".
+    void cancel() {
         for (const std::string& id : engine_ids_) model_.engine->abort(id);
     }
 
@@ -398,6 +408,94 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
 
 }  // namespace
 
+class WsRequestExchange;
+
+// One /v1/ws connection: the requests it has running, by client id. Strand only.
+struct WsConnection {
+    std::shared_ptr<WebSocket> ws;
+    HttpRequest base;  // the upgrade request (headers, remote): what each request is checked as
+    std::unordered_map<std::string, std::shared_ptr<WsRequestExchange>> running;
+    bool closed = false;
+
+    void send(const Json& j) { ws->send(dump(j)); }
+    void send_error(const Json& id, const ApiError& e) {
+        Json j;
+        j["id"] = id;
+        j["type"] = "error";
+        j["error"] = e.body()["error"];
+        j["status"] = e.status();
+        send(j);
+    }
+};
+
+// The exchange of one request multiplexed on a WebSocket: the completion's SSE events become
+// messages tagged with the client's id, its error response an error message.
+class WsRequestExchange final : public Exchange {
+  public:
+    WsRequestExchange(std::shared_ptr<WsConnection> conn, std::string id)
+        : conn_(std::move(conn)), id_(std::move(id)), id_json_(dump(Json(id_))) {}
+
+    void post(std::function<void()> fn) override { conn_->ws->post(std::move(fn)); }
+
+    void respond(int status, std::string body, std::string, const HeaderList&) override {
+        if (ended_) return;
+        Json j;
+        j["id"] = id_;
+        j["type"] = "error";
+        Json parsed = Json::parse(body, nullptr, false);
+        j["error"] = parsed.is_object() && parsed.contains("error") ? parsed["error"] : Json{{"message", body}};
+        j["status"] = status;
+        conn_->send(j);
+        end();
+    }
+    void start_events(const HeaderList&) override {}
+    void send_event(std::string_view data) override {
+        if (ended_) return;
+        if (data == "[DONE]")
+            conn_->ws->send(str_cat(R"({"id":)", id_json_, R"(,"type":"done"})"));
+        else
+            conn_->ws->send(str_cat(R"({"id":)", id_json_, R"(,"type":"chunk","data":)", data, "}"));
+    }
+    void end_events() override { end(); }
+    void on_client_gone(std::function<void()> fn) override {
+        if (gone_) return fn();
+        on_gone_ = std::move(fn);
+    }
+    bool client_gone() const override { return gone_; }
+    void on_cancel(std::function<void()> fn) override { on_cancel_ = std::move(fn); }
+    void accept_websocket(WebSocketSetup) override {}
+
+    void cancel() {
+        if (on_cancel_) on_cancel_();
+    }
+    // The connection closed: abort.
+    void connection_gone() {
+        if (gone_) return;
+        gone_ = true;
+        ended_ = true;
+        auto fn = std::move(on_gone_);
+        on_gone_ = nullptr;
+        on_cancel_ = nullptr;
+        if (fn) fn();
+    }
+
+  private:
+    void end() {
+        if (ended_) return;
+        ended_ = true;
+        on_gone_ = nullptr;
+        on_cancel_ = nullptr;
+        conn_->running.erase(id_);  // may drop the last reference but one: `this` is held by the caller
+    }
+
+    std::shared_ptr<WsConnection> conn_;
+    const std::string id_;
+    const std::string id_json_;
+    std::function<void()> on_gone_, on_cancel_;
+    bool ended_ = false;
+    bool gone_ = false;
+};
+
 ServedModel::~ServedModel() {
     engine.reset();
     owner.reset();
@@ -502,7 +600,8 @@ void OpenAiServer::route(const HttpRequest& req, const std::shared_ptr<Exchange>
             return handle_metrics(*ex);
         }
         const bool known = path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/models" ||
-                           path.rfind("/v1/models/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
+                           path.rfind("/v1/models/", 0) == 0 || path == "/tokenize" || path == "/detokenize" ||
+                           path == "/v1/ws";
         if (!known) throw ApiError(404, str_cat("no route for ", req.method, " ", path), "", "not_found");
         if (!authorized(req))
             throw ApiError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')", "",
@@ -511,6 +610,7 @@ void OpenAiServer::route(const HttpRequest& req, const std::shared_ptr<Exchange>
             throw ApiError(503, "the model is still loading", "", "model_loading");
         if (draining_.load(std::memory_order_acquire))
             throw ApiError(503, "the server is shutting down", "", "shutting_down");
+        if (path == "/v1/ws" && method_is("GET")) return handle_websocket(req, *ex);
         const bool completion = path == "/v1/completions" || path == "/v1/chat/completions";
         if (!completion) check_rate(req, 0);  // completions pay once their tokens are known
         if (path == "/v1/completions" && method_is("POST")) return handle_completion(req, ex, false);
@@ -531,6 +631,74 @@ void OpenAiServer::route(const HttpRequest& req, const std::shared_ptr<Exchange>
         send_error(*ex, ApiError(400, e.what(), "messages", "chat_template_error"));
     } catch (const Error& e) {
         send_error(*ex, ApiError(400, e.what()));
+    }
+}
+
+void OpenAiServer::handle_websocket(const HttpRequest& req, Exchange& ex) {
+    if (!req.websocket_upgrade)
+        throw ApiError(426, "/v1/ws is a WebSocket endpoint; send a WebSocket upgrade request", "", "upgrade_required");
+    auto base = std::make_shared<HttpRequest>(req);
+    base->body.clear();
+    ex.accept_websocket([this, base](std::shared_ptr<WebSocket> ws) {
+        auto conn = std::make_shared<WsConnection>();
+        conn->ws = std::move(ws);
+        conn->base = std::move(*base);
+        WebSocketCallbacks cb;
+        cb.on_message = [this, conn](std::string text) { on_ws_message(conn, text); };
+        cb.on_close = [conn] {
+            conn->closed = true;
+            auto running = std::move(conn->running);
+            conn->running.clear();
+            for (auto& [id, rex] : running) rex->connection_gone();
+        };
+        return cb;
+    });
+}
+
+void OpenAiServer::on_ws_message(const std::shared_ptr<WsConnection>& conn, const std::string& text) {
+    Json id = nullptr;
+    try {
+        const Json msg = parse_object(text, "message");
+        if (auto it = msg.find("id"); it != msg.end()) id = *it;
+        if (!id.is_string() || id.get_ref<const std::string&>().empty())
+            bad_param("id", "'id' (a non-empty string naming the request) is required");
+        const std::string key = id.get<std::string>();
+        auto type_it = msg.find("type");
+        const std::string type = type_it != msg.end() && type_it->is_string() ? type_it->get<std::string>() : "";
+        if (type == "cancel") {
+            if (auto it = conn->running.find(key); it != conn->running.end()) it->second->cancel();
+            return;  // an id that has already ended: nothing to do
+        }
+        if (type != "completion" && type != "chat")
+            bad_param("type", "'type' must be \"completion\", \"chat\" or \"cancel\"");
+        if (conn->running.count(key)) bad_param("id", "a request with id '", key, "' is already running");
+        auto body = msg.find("request");
+        if (body == msg.end() || !body->is_object()) bad_param("request", "'request' (a JSON object) is required");
+        if (draining_.load(std::memory_order_acquire))
+            throw ApiError(503, "the server is shutting down", "", "shutting_down");
+        Json request = *body;
+        request["stream"] = true;
+        HttpRequest r = conn->base;
+        r.path = type == "chat" ? "/v1/chat/completions" : "/v1/completions";
+        r.method = "POST";
+        r.body = dump(request);
+        auto ex = std::make_shared<WsRequestExchange>(conn, key);
+        conn->running[key] = ex;
+        try {
+            handle_completion(r, ex, type == "chat");
+        } catch (const ApiError& e) {
+            ex->respond(e.status(), dump(e.body()), "", {});
+        } catch (const jinja::RaisedError& e) {
+            const ApiError err(400, e.what(), "messages", "chat_template_error");
+            ex->respond(err.status(), dump(err.body()), "", {});
+        } catch (const Error& e) {
+            const ApiError err(400, e.what());
+            ex->respond(err.status(), dump(err.body()), "", {});
+        }
+    } catch (const ApiError& e) {
+        conn->send_error(id, e);
+    } catch (const Error& e) {
+        conn->send_error(id, ApiError(400, e.what()));
     }
 }
 

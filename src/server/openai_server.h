@@ -6,6 +6,10 @@
 //   POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize
 //   GET  /v1/models, /v1/models/{id}, /health (503 until set_model, and while draining), /metrics
 //   OPTIONS (CORS preflight from an allowed origin)
+//   GET  /v1/ws: a WebSocket; each text message {"id", "type": "completion" | "chat", "request"}
+//        starts a streamed request, answered by {"id", "type": "chunk", "data": <SSE chunk>} ...
+//        {"id", "type": "done"} or {"id", "type": "error", "error", "status"}; {"type": "cancel",
+//        "id"} aborts one (finish reason "abort"); closing the socket aborts them all.
 //
 // Around the routes: CORS headers, API keys, per-key rate limits (429 with Retry-After), JSON
 // access logs, and draining (begin_drain: new API requests get 503, in-flight ones finish).
@@ -28,6 +32,8 @@
 #include "tokenizer/tokenizer.h"
 
 namespace peregrine::server {
+
+struct WsConnection;  // one /v1/ws connection (openai_server.cc)
 
 // A loaded model ready to serve.
 struct ServedModel {
@@ -80,6 +86,8 @@ class OpenAiServer {
 
   private:
     void handle_completion(const HttpRequest& req, std::shared_ptr<Exchange> ex, bool chat);
+    void handle_websocket(const HttpRequest& req, Exchange& ex);
+    void on_ws_message(const std::shared_ptr<WsConnection>& conn, const std::string& text);
     void route(const HttpRequest& req, const std::shared_ptr<Exchange>& ex);
     void handle_health(Exchange& ex);
     void handle_metrics(Exchange& ex);
