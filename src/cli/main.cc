@@ -9,6 +9,7 @@
 int main(int argc, char** argv) {
     CLI::App app{"Peregrine: an LLM inference engine"};
     app.require_subcommand(0, 1);
+    app.option_defaults()->always_capture_default();  // --help shows every option's default
     bool show_version = false;
     app.add_flag("--version", show_version, "Print the version and the backends compiled in");
     auto run_generate = peregrine::cli::add_generate(app);

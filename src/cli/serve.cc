@@ -39,6 +39,7 @@ struct ServeArgs {
     int64_t rate_limit_rpm = 0;
     int64_t rate_limit_tpm = 0;
     bool access_log = false;
+    int64_t max_queued_requests = 0;
     double shutdown_timeout_s = 10;
 };
 
@@ -103,6 +104,7 @@ int run(ServeArgs& a) {
     sopts.rate_limits.requests_per_minute = a.rate_limit_rpm;
     sopts.rate_limits.tokens_per_minute = a.rate_limit_tpm;
     sopts.access_log = a.access_log;
+    sopts.max_queued_requests = a.max_queued_requests;
     auto app = std::make_shared<server::OpenAiServer>(sopts);
 
     server::HttpServerOptions hopts;
@@ -175,6 +177,9 @@ std::function<int()> add_serve(CLI::App& app) {
         ->check(CLI::NonNegativeNumber);
     cmd->add_flag("--access-log,!--no-access-log", args->access_log,
                   "One JSON line per request on stderr (default off)");
+    cmd->add_option("--max-queued-requests", args->max_queued_requests,
+                    "Completion requests in flight at most; more get 429 with Retry-After (default 0 = no limit)")
+        ->check(CLI::NonNegativeNumber);
     cmd->add_option("--shutdown-timeout", args->shutdown_timeout_s,
                     "On SIGTERM, seconds in-flight requests may take to finish before they are aborted (default 10)")
         ->check(CLI::NonNegativeNumber);

@@ -769,6 +769,12 @@ void OpenAiServer::handle_completion(const HttpRequest& req, std::shared_ptr<Exc
                                    " prompt tokens plus max_tokens ", p.sampling.max_tokens, " exceed it"),
                            "max_tokens", "context_length_exceeded");
     }
+    if (options_.max_queued_requests > 0 && counters_.in_flight.load() >= options_.max_queued_requests)
+        throw ApiError(429,
+                       str_cat("The server has ", options_.max_queued_requests,
+                               " requests in flight, its configured maximum; retry shortly"),
+                       "", "too_many_requests_queued", "rate_limit_error")
+            .with_retry_after(1);
     if (limiter_.enabled()) {
         // Admission cost: every prompt plus the most it may generate, for each of its n choices.
         int64_t tokens = 0;

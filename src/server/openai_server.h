@@ -55,6 +55,7 @@ struct OpenAiServerOptions {
     std::vector<std::string> allowed_origins;  // CORS; "*" for any, empty: no CORS headers
     RateLimitOptions rate_limits;              // per API key, or per client address without keys
     bool access_log = false;                   // one JSON line per request on stderr
+    int64_t max_queued_requests = 0;           // completion requests in flight at most; 0 = no limit
 };
 
 class OpenAiServer {

@@ -177,6 +177,28 @@ describe('rate limits', () => {
     });
 });
 
+describe('queue limit', () => {
+    test('requests beyond --max-queued-requests get 429 with Retry-After', async () => {
+        const server = await startServer(['--max-queued-requests', '2']);
+        try {
+            const long = { model: 'stories260K', prompt, max_tokens: 400, ignore_eos: true };
+            const running = [http(`${server.url}/v1/completions`, { body: long }),
+                             http(`${server.url}/v1/completions`, { body: long })];
+            // Both are in flight once the engine reports them.
+            await waitFor(async () => (await http(`${server.url}/health`, { method: 'GET' })).json?.requests_in_flight === 2, 2000);
+            const refused = await http(`${server.url}/v1/completions`, { body: long });
+            assert.equal(refused.status, 429);
+            assert.equal(refused.headers.get('retry-after'), '1');
+            assert.equal(refused.json.error.code, 'too_many_requests_queued');
+            for (const r of await Promise.all(running)) assert.equal(r.status, 200);
+            const again = await http(`${server.url}/v1/completions`, { body: { ...long, max_tokens: 4 } });
+            assert.equal(again.status, 200);
+        } finally {
+            await server.stop();
+        }
+    });
+});
+
 describe('graceful shutdown', () => {
     const long = { prompt, max_tokens: 480, ignore_eos: true, temperature: 0.8, stream: true };
 
