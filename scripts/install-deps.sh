@@ -8,6 +8,7 @@ packages=(
     nlohmann-json3-dev libcli11-dev libpcre2-dev libicu-dev libxxhash-dev
     libgtest-dev libgmock-dev
     libboost-dev
+    libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
     xz-utils
 )
 # The server tests run node (the official `openai` npm client); any recent nodejs with npm will do.

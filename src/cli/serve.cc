@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "engine/tokenizer_text.h"
 #include "formats/gguf.h"
+#include "server/grpc_server.h"
 #include "server/http_server.h"
 #include "server/openai_server.h"
 #include "template/chat_template.h"
@@ -31,6 +32,7 @@ struct ServeArgs {
     EngineOptions engine;
     std::string host = "127.0.0.1";
     int port = 8000;
+    int grpc_port = 0;  // 0 = no gRPC API
     std::vector<std::string> served_model_names;
     std::vector<std::string> api_keys;
     int io_threads = 0;
@@ -118,9 +120,16 @@ int run(ServeArgs& a) {
     http.start();
     const std::string url =
         str_cat("http://", a.host.find(':') != std::string::npos ? "[" + a.host + "]" : a.host, ":", http.port());
+    std::unique_ptr<server::GrpcServer> grpc;
+    if (a.grpc_port > 0) {
+        grpc = std::make_unique<server::GrpcServer>(server::GrpcServerOptions{a.host, a.grpc_port}, app);
+        grpc->start();
+        std::fprintf(stderr, "gRPC listening on %s:%d\n", a.host.c_str(), grpc->port());
+    }
     std::fprintf(stderr, "listening on %s (loading the model)\n", url.c_str());
 
     app->set_model(load(a.engine));
+    if (grpc) grpc->set_serving(true);
     std::fprintf(stderr, "ready: serving '%s' at %s/v1 (%zu API key%s)\n", app->model_name().c_str(), url.c_str(),
                  sopts.api_keys.size(), sopts.api_keys.size() == 1 ? "" : "s");
     std::fprintf(stderr,
@@ -134,6 +143,7 @@ int run(ServeArgs& a) {
     sigwait(&signals, &sig);
     // Drain first, then say so: whoever reads the log line may probe /health at once.
     app->begin_drain();
+    if (grpc) grpc->set_serving(false);
     std::fprintf(stderr, "%s: draining %lld request(s) for up to %g s\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
                  static_cast<long long>(app->in_flight()), a.shutdown_timeout_s);
     std::fflush(stderr);
@@ -145,6 +155,7 @@ int run(ServeArgs& a) {
     }
     std::fprintf(stderr, "shutting down\n");
     http.stop();
+    if (grpc) grpc->stop();
     app->shutdown();
     return 0;
 }
@@ -157,6 +168,8 @@ std::function<int()> add_serve(CLI::App& app) {
     add_engine_options(cmd, args->engine);
     cmd->add_option("--host", args->host, "Address to listen on (default 127.0.0.1)");
     cmd->add_option("--port", args->port, "Port to listen on; 0 = any free port (default 8000)")
+        ->check(CLI::Range(0, 65535));
+    cmd->add_option("--grpc-port", args->grpc_port, "Port for the gRPC API (proto/peregrine/v1); 0 = off (default 0)")
         ->check(CLI::Range(0, 65535));
     cmd->add_option("--served-model-name", args->served_model_names,
                     "Model name(s) clients send; the first is reported (default: the model's folder or file name)");

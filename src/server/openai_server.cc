@@ -530,8 +530,11 @@ void OpenAiServer::shutdown() {
 }
 
 bool OpenAiServer::authorized(const HttpRequest& req) const {
+    return authorized(req.header("authorization"));
+}
+
+bool OpenAiServer::authorized(std::string_view auth) const {
     if (options_.api_keys.empty()) return true;
-    std::string_view auth = req.header("authorization");
     constexpr std::string_view kBearer = "bearer ";
     if (auth.size() <= kBearer.size()) return false;
     for (size_t i = 0; i < kBearer.size(); ++i)

@@ -85,6 +85,19 @@ class OpenAiServer {
         std::atomic<int64_t> in_flight{0};
     };
 
+    // For other front ends on the same model and engine (the gRPC API, grpc_server.h).
+    const ServedModel* model() const { return ready_.load(std::memory_order_acquire) ? model_.get() : nullptr; }
+    bool draining() const { return draining_.load(std::memory_order_acquire); }
+    const OpenAiServerOptions& options() const { return options_; }
+    Counters& counters() { return counters_; }
+    StreamPump& pump() { return pump_; }
+    // Throws ApiError(404) for a name this server does not serve (empty: the default).
+    void check_model(const std::string& name) const;
+    // Whether an Authorization header value ("Bearer KEY") is accepted (always without keys).
+    bool authorized(std::string_view authorization) const;
+    // Chat messages through the model's template into prompt ids; throws ApiError(400).
+    std::vector<int32_t> render_chat(const CompletionParams& p) const;
+
   private:
     void handle_completion(const HttpRequest& req, std::shared_ptr<Exchange> ex, bool chat);
     void handle_websocket(const HttpRequest& req, Exchange& ex);
@@ -97,8 +110,6 @@ class OpenAiServer {
     void handle_tokenize(const HttpRequest& req, Exchange& ex);
     void handle_detokenize(const HttpRequest& req, Exchange& ex);
     bool authorized(const HttpRequest& req) const;
-    void check_model(const std::string& name) const;
-    std::vector<int32_t> render_chat(const CompletionParams& p) const;
 
     OpenAiServerOptions options_;
     std::atomic<bool> ready_{false};

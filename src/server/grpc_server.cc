@@ -1,0 +1,389 @@
+#include "server/grpc_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <deque>
+#include <mutex>
+#include <optional>
+
+#include "core/error.h"
+#include "peregrine/v1/inference.grpc.pb.h"
+#include "server/api_error.h"
+
+namespace peregrine::server {
+
+namespace pb = ::peregrine::v1;
+
+namespace {
+
+grpc::Status to_status(const ApiError& e) {
+    grpc::StatusCode code = grpc::StatusCode::INTERNAL;
+    switch (e.status()) {
+        case 400:
+        case 413:
+            code = grpc::StatusCode::INVALID_ARGUMENT;
+            break;
+        case 401:
+            code = grpc::StatusCode::UNAUTHENTICATED;
+            break;
+        case 404:
+            code = grpc::StatusCode::NOT_FOUND;
+            break;
+        case 429:
+            code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+            break;
+        case 503:
+            code = grpc::StatusCode::UNAVAILABLE;
+            break;
+        default:
+            break;
+    }
+    return {code, e.param().empty() ? std::string(e.what()) : str_cat(e.param(), ": ", e.what())};
+}
+
+// Runs `f` and turns what it throws into a status.
+template <typename F>
+grpc::Status guarded(F&& f) {
+    try {
+        return f();
+    } catch (const ApiError& e) {
+        return to_status(e);
+    } catch (const Error& e) {
+        return {grpc::StatusCode::INVALID_ARGUMENT, e.what()};
+    } catch (const std::exception& e) {
+        return {grpc::StatusCode::INTERNAL, e.what()};
+    }
+}
+
+pb::GenerateResponse to_proto(const RequestOutput& o) {
+    pb::GenerateResponse r;
+    r.set_text(o.text);
+    for (int32_t id : o.token_ids) r.add_token_ids(static_cast<uint32_t>(id));
+    r.set_index(static_cast<uint32_t>(o.index));
+    if (o.finish != FinishReason::None) r.set_finish_reason(finish_reason_name(o.finish));
+    for (const TokenLogprob& lp : o.logprobs) {
+        pb::TokenLogprob* t = r.add_logprobs();
+        t->set_token_id(static_cast<uint32_t>(lp.token));
+        t->set_logprob(lp.logprob);
+        for (const auto& [id, v] : lp.top) {
+            pb::TopLogprob* a = t->add_top();
+            a->set_token_id(static_cast<uint32_t>(id));
+            a->set_logprob(v);
+        }
+    }
+    if (o.usage) {
+        pb::Usage* u = r.mutable_usage();
+        u->set_prompt_tokens(static_cast<uint32_t>(o.usage->prompt_tokens));
+        u->set_completion_tokens(static_cast<uint32_t>(o.usage->completion_tokens));
+        u->set_total_tokens(static_cast<uint32_t>(o.usage->prompt_tokens + o.usage->completion_tokens));
+        u->set_cached_tokens(static_cast<uint32_t>(o.usage->cached_tokens));
+    }
+    return r;
+}
+
+// The request as the HTTP API's JSON body, so that both are checked by the same parser.
+Json to_json(const pb::GenerateRequest& req, bool chat) {
+    Json body = Json::object();
+    if (!req.model().empty()) body["model"] = req.model();
+    if (chat) {
+        Json msgs = Json::array();
+        for (const pb::ChatMessage& m : req.messages()) msgs.push_back({{"role", m.role()}, {"content", m.content()}});
+        body["messages"] = std::move(msgs);
+    } else if (req.prompt_ids_size() > 0) {
+        Json ids = Json::array();
+        for (uint32_t id : req.prompt_ids()) ids.push_back(static_cast<int64_t>(id));
+        body["prompt"] = std::move(ids);
+    } else {
+        body["prompt"] = req.prompt();
+    }
+    if (req.max_tokens() > 0) body["max_tokens"] = req.max_tokens();
+    if (req.has_temperature()) body["temperature"] = req.temperature();
+    if (req.has_top_p()) body["top_p"] = req.top_p();
+    if (req.top_k() > 0) body["top_k"] = req.top_k();
+    if (req.has_seed()) body["seed"] = static_cast<int64_t>(req.seed());
+    if (req.ignore_eos()) body["ignore_eos"] = true;
+    if (req.stop_size() > 0) {
+        Json stop = Json::array();
+        for (const std::string& s : req.stop()) stop.push_back(s);
+        body["stop"] = std::move(stop);
+    }
+    if (req.n() > 0) body["n"] = req.n();
+    if (req.priority() != 0) body["priority"] = req.priority();
+    if (req.has_logprobs()) {
+        if (chat) {
+            body["logprobs"] = true;
+            body["top_logprobs"] = req.logprobs();
+        } else {
+            body["logprobs"] = req.logprobs();
+        }
+    }
+    return body;
+}
+
+// One Generate stream: engine outputs arrive from the StreamPump thread and are written one at a
+// time; a cancel (client gone, deadline passed) aborts the engine request.
+class GenerateReactor : public grpc::ServerWriteReactor<pb::GenerateResponse> {
+  public:
+    GenerateReactor(OpenAiServer& app) : app_(app) {}
+
+    static GenerateReactor* create(OpenAiServer& app, std::shared_ptr<GenerateReactor>* out) {
+        auto r = std::make_shared<GenerateReactor>(app);
+        r->self_ = r;
+        *out = r;
+        return r.get();
+    }
+
+    void fail(const grpc::Status& status) {
+        std::lock_guard<std::recursive_mutex> lock(mu_);
+        finished_ = true;
+        Finish(status);
+    }
+
+    void start(const std::shared_ptr<GenerateReactor>& self, const std::shared_ptr<RequestStream>& stream) {
+        id_ = stream->id();
+        started_ = true;
+        ++app_.counters().in_flight;
+        app_.pump().add({stream},
+                        [self](std::vector<RequestOutput>&& outs, bool done) { self->deliver(std::move(outs), done); });
+    }
+
+    void OnWriteDone(bool ok) override {
+        std::lock_guard<std::recursive_mutex> lock(mu_);
+        writing_ = false;
+        if (!ok) cancelled_ = true;
+        write_next();
+    }
+
+    void OnCancel() override {
+        {
+            std::lock_guard<std::recursive_mutex> lock(mu_);
+            cancelled_ = true;
+            if (started_ && !ended_ && app_.model()) app_.model()->engine->abort(id_);
+            write_next();
+        }
+    }
+
+    void OnDone() override {
+        std::shared_ptr<GenerateReactor> keep;
+        std::lock_guard<std::recursive_mutex> lock(mu_);
+        keep = std::move(self_);  // the pump's sink may still hold one
+        done_ = true;
+    }
+
+  private:
+    void deliver(std::vector<RequestOutput>&& outs, bool done) {
+        if (done) --app_.counters().in_flight;
+        std::lock_guard<std::recursive_mutex> lock(mu_);
+        if (finished_) return;
+        for (const RequestOutput& o : outs) queue_.push_back(to_proto(o));
+        ended_ |= done;
+        write_next();
+    }
+
+    void write_next() {
+        if (writing_ || finished_) return;
+        if (cancelled_) {
+            finished_ = true;
+            Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+        } else if (!queue_.empty()) {
+            current_ = std::move(queue_.front());
+            queue_.pop_front();
+            writing_ = true;
+            StartWrite(&current_);
+        } else if (ended_) {
+            finished_ = true;
+            Finish(grpc::Status::OK);
+        }
+    }
+
+    OpenAiServer& app_;
+    std::shared_ptr<GenerateReactor> self_;  // until OnDone
+    std::recursive_mutex mu_;                // gRPC may run reactions inline
+    std::string id_;
+    std::deque<pb::GenerateResponse> queue_;
+    pb::GenerateResponse current_;
+    bool started_ = false, writing_ = false, ended_ = false, cancelled_ = false, finished_ = false, done_ = false;
+};
+
+}  // namespace
+
+class InferenceService final : public pb::Inference::CallbackService {
+  public:
+    explicit InferenceService(OpenAiServer& app) : app_(app) {}
+
+    grpc::ServerWriteReactor<pb::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
+                                                             const pb::GenerateRequest* req) override {
+        std::shared_ptr<GenerateReactor> r;
+        GenerateReactor* raw = GenerateReactor::create(app_, &r);
+        std::shared_ptr<RequestStream> stream;
+        grpc::Status s = guarded([&] {
+            if (auto st = admit(ctx)) return *st;
+            stream = submit(*req);
+            return grpc::Status::OK;
+        });
+        if (!s.ok())
+            raw->fail(s);
+        else
+            raw->start(r, stream);
+        return raw;
+    }
+
+    grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx, const pb::TokenizeRequest* req,
+                                       pb::TokenizeResponse* resp) override {
+        return unary(ctx, [&] {
+            const ServedModel& m = *app_.model();
+            app_.check_model(req->model());
+            std::vector<int32_t> ids;
+            if (req->messages_size() > 0) {
+                CompletionParams p;
+                Json msgs = Json::array();
+                for (const pb::ChatMessage& mm : req->messages())
+                    msgs.push_back({{"role", mm.role()}, {"content", mm.content()}});
+                p.messages = normalize_messages(msgs);
+                p.add_special_tokens = req->has_add_special_tokens() && req->add_special_tokens();
+                ids = app_.render_chat(p);
+            } else {
+                ids = m.tokenizer->encode(req->prompt(), !req->has_add_special_tokens() || req->add_special_tokens(),
+                                          /*parse_special=*/true);
+            }
+            for (int32_t id : ids) resp->add_token_ids(static_cast<uint32_t>(id));
+            resp->set_count(static_cast<uint32_t>(ids.size()));
+            resp->set_max_model_len(static_cast<uint32_t>(m.max_model_len));
+            return grpc::Status::OK;
+        });
+    }
+
+    grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* ctx, const pb::DetokenizeRequest* req,
+                                         pb::DetokenizeResponse* resp) override {
+        return unary(ctx, [&] {
+            const ServedModel& m = *app_.model();
+            app_.check_model(req->model());
+            std::vector<int32_t> ids;
+            for (uint32_t id : req->token_ids()) {
+                if (id >= static_cast<uint32_t>(m.vocab_size))
+                    bad_param("token_ids", "token id ", id, " is outside the vocabulary (0..", m.vocab_size - 1, ")");
+                ids.push_back(static_cast<int32_t>(id));
+            }
+            resp->set_text(m.tokenizer->decode(ids));
+            return grpc::Status::OK;
+        });
+    }
+
+    grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* ctx, const pb::ListModelsRequest*,
+                                         pb::ListModelsResponse* resp) override {
+        return unary(ctx, [&] {
+            for (const std::string& name : app_.options().model_names) {
+                pb::Model* m = resp->add_models();
+                m->set_id(name);
+                m->set_max_model_len(static_cast<uint32_t>(app_.model()->max_model_len));
+            }
+            return grpc::Status::OK;
+        });
+    }
+
+  private:
+    // Authentication and readiness; a status when the call may not go on.
+    std::optional<grpc::Status> admit(grpc::CallbackServerContext* ctx) const {
+        const auto& md = ctx->client_metadata();
+        auto it = md.find("authorization");
+        const std::string_view auth =
+            it == md.end() ? std::string_view() : std::string_view(it->second.data(), it->second.size());
+        if (!app_.authorized(auth))
+            return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                                "a valid API key is required: send metadata 'authorization: Bearer KEY'");
+        if (app_.draining()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
+        if (!app_.model()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is still loading");
+        return std::nullopt;
+    }
+
+    template <typename F>
+    grpc::ServerUnaryReactor* unary(grpc::CallbackServerContext* ctx, F&& f) {
+        grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+        r->Finish(guarded([&] {
+            if (auto st = admit(ctx)) return *st;
+            return f();
+        }));
+        return r;
+    }
+
+    // Checks the request as the HTTP API does, and submits it to the engine.
+    std::shared_ptr<RequestStream> submit(const pb::GenerateRequest& req) {
+        const ServedModel& m = *app_.model();
+        const bool chat = req.messages_size() > 0;
+        const int given = (chat ? 1 : 0) + (req.prompt_ids_size() > 0 ? 1 : 0) + (req.prompt().empty() ? 0 : 1);
+        if (given != 1) bad_param("prompt", "exactly one of 'prompt', 'prompt_ids' or 'messages' is required");
+        const CompletionParams p =
+            parse_completion_params(to_json(req, chat), chat ? Endpoint::ChatCompletions : Endpoint::Completions);
+        app_.check_model(p.model);
+        std::vector<int32_t> ids;
+        if (chat) {
+            ids = app_.render_chat(p);
+        } else if (p.prompts.front().is_text) {
+            ids = m.tokenizer->encode(p.prompts.front().text, p.add_special_tokens, /*parse_special=*/true);
+        } else {
+            ids = p.prompts.front().ids;
+            for (int32_t id : ids)
+                if (!m.tokenizer->valid_id(id))
+                    bad_param("prompt_ids", "prompt token id ", id, " is outside the vocabulary (0..", m.vocab_size - 1,
+                              ")");
+        }
+        const int len = static_cast<int>(ids.size());
+        if (len == 0) bad_param("prompt", "the prompt is empty");
+        if (len >= m.max_model_len)
+            bad_param("prompt", "this model's maximum context length is ", m.max_model_len,
+                      " tokens, but the prompt has ", len, " tokens");
+        if (p.max_tokens_given && static_cast<int64_t>(len) + p.sampling.max_tokens > m.max_model_len)
+            bad_param("max_tokens", "this model's maximum context length is ", m.max_model_len, " tokens, but ", len,
+                      " prompt tokens plus max_tokens ", p.sampling.max_tokens, " exceed it");
+        const int64_t limit = app_.options().max_queued_requests;
+        if (limit > 0 && app_.counters().in_flight.load() >= limit)
+            throw ApiError(429, str_cat("the server has ", limit, " requests in flight, its maximum; retry shortly"));
+        Request r;
+        r.id = str_cat("grpc-", random_hex_id());
+        r.prompt_ids = std::move(ids);
+        r.sampling = p.sampling;
+        r.priority = p.priority;
+        return m.engine->submit(std::move(r));
+    }
+
+    OpenAiServer& app_;
+};
+
+GrpcServer::GrpcServer(GrpcServerOptions options, std::shared_ptr<OpenAiServer> app)
+    : options_(std::move(options)), app_(std::move(app)) {}
+
+GrpcServer::~GrpcServer() {
+    stop();
+}
+
+void GrpcServer::start() {
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+    service_ = std::make_unique<InferenceService>(*app_);
+    grpc::ServerBuilder builder;
+    const std::string host = options_.host.find(':') != std::string::npos ? "[" + options_.host + "]" : options_.host;
+    builder.AddListeningPort(str_cat(host, ":", options_.port), grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    if (!server_ || port_ == 0) {
+        server_.reset();
+        throw Error(str_cat("cannot listen for gRPC on ", host, ":", options_.port));
+    }
+    set_serving(false);
+}
+
+void GrpcServer::set_serving(bool serving) {
+    if (server_ && server_->GetHealthCheckService()) server_->GetHealthCheckService()->SetServingStatus(serving);
+}
+
+void GrpcServer::stop() {
+    if (!server_) return;
+    set_serving(false);
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    server_->Wait();
+    server_.reset();
+}
+
+}  // namespace peregrine::server

@@ -1,0 +1,91 @@
+// The gRPC API (proto/peregrine/v1/inference.proto) with an independent client, @grpc/grpc-js
+// and @grpc/proto-loader, against `peregrine serve --grpc-port` on the embedded model.
+import assert from 'node:assert/strict';
+import { createRequire } from 'node:module';
+import net from 'node:net';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { after, before, test } from 'node:test';
+
+import { http, startServer, waitFor } from './harness.mjs';
+
+const require = createRequire(path.resolve(process.env.PG_NODE_MODULES, 'node_modules', 'noop.js'));
+const grpc = require('@grpc/grpc-js');
+const protoLoader = require('@grpc/proto-loader');
+const protoDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', 'proto');
+
+function freePort() {
+    return new Promise((resolve) => {
+        const s = net.createServer().listen(0, '127.0.0.1', () => {
+            const { port } = s.address();
+            s.close(() => resolve(port));
+        });
+    });
+}
+
+let server, client;
+before(async () => {
+    const port = await freePort();
+    server = await startServer(['--grpc-port', String(port)]);
+    const def = protoLoader.loadSync('peregrine/v1/inference.proto', { includeDirs: [protoDir], keepCase: true });
+    const Inference = grpc.loadPackageDefinition(def).peregrine.v1.Inference;
+    client = new Inference(`127.0.0.1:${port}`, grpc.credentials.createInsecure());
+});
+after(async () => {
+    client && client.close();
+    server && (await server.stop());
+});
+
+function generate(req) {
+    return new Promise((resolve) => {
+        const messages = [];
+        const call = client.generate(req);
+        call.on('data', (m) => messages.push(m));
+        call.on('error', (error) => resolve({ messages, error }));
+        call.on('end', () => resolve({ messages, text: messages.map((m) => m.text).join('') }));
+    });
+}
+
+const prompt = 'Once upon a time';
+
+test('greedy Generate streams the same text as /v1/completions', async () => {
+    const g = await generate({ prompt, temperature: 0, max_tokens: 24 });
+    assert.equal(g.error, undefined);
+    const last = g.messages.at(-1);
+    assert.ok(last.finish_reason);
+    assert.ok(last.usage && last.usage.prompt_tokens > 0);
+    const h = await http(`${server.url}/v1/completions`, { body: { prompt, temperature: 0, max_tokens: 24 } });
+    assert.equal(h.status, 200);
+    assert.equal(g.text, h.json.choices[0].text);
+});
+
+test('a cancelled stream leaves nothing running', async () => {
+    const call = client.generate({ prompt, temperature: 0, max_tokens: 200, ignore_eos: true });
+    await new Promise((resolve) => call.once('data', resolve));
+    call.on('error', () => {});
+    call.cancel();
+    const h = await waitFor(async () => {
+        const r = (await http(`${server.url}/health`, { method: 'GET' })).json;
+        return r.running === 0 && r.requests_in_flight === 0 && r;
+    }, 5000);
+    assert.ok(h, 'requests still running');
+});
+
+test('invalid arguments and unknown models give their codes', async () => {
+    let g = await generate({ prompt, temperature: -1 });
+    assert.equal(g.error.code, grpc.status.INVALID_ARGUMENT);
+    g = await generate({});
+    assert.equal(g.error.code, grpc.status.INVALID_ARGUMENT);
+    g = await generate({ prompt, model: 'no-such-model' });
+    assert.equal(g.error.code, grpc.status.NOT_FOUND);
+});
+
+test('256 concurrent streams finish with no error', async () => {
+    const all = await Promise.all(
+        Array.from({ length: 256 }, () => generate({ prompt, temperature: 0, max_tokens: 16 })),
+    );
+    for (const g of all) {
+        assert.equal(g.error, undefined);
+        assert.equal(g.text, all[0].text);
+    }
+});
