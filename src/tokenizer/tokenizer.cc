@@ -37,6 +37,7 @@ struct Tokenizer::EncodeState {
         int32_t left, right;
         int32_t left_id, right_id;  // rank merges: the ids the pair had when queued
         uint32_t size;              // score merges: the bytes the pair covered
+        int32_t merged = -1;        // rank merges: the id the pair merges into
         bool operator<(const Candidate& o) const {
             return priority < o.priority || (priority == o.priority && left > o.left);
         }
@@ -269,10 +270,10 @@ void Tokenizer::merge_by_rank(std::string_view word, EncodeState& st) const {
         heap.clear();
         auto queue = [&](int32_t l, int32_t r) {
             if (l < 0 || r < 0) return;
-            int32_t merged;
+            int32_t merged = -1;
             const int32_t rank = pair_lookup(syms[l].id, syms[r].id, &merged);
             if (rank < 0) return;
-            heap.push_back({-static_cast<double>(rank), l, r, syms[l].id, syms[r].id, 0});
+            heap.push_back({-static_cast<double>(rank), l, r, syms[l].id, syms[r].id, 0, merged});
             std::push_heap(heap.begin(), heap.end());
         };
         for (size_t i = 0; i + 1 < syms.size(); ++i) queue(static_cast<int32_t>(i), static_cast<int32_t>(i + 1));
@@ -283,9 +284,7 @@ void Tokenizer::merge_by_rank(std::string_view word, EncodeState& st) const {
             auto& L = syms[c.left];
             auto& R = syms[c.right];
             if (L.id != c.left_id || R.id != c.right_id || L.next != c.right) continue;  // stale
-            int32_t merged = -1;
-            pair_lookup(L.id, R.id, &merged);
-            L.id = merged;
+            L.id = c.merged;
             L.len += R.len;
             L.next = R.next;
             if (R.next >= 0) syms[R.next].prev = c.left;
