@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -15,6 +16,9 @@
 #include "model/rope.h"
 
 namespace peregrine {
+
+// A uniform value in [lo, hi] that depends only on (seed, index): dummy weights.
+float uniform_hash(uint64_t seed, uint64_t index, float lo, float hi);
 
 class Backend {
   public:
@@ -32,6 +36,49 @@ class Backend {
 
     // Whether `matmul` reads weights of this dtype directly (others are converted at load).
     virtual bool supports_weight_dtype(DType t) const = 0;
+
+    // Element type of the activation buffers between ops (matmul inputs and outputs, q/k/v,
+    // attention output). The residual stream, norm weights and logits are always f32.
+    virtual DType activation_dtype() const { return DType::F32; }
+    virtual DType kv_cache_dtype() const { return DType::F32; }
+
+    // Places a loaded weight (host memory: a file mapping or a converted buffer) where this
+    // backend's ops read it; the backend owns what it allocates here until it is destroyed.
+    // `matrix`: a matmul or embedding weight (else a norm weight or bias, kept f32).
+    virtual Tensor place_weight(const Tensor& host, bool matrix) {
+        (void)matrix;
+        return host;
+    }
+    // Whether the model should run q/k/v as one matmul and gate/up as another, over weights
+    // stacked by place_stacked, with the *_packed ops below (fewer, larger launches on a GPU).
+    virtual bool packs_projections() const { return false; }
+    // One weight whose rows are the rows of `parts` in order (same columns), placed like
+    // place_weight. Parts may already be this backend's (dummy weights).
+    virtual Tensor place_stacked(const std::vector<Tensor>& parts, bool matrix);
+    // Fills `t` (of this backend) with uniform values in [lo, hi], deterministic in `seed`:
+    // the weights of `--load-format dummy`.
+    virtual void fill_random(const Tensor& t, uint64_t seed, float lo, float hi);
+
+    // Called once before a step's ops with the step's batch, which stays alive and unchanged
+    // until the step's logits are downloaded (a GPU backend uploads its metadata here).
+    virtual void begin_step(const BatchInput& batch) { (void)batch; }
+    // The batch size a decode-only batch of `num_seqs` sequences is padded to so that a
+    // recorded step can be replayed (CUDA graphs), or -1 when this backend records nothing.
+    virtual int step_bucket(int num_seqs) const {
+        (void)num_seqs;
+        return -1;
+    }
+    // Runs `ops`, the ops of one step from the embedding to the logits. With key >= 0 a
+    // backend may record them on first use and replay the recording for later steps of the
+    // same key instead of calling `ops`; the ops must then read only device memory that
+    // begin_step refreshes.
+    virtual void run_step(int key, const std::function<void()>& ops) {
+        (void)key;
+        ops();
+    }
+    // Drops every recording made by run_step: the buffers they read or write (workspace, KV
+    // cache) are about to change.
+    virtual void forget_steps() {}
 
     // out[i] = table[ids[i]] (any weight dtype, converted to f32). out: [n, hidden].
     virtual void embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out) = 0;
@@ -63,6 +110,14 @@ class Backend {
 
     // out = silu(gate) * up; all [n, dim]. `out` may alias `gate`.
     virtual void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+
+    // The packed forms (packs_projections): qkv [n, q_dim + 2 kv_dim] holds q | k | v per row;
+    // rotates like rope_and_cache, writes the rotated q to q_out [n, q_dim] and k, v to the cache.
+    virtual void rope_and_cache_packed(const Tensor& qkv, const Tensor& q_out, const BatchInput& batch,
+                                       const RopeTable& rope, int head_dim, int num_kv_heads, const Tensor& k_cache,
+                                       const Tensor& v_cache);
+    // gate_up [n, 2 dim] holds gate | up per row; out [n, dim] = silu(gate) * up.
+    virtual void silu_mul_packed(const Tensor& gate_up, const Tensor& out);
 
     // Copies whole KV blocks (copy-on-write): cache[dst] = cache[src] for each pair.
     // cache: [num_blocks, block_size, num_kv_heads, head_dim].

@@ -97,7 +97,8 @@ std::function<int()> add_bench(CLI::App& app) {
         ->check(CLI::PositiveNumber);
     cmd->add_option("--json", a->json_path, "Also write the results to this JSON file");
     cmd->add_flag("--quiet,-q", a->quiet, "No progress lines on stderr");
-    return [a] { return run_bench_serve(*a); };
+    auto offline = add_bench_offline(group);
+    return [a, cmd, offline] { return cmd->parsed() ? run_bench_serve(*a) : offline(); };
 }
 
 }  // namespace peregrine::cli

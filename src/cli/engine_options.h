@@ -24,17 +24,23 @@ struct EngineOptions {
     bool no_prefix_caching = false;
     int max_num_batched_tokens = 2048;
     int max_num_seqs = 256;
+    std::string device = "auto";       // auto | cuda | cpu
+    std::string load_format = "auto";  // auto | dummy
+    double gpu_memory_utilization = 0.9;
+    bool enforce_eager = false;  // no CUDA graphs
+    uint64_t dummy_seed = 0;
 };
 
 void add_engine_options(CLI::App* cmd, EngineOptions& opts);
 
 // Everything a running engine needs, in construction order.
 struct EngineStack {
-    std::unique_ptr<CpuBackend> backend;
+    std::unique_ptr<Backend> backend;
     std::unique_ptr<LoadedModel> loaded;
     std::unique_ptr<LlamaModel> model;
     EngineConfig config;
     int num_kv_blocks = 0;
+    std::unique_ptr<DeviceSampler> sampler;  // GPU sampling (CUDA), else null
     std::unique_ptr<ModelExecutor> executor;
 };
 

@@ -16,6 +16,7 @@ const CpuFeatures& cpu_features() {
         c.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
         c.avx512_bf16 = c.avx512 && __builtin_cpu_supports("avx512bf16");
+        c.avx512_vnni = c.avx512 && __builtin_cpu_supports("avx512vnni");
         // CPUID.(EAX=7, ECX=0):EDX bit 22 = AMX-BF16, bit 24 = AMX-TILE (GCC 12 has no names for them).
         unsigned a = 0, b = 0, cx = 0, d = 0;
         if (__get_cpuid_count(7, 0, &a, &b, &cx, &d)) c.amx = (d >> 22 & 1) && (d >> 24 & 1);

@@ -11,6 +11,7 @@ struct CpuFeatures {
     bool avx2 = false;    // with FMA and F16C
     bool avx512 = false;  // F, BW, VL, DQ
     bool avx512_bf16 = false;
+    bool avx512_vnni = false;  // vpdpbusd: the int8 path of quantized weights
     bool amx = false;
 };
 

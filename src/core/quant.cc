@@ -142,6 +142,49 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     PG_CHECK(false, "dequantize_row: ", dtype_name(t), " is not a floating-point type");
 }
 
+int act_offset(DType w) {
+    switch (w) {
+        case DType::Q8_0:
+            return 128;
+        case DType::Q4_0:
+            return 8;
+        case DType::Q6_K:
+            return 32;
+        default:
+            return 0;
+    }
+}
+
+int act_offset_block(DType w) {
+    return w == DType::Q6_K ? 16 : 32;
+}
+
+void quantize_act_row(DType w, const float* x, int64_t k, void* dst) {
+    PG_CHECK(k % kActBlock == 0, "activation rows of ", k, " values are not whole blocks of 32");
+    const ActRow r = act_row(dst, k);
+    const int c = act_offset(w), g = act_offset_block(w);
+    for (int64_t b = 0; b < k / kActBlock; ++b) {
+        const float* xb = x + b * kActBlock;
+        float amax = 0.0f;
+        for (int i = 0; i < kActBlock; ++i) amax = std::max(amax, std::fabs(xb[i]));
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < kActBlock; ++i) {
+            const int q = static_cast<int>(std::nearbyint(xb[i] * id));  // round half to even
+            r.q[b * kActBlock + i] = static_cast<int8_t>(q);
+            sum += q;
+        }
+        r.d[b] = amax / 127.0f;
+        r.xs[b] = r.d[b] * static_cast<float>(sum);
+    }
+    for (int64_t s = 0; s < k / 16; ++s) r.off[s] = 0;
+    for (int64_t s = 0; c != 0 && s < k / g; ++s) {
+        int sum = 0;
+        for (int i = 0; i < g; ++i) sum += r.q[s * g + i];
+        r.off[s] = -c * sum;
+    }
+}
+
 void quantize_row_q8_0(const float* src, void* dst, int64_t n) {
     PG_CHECK(n >= 0 && n % kQK8_0 == 0, n, " elements is not a whole number of Q8_0 blocks");
     auto* out = static_cast<uint8_t*>(dst);

@@ -68,6 +68,42 @@ void q4_k_scale_min(const uint8_t* scales, int j, uint8_t* sc, uint8_t* m);
 // Q4_0, Q4_K, Q6_K) from src into dst (f32). src needs no particular alignment.
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 
+// --- 8-bit activations for the CPU's int8 dot kernels ------------------------------------
+//
+// A matmul with quantized weights first quantizes each activation row (k values, k a multiple
+// of 32) into blocks of 32 with an f32 scale; the kernels then meet the weights' integer values
+// in integer dot products. One row is act_row_bytes(k) bytes (a multiple of 64):
+//   int8  q[k]         q[i] = round-half-even(x[i] * (127 / amax)), amax = max |x| of its block
+//                      (q = 0 for a block of zeros)
+//   float d[k / 32]    amax / 127, so x[i] ~ d[i / 32] * q[i]
+//   float xs[k / 32]   d[b] * (sum of q over block b): the term Q4_K's per-block mins multiply
+//   int32 off[k / 16]  -c * (sum of q over each weight sub-block), where the kernels read the
+//                      weights' values as unsigned u = v + c: Q8_0 (c = 128) and Q4_0 (c = 8)
+//                      over blocks of 32 (entries [0, k / 32)), Q6_K (c = 32) over blocks of 16;
+//                      zero for other types
+struct ActRow {
+    int8_t* q;
+    float* d;
+    float* xs;
+    int32_t* off;
+};
+inline constexpr int kActBlock = 32;
+inline size_t act_row_bytes(int64_t k) {
+    return (static_cast<size_t>(k) * 3 / 2 + 63) / 64 * 64;
+}
+inline ActRow act_row(void* row, int64_t k) {
+    auto* b = static_cast<uint8_t*>(row);
+    return {reinterpret_cast<int8_t*>(b), reinterpret_cast<float*>(b + k), reinterpret_cast<float*>(b + k + k / 8),
+            reinterpret_cast<int32_t*>(b + k + k / 4)};
+}
+// The offset c and its sub-block length for weights of type `w` (0 and 32 where none applies).
+int act_offset(DType w);
+int act_offset_block(DType w);
+
+// Scalar reference of the kernels' activation quantization (bit for bit the same result): one
+// row of k values into `dst` (act_row_bytes(k) bytes) for weights of type `w`.
+void quantize_act_row(DType w, const float* x, int64_t k, void* dst);
+
 // Quantizes n (a multiple of 32) f32 values into Q8_0 blocks, as ggml does: d = max|x| / 127
 // (stored as f16), q = round-half-away-from-zero(x * (1 / d)) with the unrounded f32 d, so the
 // bytes match llama.cpp's activation quantization. Inputs must be finite.

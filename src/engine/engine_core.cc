@@ -109,7 +109,8 @@ void EngineCore::add_request(Request request) {
     // A sequence must fit the model's context and, alone, the whole KV cache.
     const int room = std::min(executor_.max_model_len(), executor_.num_kv_blocks() * executor_.block_size());
     seq->max_tokens = std::min(p.max_tokens, room - seq->num_prompt_tokens);
-    seq->rng.seed(choice_seed(r->base_seed, 0));
+    seq->seed = choice_seed(r->base_seed, 0);
+    seq->rng.seed(seq->seed);
     if (text_) r->texts.push_back(text_->start(r->req.prompt_ids, p.stop));
     totals_.prompt_tokens += seq->num_prompt_tokens;
     scheduler_.add_waiting(seq.get());
@@ -179,7 +180,8 @@ void EngineCore::fork_choices(RequestState& r, Sequence& parent) {
         child->seq_id = next_seq_id_++;
         child->index = i;
         child->block_table.clear();
-        child->rng.seed(choice_seed(r.base_seed, i));
+        child->seed = choice_seed(r.base_seed, i);
+        child->rng.seed(child->seed);
         blocks_.fork(parent, *child);
         scheduler_.add_running(child.get());
         if (text_) r.texts.push_back(text_->start(r.req.prompt_ids, r.req.sampling.stop));
@@ -203,39 +205,75 @@ std::vector<RequestOutput> EngineCore::step() {
         }
     }
     build_batch(sched, executor_.block_size(), batch_);
+    // Sampling happens on the device when the executor can and no sequence needs what only
+    // the CPU sampler does (logit_bias, min_tokens masking); then only token ids come back.
+    bool on_device = executor_.samples_on_device();
+    for (size_t i = 0; on_device && i < sched.seqs.size(); ++i) {
+        const Sequence& q = *sched.seqs[i].seq;
+        on_device = !sched.seqs[i].sample || (q.sampling->logit_bias.empty() && q.num_output() >= q.sampling->min_tokens);
+    }
     const Clock::time_point t1 = Clock::now();
     executor_.copy_blocks(sched.block_copies);
-    executor_.execute(batch_, logits_);
+    if (on_device)
+        executor_.execute_on_device(batch_);
+    else
+        executor_.execute(batch_, logits_);
     const Clock::time_point t2 = Clock::now();
     scheduler_.commit(sched);
     totals_.schedule_seconds += std::chrono::duration<double>(t1 - t0).count();
     totals_.execute_seconds += std::chrono::duration<double>(t2 - t1).count();
 
-    const int vocab = executor_.vocab_size();
+    // Who samples from which logits row: each sampling sequence, and right after a prompt
+    // with n > 1 the other n-1 choices too, each drawing its own first token from that row.
+    struct Group {
+        RequestState* r;
+        size_t first, count;  // its entries in specs
+    };
+    std::vector<Group> groups;
+    std::vector<SampleSpec>& specs = specs_;
+    specs.clear();
     int row = 0;
     for (const ScheduledSeq& s : sched.seqs) {
         if (!s.sample) continue;
-        const float* logits = logits_.data() + static_cast<size_t>(row++) * vocab;
         Sequence& first = *s.seq;
         RequestState& r = *requests_.at(first.request_id);
-        // The prompt is done: the other n-1 choices start here, sharing its blocks, each
-        // sampling its own first token from the same logits.
-        std::vector<Sequence*> samplers{&first};
+        const bool want_lp = r.req.sampling.logprobs >= 0;
+        Group g{&r, specs.size(), 1};
+        specs.push_back({row, &first, want_lp});
         if (!r.forked && r.req.sampling.n > 1 && first.index == 0 && first.num_output() == 0) {
             fork_choices(r, first);
-            for (size_t i = 1; i < r.seqs.size(); ++i) samplers.push_back(r.seqs[i].get());
+            for (size_t i = 1; i < r.seqs.size(); ++i) specs.push_back({row, r.seqs[i].get(), want_lp});
+            g.count = r.seqs.size();
         }
-        for (Sequence* seq : samplers) {
+        groups.push_back(g);
+        ++row;
+    }
+    std::vector<int32_t>& tokens = sampled_;
+    std::vector<TokenLogprob>& lps = sampled_lps_;
+    if (on_device) {
+        executor_.sample_on_device(specs, tokens, lps);
+    } else {
+        const int vocab = executor_.vocab_size();
+        tokens.resize(specs.size());
+        lps.resize(specs.size());
+        for (size_t i = 0; i < specs.size(); ++i) {
+            const float* logits = logits_.data() + static_cast<size_t>(specs[i].row) * vocab;
+            tokens[i] = sampler_.sample(logits, vocab, *specs[i].seq, specs[i].logprobs ? &lps[i] : nullptr);
+        }
+    }
+
+    for (const Group& g : groups) {
+        RequestState& r = *g.r;
+        for (size_t i = g.first; i < g.first + g.count; ++i) {
+            Sequence* seq = specs[i].seq;
             RequestOutput out;
             out.request_id = r.req.id;
             out.index = seq->index;
-            TokenLogprob lp;
-            const bool want_lp = r.req.sampling.logprobs >= 0;
-            const int32_t tok = sampler_.sample(logits, vocab, *seq, want_lp ? &lp : nullptr);
+            const int32_t tok = tokens[i];
             seq->tokens.push_back(tok);
             ++totals_.generation_tokens;
             out.token_ids.push_back(tok);
-            if (want_lp) out.logprobs.push_back(std::move(lp));
+            if (specs[i].logprobs) out.logprobs.push_back(std::move(lps[i]));
 
             const SamplingParams& p = r.req.sampling;
             const bool is_eos = std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), tok) !=

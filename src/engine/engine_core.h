@@ -86,6 +86,9 @@ class EngineCore {
     uint64_t next_arrival_ = 1;
     BatchInput batch_;
     std::vector<float> logits_;
+    std::vector<SampleSpec> specs_;  // this step's draws
+    std::vector<int32_t> sampled_;
+    std::vector<TokenLogprob> sampled_lps_;
     EngineStats totals_;
 };
 

@@ -3,15 +3,27 @@
 #include <algorithm>
 
 #include "backend/backend.h"
+#include "core/error.h"
 #include "model/kv_cache.h"
 #include "model/llama.h"
 
 namespace peregrine {
 
-LlamaExecutor::LlamaExecutor(LlamaModel& model, Backend& backend, int num_blocks, int block_size)
+void ModelExecutor::execute_on_device(const BatchInput&) {
+    fail("this executor samples on the CPU only");
+}
+void ModelExecutor::sample_on_device(const std::vector<SampleSpec>&, std::vector<int32_t>&,
+                                     std::vector<TokenLogprob>&) {
+    fail("this executor samples on the CPU only");
+}
+
+LlamaExecutor::LlamaExecutor(LlamaModel& model, Backend& backend, int num_blocks, int block_size,
+                             DeviceSampler* sampler)
     : model_(model),
       backend_(backend),
-      cache_(std::make_unique<KvCache>(backend, model.kv_cache_shape(num_blocks, block_size))) {}
+      cache_(std::make_unique<KvCache>(backend, model.kv_cache_shape(num_blocks, block_size))),
+      sampler_(sampler),
+      device_logits_(std::make_unique<Tensor>()) {}
 
 LlamaExecutor::~LlamaExecutor() = default;
 
@@ -38,6 +50,16 @@ void LlamaExecutor::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& 
 
 void LlamaExecutor::execute(const BatchInput& batch, std::vector<float>& logits) {
     model_.forward(batch, *cache_, logits);
+}
+
+void LlamaExecutor::execute_on_device(const BatchInput& batch) {
+    *device_logits_ = model_.forward_device(batch, *cache_);
+}
+
+void LlamaExecutor::sample_on_device(const std::vector<SampleSpec>& specs, std::vector<int32_t>& tokens,
+                                     std::vector<TokenLogprob>& logprobs) {
+    PG_CHECK(sampler_ && !device_logits_->empty(), "sample_on_device without execute_on_device");
+    sampler_->sample(*device_logits_, specs, tokens, logprobs);
 }
 
 void build_batch(const SchedulerOutput& out, int block_size, BatchInput& b) {

@@ -13,6 +13,28 @@ namespace peregrine {
 class Backend;
 class LlamaModel;
 class KvCache;
+struct Tensor;
+struct TokenLogprob;
+
+// One token to draw from row `row` of a step's logits for `seq` (several choices of one
+// request may share a row right after their common prompt).
+struct SampleSpec {
+    int row = 0;
+    Sequence* seq = nullptr;
+    bool logprobs = false;
+};
+
+// Sampling where the logits are (a GPU): only token ids and requested logprobs come back.
+// Handles penalties, temperature, top-k/p, min-p and seeds; not logit_bias or min_tokens
+// masking, for which the engine downloads the logits and samples on the CPU.
+class DeviceSampler {
+  public:
+    virtual ~DeviceSampler() = default;
+    // logits: [rows, vocab] f32 on the device. tokens/logprobs: one per spec (logprobs only
+    // filled for specs that ask).
+    virtual void sample(const Tensor& logits, const std::vector<SampleSpec>& specs, std::vector<int32_t>& tokens,
+                        std::vector<TokenLogprob>& logprobs) = 0;
+};
 
 // What the engine needs from a model: run a batch against its own KV cache. The real one
 // wraps LlamaModel; tests use a fake with the same contract.
@@ -27,12 +49,20 @@ class ModelExecutor {
     virtual void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) = 0;
     // logits: [batch.logits_indices.size(), vocab].
     virtual void execute(const BatchInput& batch, std::vector<float>& logits) = 0;
+    // Whether execute_on_device / sample_on_device are available.
+    virtual bool samples_on_device() const { return false; }
+    // Runs the batch and keeps its logits where they are computed, for sample_on_device.
+    virtual void execute_on_device(const BatchInput& batch);
+    virtual void sample_on_device(const std::vector<SampleSpec>& specs, std::vector<int32_t>& tokens,
+                                  std::vector<TokenLogprob>& logprobs);
 };
 
 // The model and its paged KV cache on one backend.
 class LlamaExecutor final : public ModelExecutor {
   public:
-    LlamaExecutor(LlamaModel& model, Backend& backend, int num_blocks, int block_size);
+    // `sampler` (may be null, else must outlive this) samples from logits left on the device.
+    LlamaExecutor(LlamaModel& model, Backend& backend, int num_blocks, int block_size,
+                  DeviceSampler* sampler = nullptr);
     ~LlamaExecutor() override;
 
     int vocab_size() const override;
@@ -41,11 +71,17 @@ class LlamaExecutor final : public ModelExecutor {
     int block_size() const override;
     void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
     void execute(const BatchInput& batch, std::vector<float>& logits) override;
+    bool samples_on_device() const override { return sampler_ != nullptr; }
+    void execute_on_device(const BatchInput& batch) override;
+    void sample_on_device(const std::vector<SampleSpec>& specs, std::vector<int32_t>& tokens,
+                          std::vector<TokenLogprob>& logprobs) override;
 
   private:
     LlamaModel& model_;
     Backend& backend_;
     std::unique_ptr<KvCache> cache_;
+    DeviceSampler* sampler_;
+    std::unique_ptr<Tensor> device_logits_;  // the last execute_on_device's logits
 };
 
 // Flattens the scheduler's choice: tokens [num_computed, num_computed + num_new) of each

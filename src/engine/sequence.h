@@ -32,6 +32,7 @@ struct Sequence {
     std::vector<int32_t> block_table;  // logical block i -> physical block
 
     std::mt19937_64 rng;
+    uint64_t seed = 0;  // what `rng` was seeded with (device samplers key their own generator by it)
     int max_tokens = 0;  // after clamping to the context
 
     int num_tokens() const { return static_cast<int>(tokens.size()); }

@@ -5,14 +5,15 @@
 namespace peregrine {
 
 size_t KvCacheShape::bytes_per_block() const {
-    return static_cast<size_t>(num_layers) * 2 * block_size * num_kv_heads * head_dim * sizeof(float);
+    return static_cast<size_t>(num_layers) * 2 * block_size * num_kv_heads * head_dim *
+           static_cast<size_t>(dtype_block_bytes(dtype));
 }
 
 KvCache::KvCache(Backend& backend, const KvCacheShape& shape) : backend_(backend), shape_(shape) {
     for (int l = 0; l < shape.num_layers; ++l) {
         for (auto* list : {&k_, &v_}) {
             list->push_back(
-                backend.allocate(DType::F32, {shape.num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim}));
+                backend.allocate(shape.dtype, {shape.num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim}));
         }
     }
 }

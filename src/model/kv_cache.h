@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/tensor.h"
 
 namespace peregrine {
@@ -18,8 +19,9 @@ struct KvCacheShape {
     int block_size = 16;
     int num_kv_heads = 0;
     int head_dim = 0;
+    DType dtype = DType::F32;  // the backend's kv_cache_dtype()
 
-    size_t bytes_per_block() const;  // all layers, K and V, f32
+    size_t bytes_per_block() const;  // all layers, K and V
 };
 
 class KvCache {
@@ -30,7 +32,7 @@ class KvCache {
     KvCache& operator=(const KvCache&) = delete;
 
     const KvCacheShape& shape() const { return shape_; }
-    const Tensor& k(int layer) const { return k_[layer]; }  // [num_blocks, block_size, kv_heads, head_dim] f32
+    const Tensor& k(int layer) const { return k_[layer]; }  // [num_blocks, block_size, kv_heads, head_dim]
     const Tensor& v(int layer) const { return v_[layer]; }
 
   private:

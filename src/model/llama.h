@@ -14,7 +14,8 @@ namespace peregrine {
 
 class LlamaModel {
   public:
-    // `model` must outlive this object. Weights are read where they lie (CPU backend).
+    // `model` must outlive this object. Each weight goes through Backend::place_weight: the
+    // CPU backend reads it where it lies, a GPU backend keeps a device copy.
     LlamaModel(const LoadedModel& model, Backend& backend);
     ~LlamaModel();
     LlamaModel(const LlamaModel&) = delete;
@@ -26,6 +27,9 @@ class LlamaModel {
     // Runs every token of `batch`, writing its keys and values into `cache`, and returns the
     // logits of the rows in `batch.logits_indices`: [logits_indices.size(), vocab] f32.
     void forward(const BatchInput& batch, KvCache& cache, std::vector<float>& logits);
+    // The same, leaving the logits in the backend's memory: a view [logits_indices.size(), vocab]
+    // valid until the next step (empty when no row is wanted).
+    Tensor forward_device(const BatchInput& batch, KvCache& cache);
 
   private:
     // Activation buffers, grown to the largest batch seen (no allocation in steady state).
@@ -41,9 +45,15 @@ class LlamaModel {
     };
     void reserve(int64_t tokens, int64_t logit_rows);
     void free_workspace();
+    // The ops of one step, from the embedding to logits in ws_.logits; returns the logits view.
+    Tensor run_ops(const BatchInput& batch, KvCache& cache);
+    // A decode-only batch padded with empty sequences to `bucket` sequences.
+    void pad_decode_batch(const BatchInput& batch, int bucket, BatchInput& padded) const;
+    BatchInput padded_;
+    std::vector<const void*> recorded_cache_, cache_ptrs_;  // per layer K and V of the cache step recordings write
 
     ModelConfig config_;
-    const ModelWeights& weights_;
+    ModelWeights weights_;  // as placed by the backend
     Backend& backend_;
     RopeTable rope_;
     Workspace ws_;

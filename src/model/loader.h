@@ -35,11 +35,19 @@ struct LoadedModel {
     // Owners of what the weight views point into.
     std::shared_ptr<SafetensorsSet> safetensors;
     std::vector<std::vector<float>> converted;  // tensors converted to f32 at load
+    std::shared_ptr<void> backend_memory;       // weights allocated through a backend (dummy load)
 };
 
 // `path`: a folder with config.json, a .safetensors file inside one, or a .gguf file.
 // Throws Error naming the file and the tensor or key when anything is missing or malformed.
 std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptions& options);
+
+// `--load-format dummy`: the config (and tokenizer) of `path`, with random weights of the
+// model's shape allocated through `backend` (matrices in its activation dtype, norms 1 +- 0.1,
+// matrices uniform in +-`scale`), as vLLM's dummy format offers: benchmarks need no download.
+class Backend;
+std::unique_ptr<LoadedModel> load_dummy_model(const std::string& path, Backend& backend, uint64_t seed = 0,
+                                              float scale = 0.02f);
 
 // The embedded default model's folder: $PEREGRINE_MODELS or models/ next to the source tree,
 // or next to the binary.

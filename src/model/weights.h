@@ -18,6 +18,10 @@ struct LayerWeights {
     Tensor ffn_norm;        // [hidden] f32
     Tensor w_gate, w_up;    // [intermediate, hidden]
     Tensor w_down;          // [hidden, intermediate]
+    // Set instead of wq/wk/wv/bq/bk/bv and w_gate/w_up when the backend packs projections:
+    Tensor wqkv;       // [q_dim + 2 kv_dim, hidden]: rows of wq, then wk, then wv
+    Tensor bqkv;       // [q_dim + 2 kv_dim] f32 or empty
+    Tensor w_gate_up;  // [2 intermediate, hidden]: rows of w_gate, then w_up
 };
 
 struct ModelWeights {

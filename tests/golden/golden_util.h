@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -15,11 +16,15 @@
 
 namespace peregrine::testing {
 
+// The build's source tree, or PG_TEST_DATA_DIR / PG_MODELS_DIR from the environment when the
+// test binary runs elsewhere (the GPU machine gets a copy of the tree at another path).
 inline std::string data_dir() {
-    return PG_TEST_DATA_DIR;
+    const char* env = std::getenv("PG_TEST_DATA_DIR");
+    return env ? env : PG_TEST_DATA_DIR;
 }
 inline std::string models_dir() {
-    return PG_MODELS_DIR;
+    const char* env = std::getenv("PG_MODELS_DIR");
+    return env ? env : PG_MODELS_DIR;
 }
 
 inline nlohmann::json read_json_file(const std::string& path) {

@@ -13,6 +13,10 @@
 namespace peregrine {
 
 namespace {
+uint8_t* align64(uint8_t* p) {
+    return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
+}
+
 void check_f32(const Tensor& t, const char* what) {
     PG_CHECK(t.dtype == DType::F32 && t.device == Device::CPU, what, " must be an f32 CPU tensor");
 }
@@ -39,7 +43,7 @@ CpuBackend::CpuBackend(int num_threads, CpuPrecision precision)
     : pool_(std::make_unique<ThreadPool>(num_threads)), precision_(precision) {
     switch (cpu_isa()) {
         case CpuIsa::Avx512:
-            kernels_ = &cpu::kernels_avx512();
+            kernels_ = cpu_features().avx512_vnni ? &cpu::kernels_avx512() : &cpu::kernels_avx512_no_vnni();
             break;
         case CpuIsa::Avx2:
             kernels_ = &cpu::kernels_avx2();
@@ -59,7 +63,7 @@ int CpuBackend::num_threads() const {
 std::string CpuBackend::name() const {
     return str_cat("cpu (", kernels_->name, ", ", pool_->num_threads(), " threads, ",
                    precision_ == CpuPrecision::BFloat16 ? "bf16 x bf16 matmuls for bf16 weights" : "f32 activations",
-                   ")");
+                   "; quantized weights: ", kernels_->qmatmul_name, ")");
 }
 
 Tensor CpuBackend::allocate(DType dtype, std::initializer_list<int64_t> shape) {
@@ -84,7 +88,7 @@ void CpuBackend::download(const Tensor& src, void* dst) {
 }
 
 bool CpuBackend::supports_weight_dtype(DType t) const {
-    return cpu::matmul_supports(t);
+    return cpu::matmul_supports(t) || cpu::qmatmul_supports(t);
 }
 
 void CpuBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out) {
@@ -126,7 +130,7 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& residual, const Tensor&
 void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out, bool exact) {
     check_f32(x, "matmul input");
     check_f32(out, "matmul output");
-    PG_CHECK(cpu::matmul_supports(w.dtype), "matmul weights of dtype ", dtype_name(w.dtype));
+    PG_CHECK(supports_weight_dtype(w.dtype), "matmul weights of dtype ", dtype_name(w.dtype));
     PG_CHECK(w.cols() == x.cols() && out.rows() == x.rows() && out.cols() == w.rows(), "matmul shapes x ",
              x.shape_str(), " w ", w.shape_str(), " out ", out.shape_str());
     if (!bias.empty()) PG_CHECK(bias.dtype == DType::F32 && bias.numel() == w.rows());
@@ -140,6 +144,31 @@ void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, co
                             out.ptr<float>(),
                             w.rows()};
     // Split the weight rows; tiles of 4 rows stay within one thread.
+    if (cpu::qmatmul_supports(w.dtype)) {
+        // Quantized weights always meet 8-bit activations (as in llama.cpp), `exact` included:
+        // the weights are the coarser side already.
+        const size_t stride = act_row_bytes(a.k);
+        const size_t bytes = static_cast<size_t>(a.n) * stride;
+        if (x_q8_.size() < bytes + 64) x_q8_.resize(bytes + 64);
+        uint8_t* xq = align64(x_q8_.data());
+        const cpu::Kernels& kern = *kernels_;
+        pool_->parallel_for(
+            a.n, [&](int64_t begin, int64_t end) {
+                kern.quantize_acts(w.dtype, a.x + begin * a.k, end - begin, a.k, xq + begin * stride);
+            },
+            1, a.n * a.k * 4);
+        const size_t scratch_bytes = cpu::qmatmul_scratch_bytes(a.k);
+        pool_->parallel_for(
+            a.m,
+            [&](int64_t begin, int64_t end) {
+                // Per thread, grown once: the unpacked weight panel of the prefill kernels.
+                thread_local std::vector<uint8_t> scratch;
+                if (scratch.size() < scratch_bytes + 64) scratch.resize(scratch_bytes + 64);
+                kern.qmatmul_rows(a, xq, begin, end, align64(scratch.data()));
+            },
+            kern.qmatmul_align(a), a.n * a.m * a.k / 4);
+        return;
+    }
     if (precision_ == CpuPrecision::BFloat16 && w.dtype == DType::BF16 && !exact) {
         const size_t count = static_cast<size_t>(a.n * a.k);
         if (x_bf16_.size() < count) x_bf16_.resize(count);
@@ -150,8 +179,9 @@ void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, co
             a.n * a.m * a.k);
         return;
     }
+    // Ranges of 16 rows: the prefill GEMM reduces 16 rows' accumulators at once.
     pool_->parallel_for(
-        a.m, [&](int64_t begin, int64_t end) { kernels_->matmul_rows(a, begin, end); }, 4, a.n * a.m * a.k);
+        a.m, [&](int64_t begin, int64_t end) { kernels_->matmul_rows(a, begin, end); }, 16, a.n * a.m * a.k);
 }
 
 void CpuBackend::rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& v, const BatchInput& batch,
@@ -253,12 +283,10 @@ void CpuBackend::silu_mul(const Tensor& gate, const Tensor& up, const Tensor& ou
     const float* g = gate.ptr<float>();
     const float* u = up.ptr<float>();
     float* o = out.ptr<float>();
+    const cpu::Kernels& kern = *kernels_;
     pool_->parallel_for(
-        total,
-        [&](int64_t begin, int64_t end) {
-            for (int64_t i = begin; i < end; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-        },
-        64, total * 16);
+        total, [&](int64_t begin, int64_t end) { kern.silu_mul(g + begin, u + begin, o + begin, end - begin); }, 64,
+        total * 16);
 }
 
 void CpuBackend::copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) {

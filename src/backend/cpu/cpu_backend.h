@@ -1,5 +1,6 @@
-// The CPU backend: f32 activations, weights read in their stored dtype (f32, bf16, f16,
-// q8_0), one thread pool shared by all ops.
+// The CPU backend: f32 activations, weights read in their stored dtype (f32, bf16, f16; the
+// block-quantized q8_0, q4_0, q4_k, q6_k through 8-bit activations), one thread pool shared
+// by all ops.
 #pragma once
 
 #include <memory>
@@ -56,6 +57,7 @@ class CpuBackend final : public Backend {
     const cpu::Kernels* kernels_;
     CpuPrecision precision_;
     std::vector<uint16_t> x_bf16_;  // [n, k] scratch: matmul input rounded to bf16
+    std::vector<uint8_t> x_q8_;     // [n] rows of act_row_bytes(k): matmul input as 8-bit blocks
 };
 
 }  // namespace peregrine

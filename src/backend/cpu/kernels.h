@@ -51,12 +51,33 @@ struct Kernels {
     // dst[i] = bf16(src[i]), round to nearest even.
     void (*to_bf16)(const float* src, uint16_t* dst, int64_t n);
     void (*attention)(const AttentionArgs& a);
+    // out[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i]; exp to about 2 ulp. `out` may
+    // alias `g`.
+    void (*silu_mul)(const float* g, const float* u, float* out, int64_t n);
+
+    // The int8 path of quantized weights (Q8_0, Q4_0, Q4_K, Q6_K). `quantize_acts` writes rows
+    // [0, n) of `x` [n, k] as 8-bit activations for weights of `w_dtype`, act_row_bytes(k) apart
+    // (core/quant.h); `qmatmul_rows` then computes output columns [m_begin, m_end) of `a.out`
+    // from them (a.x is not read). `scratch`: qmatmul_scratch_bytes(a.k) bytes for the calling
+    // thread (weight panels unpacked for prefill), 64-byte aligned.
+    void (*quantize_acts)(DType w_dtype, const float* x, int64_t n, int64_t k, uint8_t* dst);
+    void (*qmatmul_rows)(const MatmulArgs& a, const uint8_t* xq, int64_t m_begin, int64_t m_end, uint8_t* scratch);
+    // Output columns that threads should not split (a weight panel), for `a`'s shape.
+    int64_t (*qmatmul_align)(const MatmulArgs& a);
+    const char* qmatmul_name;  // e.g. "int8 dot: avx512-vnni"
 };
+
+size_t qmatmul_scratch_bytes(int64_t k);
 
 const Kernels& kernels_avx512();
 const Kernels& kernels_avx2();
 
-// Whether matmul_rows reads this weight dtype directly.
+// Whether matmul_rows reads this weight dtype directly (f32 activations).
 bool matmul_supports(DType t);
+// Whether qmatmul_rows reads it (8-bit activations): the block-quantized types.
+bool qmatmul_supports(DType t);
+
+// The table of this ISA with its int8 path replaced by AVX2's: for AVX-512 CPUs without VNNI.
+const Kernels& kernels_avx512_no_vnni();
 
 }  // namespace peregrine::cpu

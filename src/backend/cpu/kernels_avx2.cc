@@ -12,4 +12,13 @@ const Kernels& kernels_avx2() {
 bool matmul_supports(DType t) {
     return t == DType::F32 || t == DType::BF16 || t == DType::F16 || t == DType::Q8_0;
 }
+
+bool qmatmul_supports(DType t) {
+    return t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_K || t == DType::Q6_K;
+}
+
+size_t qmatmul_scratch_bytes(int64_t k) {
+    // A panel of 16 weight rows: k bytes each, plus two f32 per row per sub-block of 16.
+    return static_cast<size_t>(16 * k + 2 * 4 * 16 * (k / 16) + 64);
+}
 }  // namespace peregrine::cpu

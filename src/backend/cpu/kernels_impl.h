@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "backend/cpu/kernels.h"
 
@@ -154,7 +155,9 @@ inline void tile(const uint8_t* const* w, const float* const* x, int64_t k, floa
     for (; i < k; ++i) {
         for (int r = 0; r < R; ++r) {
             const float wv = WL::at(w[r], i);
-            for (int c = 0; c < C; ++c) out[r][c] += wv * x[c][i];
+            // Explicit fma: a contraction the compiler may or may not make would change bits
+            // between this and gemm_rows.
+            for (int c = 0; c < C; ++c) out[r][c] = std::fma(wv, x[c][i], out[r][c]);
         }
     }
 }
@@ -223,8 +226,146 @@ struct F32Tile {
     }
 };
 
+// --- blocked GEMM for prefill (f32 activations) ------------------------------------------------
+//
+// Each output is the same sum as tile() computes, bit for bit: one vector accumulator per
+// (row, token) taking the k-steps of kW in order, then vsum and the scalar tail. Only the loop
+// order changes, so results do not depend on the batch size. Blocks: kGemmMc weight rows are
+// converted to f32 once per chunk of kGemmKc elements (kept in L1/L2) and meet every token of
+// the batch in kGR x kGC register tiles; the vector accumulators live in a per-thread buffer
+// between chunks.
+constexpr int kGR = 4, kGC = 6;  // 24 accumulators
+constexpr int64_t kGemmMc = 48, kGemmKc = 512, kGemmNc = 192;
+constexpr int64_t kGemmLdw = kGemmKc + 16;  // floats between converted rows: no 4 KiB aliasing
+constexpr int64_t kGemmMinTokens = 8;
+
+#if defined(PG_KERNEL_AVX512)
+// vsum of 16 vectors v[i * stride] at once: element i of the result is vsum(v[i * stride]),
+// with the same additions in the same order (pairs i, i+8; then i, i+4; i, i+2; i, i+1).
+inline VF vsum16(const VF* v, int64_t stride) {
+    // After the four stages, slot s holds the sum of input 4 * (s % 4) + s / 4: feed inputs so.
+    VF h[8];
+    for (int p = 0; p < 8; ++p) {
+        const int s0 = 2 * p, s1 = 2 * p + 1;
+        const VF a = v[(4 * (s0 % 4) + s0 / 4) * stride], b = v[(4 * (s1 % 4) + s1 / 4) * stride];
+        h[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    }
+    VF q[4];
+    for (int p = 0; p < 4; ++p)
+        q[p] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * p], h[2 * p + 1], 0x88),
+                             _mm512_shuffle_f32x4(h[2 * p], h[2 * p + 1], 0xDD));
+    VF t[2];
+    for (int p = 0; p < 2; ++p)
+        t[p] = _mm512_add_ps(_mm512_shuffle_ps(q[2 * p], q[2 * p + 1], 0x44),
+                             _mm512_shuffle_ps(q[2 * p], q[2 * p + 1], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_ps(t[0], t[1], 0x88), _mm512_shuffle_ps(t[0], t[1], 0xDD));
+}
+#endif
+
+template <int R, int C>
+inline void gemm_micro(const float* wp, const float* x, int64_t ldx, int64_t kc, VF* acc, bool first) {
+    VF c_[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) c_[r][c] = first ? vzero() : acc[r * kGemmNc + c];
+    for (int64_t i = 0; i < kc; i += kW) {
+        VF wv[R];
+        for (int r = 0; r < R; ++r) wv[r] = vload(wp + r * kGemmLdw + i);
+        for (int c = 0; c < C; ++c) {
+            const VF xv = vload(x + c * ldx + i);
+            for (int r = 0; r < R; ++r) c_[r][c] = vfma(wv[r], xv, c_[r][c]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r * kGemmNc + c] = c_[r][c];
+}
+
+template <int R>
+inline void gemm_micro_cols(int cols, const float* wp, const float* x, int64_t ldx, int64_t kc, VF* acc, bool first) {
+    switch (cols) {
+        case 1:
+            return gemm_micro<R, 1>(wp, x, ldx, kc, acc, first);
+        case 2:
+            return gemm_micro<R, 2>(wp, x, ldx, kc, acc, first);
+        case 3:
+            return gemm_micro<R, 3>(wp, x, ldx, kc, acc, first);
+        case 4:
+            return gemm_micro<R, 4>(wp, x, ldx, kc, acc, first);
+        case 5:
+            return gemm_micro<R, 5>(wp, x, ldx, kc, acc, first);
+        default:
+            return gemm_micro<R, kGC>(wp, x, ldx, kc, acc, first);
+    }
+}
+
+template <class WL>
+void gemm_rows(const MatmulArgs& a, int64_t m_begin, int64_t m_end) {
+    // Per thread, grown once: converted weights [kGemmMc][kGemmKc] and accumulators [kGemmMc][kGemmNc].
+    thread_local std::vector<float> buf;
+    const size_t w_floats = kGemmMc * kGemmLdw, acc_floats = kGemmMc * kGemmNc * kW;
+    if (buf.size() < w_floats + acc_floats + 16) buf.resize(w_floats + acc_floats + 16);
+    float* wp = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
+    VF* accb = reinterpret_cast<VF*>(wp + w_floats);
+    const int64_t kv = a.k - a.k % kW;
+    const uint8_t* w = static_cast<const uint8_t*>(a.w);
+    for (int64_t jc = 0; jc < a.n; jc += kGemmNc) {
+        const int64_t nc = std::min(kGemmNc, a.n - jc);
+        for (int64_t ic = m_begin; ic < m_end; ic += kGemmMc) {
+            const int64_t mc = std::min(kGemmMc, m_end - ic);
+            for (int64_t pc = 0; pc < kv; pc += kGemmKc) {
+                const int64_t kc = std::min(kGemmKc, kv - pc);
+                for (int64_t r = 0; r < mc; ++r) {
+                    const uint8_t* row = w + (ic + r) * a.w_row_bytes;
+                    for (int64_t i = 0; i < kc; i += kW) vstore(wp + r * kGemmLdw + i, WL::load(row, pc + i));
+                }
+                for (int64_t jr = 0, cols; jr < nc; jr += cols) {
+                    // Tiles of kGC tokens; a remainder of 7 or 8 as 4 + 3 or 4 + 4 (thin tiles
+                    // reload the weights for few FMAs).
+                    cols = nc - jr == 7 || nc - jr == 8 ? 4 : std::min<int64_t>(kGC, nc - jr);
+                    const float* x = a.x + (jc + jr) * a.k + pc;
+                    int64_t ir = 0;
+                    for (; ir + kGR <= mc; ir += kGR)
+                        gemm_micro_cols<kGR>(static_cast<int>(cols), wp + ir * kGemmLdw, x, a.k, kc, accb + ir * kGemmNc + jr, pc == 0);
+                    for (; ir < mc; ++ir)
+                        gemm_micro_cols<1>(static_cast<int>(cols), wp + ir * kGemmLdw, x, a.k, kc, accb + ir * kGemmNc + jr, pc == 0);
+                }
+            }
+            int64_t r0 = 0;
+#if defined(PG_KERNEL_AVX512)
+            for (; r0 + 16 <= mc; r0 += 16) {
+                const VF b = a.bias ? vload(a.bias + ic + r0) : vzero();
+                for (int64_t c = 0; c < nc; ++c) {
+                    VF v = kv > 0 ? vsum16(accb + r0 * kGemmNc + c, kGemmNc) : vzero();
+                    if (kv < a.k) {  // rows whose length is not a multiple of 16: the scalar tail
+                        alignas(64) float t[16];
+                        vstore(t, v);
+                        const float* xr = a.x + (jc + c) * a.k;
+                        for (int r = 0; r < 16; ++r) {
+                            const uint8_t* row = w + (ic + r0 + r) * a.w_row_bytes;
+                            for (int64_t i = kv; i < a.k; ++i) t[r] = std::fma(WL::at(row, i), xr[i], t[r]);
+                        }
+                        v = vload(t);
+                    }
+                    vstore(a.out + (jc + c) * a.m + ic + r0, _mm512_add_ps(v, b));
+                }
+            }
+#endif
+            for (int64_t r = r0; r < mc; ++r) {
+                const uint8_t* row = w + (ic + r) * a.w_row_bytes;
+                const float b = a.bias ? a.bias[ic + r] : 0.0f;
+                for (int64_t c = 0; c < nc; ++c) {
+                    const float* xr = a.x + (jc + c) * a.k;
+                    float v = kv > 0 ? vsum(accb[r * kGemmNc + c]) : 0.0f;
+                    for (int64_t i = kv; i < a.k; ++i) v = std::fma(WL::at(row, i), xr[i], v);
+                    a.out[(jc + c) * a.m + ic + r] = v + b;
+                }
+            }
+        }
+    }
+}
+
 template <class WL>
 void matmul_rows_t(const MatmulArgs& a, int64_t m_begin, int64_t m_end) {
+    if (a.n >= kGemmMinTokens) return gemm_rows<WL>(a, m_begin, m_end);
     for_each_tile(a, m_begin, m_end, F32Tile<WL>{a});
 }
 
@@ -265,6 +406,53 @@ void axpy(float alpha, const float* x, float* y, int64_t n) {
     int64_t i = 0;
     for (; i + kW <= n; i += kW) vstore(y + i, vfma(va, vload(x + i), vload(y + i)));
     for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+// exp(x) for x in [-87, 88] (clamped there): 2^n * p(r), n = round(x / ln 2), r = x - n ln 2 in
+// two steps (Cody-Waite), p the degree-6 Taylor polynomial (|r| <= ln 2 / 2: error ~2e-7).
+inline VF vexp(VF x) {
+#if defined(PG_KERNEL_AVX512)
+    x = _mm512_min_ps(_mm512_max_ps(x, vset1(-87.0f)), vset1(88.0f));
+    const VF n = _mm512_roundscale_ps(vmul(x, vset1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+#else
+    x = _mm256_min_ps(_mm256_max_ps(x, vset1(-87.0f)), vset1(88.0f));
+    const VF n = _mm256_round_ps(vmul(x, vset1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#endif
+    VF r = vfma(n, vset1(-0.693359375f), x);  // ln 2 = 0.693359375 - 2.12194440e-4, the first part exact
+    r = vfma(n, vset1(2.12194440e-4f), r);
+    VF p = vset1(1.0f / 720);
+    p = vfma(p, r, vset1(1.0f / 120));
+    p = vfma(p, r, vset1(1.0f / 24));
+    p = vfma(p, r, vset1(1.0f / 6));
+    p = vfma(p, r, vset1(0.5f));
+    p = vfma(p, r, vset1(1.0f));
+    p = vfma(p, r, vset1(1.0f));
+#if defined(PG_KERNEL_AVX512)
+    return _mm512_scalef_ps(p, n);
+#else
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return vmul(p, _mm256_castsi256_ps(e));
+#endif
+}
+
+inline VF silu_mul_v(VF g, VF u) {
+#if defined(PG_KERNEL_AVX512)
+    return vmul(_mm512_div_ps(g, _mm512_add_ps(vset1(1.0f), vexp(_mm512_sub_ps(vzero(), g)))), u);
+#else
+    return vmul(_mm256_div_ps(g, _mm256_add_ps(vset1(1.0f), vexp(_mm256_sub_ps(vzero(), g)))), u);
+#endif
+}
+
+void silu_mul(const float* g, const float* u, float* out, int64_t n) {
+    int64_t i = 0;
+    for (; i + kW <= n; i += kW) vstore(out + i, silu_mul_v(vload(g + i), vload(u + i)));
+    if (i < n) {  // the same arithmetic for the tail, so results do not depend on where threads split
+        float gt[kW] = {}, ut[kW] = {}, ot[kW];
+        std::memcpy(gt, g + i, (n - i) * sizeof(float));
+        std::memcpy(ut, u + i, (n - i) * sizeof(float));
+        vstore(ot, silu_mul_v(vload(gt), vload(ut)));
+        std::memcpy(out + i, ot, (n - i) * sizeof(float));
+    }
 }
 
 void to_bf16(const float* src, uint16_t* dst, int64_t n) {
@@ -464,8 +652,16 @@ void attention(const AttentionArgs& a) {
     attention_any(a);
 }
 
+}  // namespace peregrine::cpu::PG_KERNEL_NS
+
+#include "backend/cpu/qkernels_impl.h"
+
+namespace peregrine::cpu::PG_KERNEL_NS {
+
 const Kernels& table() {
-    static const Kernels k{PG_KERNEL_NAME, &matmul_rows, &dot, &axpy, kMatmulBf16, &to_bf16, &attention};
+    static const Kernels k{PG_KERNEL_NAME, &matmul_rows,  &dot,          &axpy,         kMatmulBf16,
+                           &to_bf16,       &attention,    &silu_mul,     &quantize_acts, &qmatmul_rows,
+                           &qmatmul_align, kQmatmulName};
     return k;
 }
 

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (through the device tool, from the repo root), over a build packed
+# here by scripts/pack-device.sh: the CUDA tests, compute-sanitizer on the kernel tests, and
+# the benchmarks of issue #7 on the Llama 3.2 1B / 3.1 8B shapes (random bf16 weights), then
+# prints a short table. Logs go to $OUT (or /tmp/out).
+# usage: scripts/device-check.sh [tests] [memcheck] [bench] [bench8b] [serve] [profile]
+#        (default: all but profile; profile = per-kernel times of 1B decode steps under ncu)
+set -uo pipefail
+root=$(pwd)
+out=${OUT:-/tmp/out}
+mkdir -p "$out" /tmp/pg
+steps=("$@")
+[[ ${#steps[@]} -eq 0 ]] && steps=(tests memcheck bench bench8b serve)
+want() { local s; for s in "${steps[@]}"; do [[ $s == "$1" ]] && return 0; done; return 1; }
+
+[[ -x /tmp/pg/pg/peregrine ]] || tar -C /tmp/pg -xJf .device/bundle.tar.xz
+pg=/tmp/pg/pg
+export LD_LIBRARY_PATH=$pg/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export PG_TEST_DATA_DIR=$root/tests/data PG_MODELS_DIR=$root/models PEREGRINE_MODELS=$root/models
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+table=()
+
+if want tests; then
+    "$pg/peregrine_cuda_tests" > "$out/cuda_tests.log" 2>&1
+    rc=$?
+    grep -E '^\[  FAILED  \]|^gpu |^\[  PASSED  \]|^\[  SKIPPED \]' "$out/cuda_tests.log" | head -60
+    table+=("cuda tests: exit $rc, $(grep -c '^\[       OK \]' "$out/cuda_tests.log") ok, $(grep -c '^\[  FAILED  \]' "$out/cuda_tests.log") failed lines")
+fi
+if want memcheck; then
+    compute-sanitizer --tool memcheck --error-exitcode 3 "$pg/peregrine_cuda_tests" \
+        --gtest_filter='-GpuGolden*:GpuEngine*:GpuModel*:CudaAttentionPerf*:CudaSampling.LargeVocabularyDistribution:CudaSampling.FullBatchOfMixedRows' > "$out/memcheck.log" 2>&1
+    rc=$?
+    tail -5 "$out/memcheck.log"
+    table+=("compute-sanitizer memcheck (kernel tests): exit $rc, $(grep -m1 -o 'ERROR SUMMARY: [0-9]* errors' "$out/memcheck.log")")
+fi
+
+model_dir() {  # a dummy-weight model folder: bench/models/NAME/config.json + the Llama 3 tokenizer
+    local d=/tmp/models/$1
+    if [[ ! -f $d/config.json ]]; then
+        mkdir -p "$d" /tmp/tok
+        cp "bench/models/$1/config.json" "$d/"
+        [[ -d /tmp/tok/tokenizers ]] || tar -C /tmp/tok -xJf tests/data/tokenizers.tar.xz tokenizers/llama3
+        cp /tmp/tok/tokenizers/llama3/tokenizer*.json "$d/"
+    fi
+    echo "$d"
+}
+run_bench() {  # name, then peregrine arguments
+    local name=$1; shift
+    "$pg/peregrine" bench "$@" --load-format dummy > "$out/$name.log" 2>&1
+    local rc=$?
+    local line
+    line=$(grep -E '^(throughput|latency) \(best' "$out/$name.log" | tail -1)
+    [[ $rc -ne 0 ]] && line="exit $rc: $(tail -2 "$out/$name.log" | tr '\n' ' ')"
+    echo "$name: $line"
+    table+=("$name: $line")
+}
+if want bench; then
+    m=$(model_dir llama-3.2-1b)
+    run_bench 1b_decode_b1 latency --model "$m" --batch-size 1 --input-len 128 --output-len 128
+    run_bench 1b_offline_256 throughput --model "$m" --num-prompts 256 --input-len 128 --output-len 128 --iters 2
+    run_bench 1b_prefill_512 throughput --model "$m" --num-prompts 64 --input-len 512 --output-len 1 \
+        --max-num-batched-tokens 8192
+fi
+if want bench8b; then
+    m=$(model_dir llama-3.1-8b)
+    run_bench 8b_decode_b1 latency --model "$m" --batch-size 1 --input-len 128 --output-len 128
+fi
+if want profile; then
+    m=$(model_dir llama-3.2-1b)
+    # Eager decode steps (the graph holds the same kernels): skip load, profiling and prefill.
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip 1500 --launch-count 460 \
+        "$pg/peregrine" bench latency --model "$m" --load-format dummy --warmup 0 --iters 1 --output-len 60 \
+        --enforce-eager > "$out/ncu.csv" 2> "$out/ncu.err"
+    python3 scripts/ncu-summary.py "$out/ncu.csv" 4 | tee "$out/ncu-summary.txt"
+fi
+if want serve; then
+    m=$(model_dir llama-3.2-1b)
+    "$pg/peregrine" serve --model "$m" --load-format dummy --port 8123 > "$out/serve.log" 2>&1 &
+    srv=$!
+    for _ in $(seq 120); do curl -sf localhost:8123/health > /dev/null 2>&1 && break; sleep 1; done
+    "$pg/peregrine" bench serve --port 8123 --num-requests 1000 --concurrency 64 --input-len 128 --output-len 128 \
+        --token-id-range 1000:100000 --quiet > "$out/bench_serve.log" 2>&1
+    kill $srv; wait $srv 2>/dev/null
+    cat "$out/bench_serve.log" | tail -20
+    table+=("serve 1b c64: $(grep -iE 'ttft|tpot|output' "$out/bench_serve.log" | tr -s ' ' | tr '\n' ';' | head -c 400)")
+fi
+
+echo "==== summary ($(head -1 "$out/gpu.txt"))"
+for l in "${table[@]}"; do echo "  $l"; done

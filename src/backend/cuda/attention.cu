@@ -1,0 +1,137 @@
+// paged_attention: picks the kernels for a batch and lays out their workspace.
+//
+//   max_query_len == 1, head_dim in {8..256, powers of two} → decode (split-KV) [+ combine]
+//   max_query_len > 1,  head_dim 64 / 128 → prefill tile list + tensor-core prefill for the
+//                        sequences with >= 2 query tokens, and decode for those with 1
+//   anything else (head_dim 80, 96, ...)   → generic kernel for every token
+//
+// Workspace layout (offsets 256-byte aligned, sized by this batch's shape):
+//   [decode partials m,l: rows x 2 f32][decode partials acc: rows x head_dim f32]
+//   [tile count: int, padded to 256 B][tile list: tile_bound x int2]
+// with rows = num_seqs * splits * num_heads when splits > 1, else 0.
+#include <algorithm>
+#include <atomic>
+
+#include "backend/cuda/attention_hooks.cuh"
+#include "backend/cuda/attention_internal.cuh"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_kernels.h"
+
+namespace peregrine::cuda {
+namespace {
+
+std::atomic<AttentionKernelChoice> g_choice{AttentionKernelChoice::Auto};
+
+// SM count of the current device, queried once per device (132 on an H100 SXM).
+int sm_count() {
+    static std::atomic<int> cached[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 132;  // no device: only sizes are computed, nothing runs
+    }
+    std::atomic<int>& slot = cached[dev & 63];
+    int v = slot.load(std::memory_order_relaxed);
+    if (v > 0) return v;
+    PG_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    slot.store(v, std::memory_order_relaxed);
+    return v;
+}
+
+constexpr size_t align256(size_t x) {
+    return (x + 255) & ~size_t{255};
+}
+
+struct Layout {
+    size_t ml = 0, acc = 0, count = 0, tiles = 0, total = 0;
+};
+
+Layout layout(int64_t partial_rows, int head_dim, int64_t tile_bound) {
+    Layout w;
+    w.ml = 0;
+    w.acc = align256(static_cast<size_t>(partial_rows) * 2 * sizeof(float));
+    w.count = align256(w.acc + static_cast<size_t>(partial_rows) * head_dim * sizeof(float));
+    w.tiles = w.count + 256;
+    w.total = w.tiles + static_cast<size_t>(tile_bound) * sizeof(int2);
+    return w;
+}
+
+bool is_pow2(int x) {
+    return x > 0 && (x & (x - 1)) == 0;
+}
+
+}  // namespace
+
+void set_attention_kernel_choice(AttentionKernelChoice choice) {
+    g_choice.store(choice);
+}
+
+size_t attention_workspace_bytes(int max_tokens, int num_heads, int head_dim) {
+    // Decode partials exist only when splits > 1, and then num_seqs * splits <= 2 * SMs.
+    const int64_t rows = 2 * static_cast<int64_t>(sm_count()) * num_heads;
+    const int64_t tiles = attn::prefill_tile_bound(max_tokens, max_tokens, max_tokens);
+    return layout(rows, head_dim, tiles).total;
+}
+
+void paged_attention(const AttentionArgs& args, cudaStream_t stream) {
+    const DeviceBatch& b = args.batch;
+    const int H = args.num_heads, KVH = args.num_kv_heads, D = args.head_dim;
+    if (H <= 0 || KVH <= 0 || H % KVH != 0)
+        fail("paged_attention: num_heads ", H, " is not a multiple of num_kv_heads ", KVH);
+    if (D < 8 || D > 256 || D % 8 != 0) fail("paged_attention: unsupported head_dim ", D);
+    if (!is_pow2(b.block_size)) fail("paged_attention: block_size ", b.block_size, " is not a power of two");
+    if (b.num_tokens <= 0 || b.num_seqs <= 0) return;
+
+    attn::Params p{};
+    p.q = reinterpret_cast<const __nv_bfloat16*>(args.q);
+    p.k_cache = reinterpret_cast<const __nv_bfloat16*>(args.k_cache);
+    p.v_cache = reinterpret_cast<const __nv_bfloat16*>(args.v_cache);
+    p.out = reinterpret_cast<__nv_bfloat16*>(args.out);
+    p.positions = b.positions;
+    p.query_start = b.query_start;
+    p.context_lens = b.context_lens;
+    p.block_tables = b.block_tables;
+    p.num_tokens = b.num_tokens;
+    p.num_seqs = b.num_seqs;
+    p.block_stride = b.block_stride;
+    p.block_size = b.block_size;
+    p.block_shift = __builtin_ctz(static_cast<unsigned>(b.block_size));
+    p.num_heads = H;
+    p.num_kv_heads = KVH;
+    p.group = H / KVH;
+    p.head_dim = D;
+    p.window = args.window;
+    p.scale = args.scale;
+    p.scale_log2 = args.scale * 1.4426950408889634f;
+
+    const bool generic_only = g_choice.load() == AttentionKernelChoice::Generic;
+    const bool decode_only = b.max_query_len <= 1;
+    const bool use_decode = !generic_only && attn::decode_supports(D) && (decode_only || attn::prefill_supports(D));
+    const bool use_prefill = !generic_only && !decode_only && attn::prefill_supports(D);
+    if (!use_decode && !use_prefill) {
+        attn::launch_generic(p, stream);
+        return;
+    }
+
+    const int sms = sm_count();
+    const attn::DecodeShape shape = attn::decode_shape(b.num_seqs, H, KVH, sms);
+    const int64_t rows = shape.splits > 1 ? static_cast<int64_t>(b.num_seqs) * shape.splits * H : 0;
+    const int64_t tile_bound = use_prefill ? attn::prefill_tile_bound(b.num_tokens, b.num_seqs, b.max_query_len) : 0;
+    const Layout w = layout(rows, D, tile_bound);
+    const bool need_ws = rows > 0 || tile_bound > 0;
+    if (need_ws && (args.workspace == nullptr || args.workspace_bytes < w.total))
+        fail("paged_attention: workspace of ", args.workspace_bytes, " bytes, this batch needs ", w.total);
+    char* ws = static_cast<char*>(args.workspace);
+
+    if (use_decode) {
+        float* ml = rows > 0 ? reinterpret_cast<float*>(ws + w.ml) : nullptr;
+        float* acc = rows > 0 ? reinterpret_cast<float*>(ws + w.acc) : nullptr;
+        attn::launch_decode(p, shape, ml, acc, stream);
+    }
+    if (use_prefill) {
+        attn::launch_prefill(p, static_cast<int>(tile_bound), reinterpret_cast<int2*>(ws + w.tiles),
+                             reinterpret_cast<int*>(ws + w.count), sms, stream);
+    }
+}
+
+}  // namespace peregrine::cuda

@@ -1,0 +1,372 @@
+// Prefill / chunked-prefill attention on tensor cores (FlashAttention-2 style), head_dim 64/128.
+//
+// Work item = (query tile of BM = 64 consecutive tokens of one sequence, query head). A tiny
+// kernel first lists the tiles of every sequence with query length >= 2 in the workspace
+// (int2 {seq, first query row}, heaviest tile of each sequence first); the main kernel is
+// persistent (grid = min(items bound, resident CTAs)) and walks items blockIdx.x, +gridDim.x...
+// so no CTA is launched for the many empty tiles a host-side bound would imply.
+//
+// Per item, 4 warps × 16 query rows. Q (64 x D) is staged once through shared memory into
+// registers as mma A fragments; K/V tiles of BN = 64 key positions are gathered from the paged
+// cache with cp.async into double-buffered shared memory (rows XOR-swizzled in 16-byte chunks
+// so ldmatrix is conflict-free). S = Q·Kᵀ and O += P·V use mma.sync m16n8k16 bf16 → f32;
+// online softmax in f32 (log2 units). The causal/window mask is applied only on tiles that are
+// not entirely inside every row's [first, last]; warps whose rows see none of a tile skip it.
+// Keys outside the union of the rows' ranges are zero-filled, never read from the cache.
+//
+// Dynamic shared memory: (BM + 4·BN)·D·2 bytes = 40 KB (D 64) / 80 KB (D 128).
+#include <algorithm>
+#include <atomic>
+#include <climits>
+
+#include "backend/cuda/attention_internal.cuh"
+#include "backend/cuda/cuda_check.h"
+
+namespace peregrine::cuda::attn {
+namespace {
+
+constexpr int BM = kPrefillTileM;  // query rows per item
+constexpr int BN = 64;             // keys per K/V tile
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kListThreads = 256;
+constexpr int kListItems = 4;  // sequences per thread per pass of the list kernel
+
+// tiles[] in order of sequences; within a sequence, the last (most keys) tile first.
+__global__ void __launch_bounds__(kListThreads)
+    prefill_tiles_kernel(const int32_t* __restrict__ query_start, int num_seqs, int capacity, int2* __restrict__ tiles,
+                         int* __restrict__ num_tiles) {
+    __shared__ int warp_sums[kListThreads / 32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int carry = 0;
+    for (int base = 0; base < num_seqs; base += kListThreads * kListItems) {
+        int cnt[kListItems], total = 0;
+#pragma unroll
+        for (int j = 0; j < kListItems; ++j) {
+            const int s = base + tid * kListItems + j;
+            int c = 0;
+            if (s < num_seqs) {
+                const int q = query_start[s + 1] - query_start[s];
+                c = q >= 2 ? (q + BM - 1) / BM : 0;
+            }
+            cnt[j] = c;
+            total += c;
+        }
+        // Block-wide exclusive scan of `total`.
+        int incl = total;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const int v = __shfl_up_sync(0xffffffffu, incl, off);
+            if (lane >= off) incl += v;
+        }
+        if (lane == 31) warp_sums[warp] = incl;
+        __syncthreads();
+        int before = 0, all = 0;
+#pragma unroll
+        for (int w = 0; w < kListThreads / 32; ++w) {
+            before += w < warp ? warp_sums[w] : 0;
+            all += warp_sums[w];
+        }
+        int idx = carry + before + incl - total;
+#pragma unroll
+        for (int j = 0; j < kListItems; ++j) {
+            const int s = base + tid * kListItems + j;
+            for (int k = cnt[j] - 1; k >= 0; --k, ++idx)
+                if (idx < capacity) tiles[idx] = make_int2(s, k * BM);
+        }
+        carry += all;
+        __syncthreads();  // warp_sums is rewritten by the next pass
+    }
+    if (tid == 0) *num_tiles = min(carry, capacity);
+}
+
+// Shared-memory element offset of 16-byte chunk `c` of row `r` in a [rows, D] bf16 tile.
+template <int D>
+__device__ __forceinline__ int swz(int r, int c) {
+    return r * D + ((c ^ (r & 7)) << 3);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    prefill_kernel(const Params p, const int2* __restrict__ tiles, const int* __restrict__ num_tiles_ptr) {
+    static_assert(D == 64 || D == 128, "tensor-core prefill: head_dim 64 or 128");
+    constexpr int CPR = D / 8;  // 16-byte chunks per row
+    constexpr int KT = D / 16;  // k-steps of Q·Kᵀ
+    constexpr int NT = BN / 8;  // n-tiles of S (8 keys each)
+    constexpr int DT = D / 8;   // n-tiles of O (8 dims each)
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    __nv_bfloat16* sq = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [BM][D]
+    __nv_bfloat16* sk = sq + BM * D;                                 // [2][BN][D]
+    __nv_bfloat16* sv = sk + 2 * BN * D;                             // [2][BN][D]
+    __shared__ int red[kWarps][4];
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int num_items = *num_tiles_ptr * p.num_heads;
+    const int64_t row_stride = static_cast<int64_t>(p.num_heads) * D;
+
+    for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
+        const int tile = item / p.num_heads, h = item - tile * p.num_heads;
+        const int2 tl = tiles[tile];
+        const int s = tl.x, qoff = tl.y;
+        const int qs = p.query_start[s];
+        const int rows = min(BM, p.query_start[s + 1] - qs - qoff);
+        const int t0 = qs + qoff;
+        const int kvh = h / p.group;
+        const int ctx = p.context_lens[s];
+        const int32_t* table = p.block_tables + static_cast<int64_t>(s) * p.block_stride;
+
+        // This thread's two rows (mma C layout): r0 = warp*16 + lane/4, r1 = r0 + 8.
+        int first[2], last[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int r = warp * 16 + (lane >> 2) + 8 * i;
+            if (r < rows) {
+                key_range(p, p.positions[t0 + r], ctx, first[i], last[i]);
+            } else {
+                first[i] = 0, last[i] = -1;  // no output; excluded from the reductions below
+            }
+        }
+        // Reductions over rows: union [kmin, kmax] of non-empty ranges; the intersection
+        // [max_first, min_last] of every valid row's range (a tile inside it needs no mask).
+        int kmin = INT_MAX, kmax = -1, max_first = INT_MIN, min_last = INT_MAX;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int r = warp * 16 + (lane >> 2) + 8 * i;
+            if (r < rows) {
+                max_first = max(max_first, first[i]);
+                min_last = min(min_last, last[i]);
+                if (last[i] >= first[i]) kmin = min(kmin, first[i]), kmax = max(kmax, last[i]);
+            }
+        }
+        kmin = __reduce_min_sync(0xffffffffu, kmin);
+        kmax = __reduce_max_sync(0xffffffffu, kmax);
+        max_first = __reduce_max_sync(0xffffffffu, max_first);
+        min_last = __reduce_min_sync(0xffffffffu, min_last);
+        const int warp_kmin = kmin, warp_kmax = kmax;  // keys this warp's rows see at all
+        if (lane == 0) red[warp][0] = kmin, red[warp][1] = kmax, red[warp][2] = max_first, red[warp][3] = min_last;
+        __syncthreads();
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+            kmin = min(kmin, red[w][0]), kmax = max(kmax, red[w][1]);
+            max_first = max(max_first, red[w][2]), min_last = min(min_last, red[w][3]);
+        }
+
+        const int kt0 = kmin == INT_MAX ? 0 : (kmin / BN) * BN;
+        const int ntiles = kmax < kmin ? 0 : (kmax - kt0) / BN + 1;
+
+        // K/V tile at key position kt into buffer `buf`; keys outside [kmin, kmax] zero-filled.
+        auto load_kv = [&](int buf, int kt) {
+            const uint32_t k_sm = smem_addr(sk + buf * BN * D), v_sm = smem_addr(sv + buf * BN * D);
+#pragma unroll
+            for (int it = 0; it < BN * CPR / kThreads; ++it) {
+                const int idx = tid + it * kThreads;
+                const int r = idx / CPR, c = idx % CPR;
+                const int key = kt + r;
+                const bool ok = key >= kmin && key <= kmax;
+                const int64_t off = ok ? cache_offset(p, table, key, kvh) + c * 8 : 0;
+                const uint32_t dst = static_cast<uint32_t>(swz<D>(r, c) * 2);
+                cp_async16(k_sm + dst, p.k_cache + off, ok ? 16 : 0);
+                cp_async16(v_sm + dst, p.v_cache + off, ok ? 16 : 0);
+            }
+        };
+
+        float o[DT][4];
+#pragma unroll
+        for (int j = 0; j < DT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+        if (ntiles > 0) {
+            // Q tile (rows past the sequence's queries zero-filled) + the first K/V tile.
+            {
+                const uint32_t q_sm = smem_addr(sq);
+#pragma unroll
+                for (int it = 0; it < BM * CPR / kThreads; ++it) {
+                    const int idx = tid + it * kThreads;
+                    const int r = idx / CPR, c = idx % CPR;
+                    const bool ok = r < rows;
+                    const __nv_bfloat16* src = ok ? p.q + (t0 + r) * row_stride + h * D + c * 8 : p.q;
+                    cp_async16(q_sm + static_cast<uint32_t>(swz<D>(r, c) * 2), src, ok ? 16 : 0);
+                }
+            }
+            load_kv(0, kt0);
+            cp_async_commit();
+
+            uint32_t qf[KT][4];  // A fragments of this warp's 16 query rows
+            for (int j = 0; j < ntiles; ++j) {
+                const int kt = kt0 + j * BN;
+                cp_async_wait_all();
+                __syncthreads();  // tile j visible to all; everyone is done with buffer (j+1)&1
+                if (j + 1 < ntiles) {
+                    load_kv((j + 1) & 1, kt + BN);
+                    cp_async_commit();
+                }
+                if (j == 0) {
+#pragma unroll
+                    for (int kk = 0; kk < KT; ++kk) {
+                        const int r = warp * 16 + (lane & 15), c = 2 * kk + (lane >> 4);
+                        ldmatrix_x4(smem_addr(sq + swz<D>(r, c)), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
+                    }
+                }
+                if (kt > warp_kmax || kt + BN - 1 < warp_kmin) continue;  // fully masked for this warp
+                const __nv_bfloat16* kb = sk + (j & 1) * BN * D;
+                const __nv_bfloat16* vb = sv + (j & 1) * BN * D;
+
+                // S = Q·Kᵀ: 16 rows x 64 keys per warp.
+                float sc[NT][4];
+#pragma unroll
+                for (int n = 0; n < NT; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < KT; ++kk) {
+#pragma unroll
+                    for (int nb = 0; nb < NT / 2; ++nb) {
+                        const int r = nb * 16 + (lane & 7) + ((lane >> 4) << 3);
+                        const int c = 2 * kk + ((lane >> 3) & 1);
+                        uint32_t b0, b1, b2, b3;
+                        ldmatrix_x4(smem_addr(kb + swz<D>(r, c)), b0, b1, b2, b3);
+                        mma_bf16_16816(sc[2 * nb], qf[kk], b0, b1);
+                        mma_bf16_16816(sc[2 * nb + 1], qf[kk], b2, b3);
+                    }
+                }
+
+                // Scale to log2 units; mask when the tile is not inside every row's range.
+                const bool need_mask = kt < max_first || kt + BN - 1 > min_last;
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        float v = sc[n][e] * p.scale_log2;
+                        if (need_mask) {
+                            const int key = kt + n * 8 + 2 * (lane & 3) + (e & 1);
+                            const int i = e >> 1;
+                            if (key < first[i] || key > last[i]) v = -INFINITY;
+                        }
+                        sc[n][e] = v;
+                    }
+                }
+
+                // Online softmax (each row lives in 4 lanes: lane&3 = column pair).
+                float alpha[2], m_use[2];
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(sc[n][2 * i], sc[n][2 * i + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    const float m_new = fmaxf(m[i], mx);
+                    m_use[i] = m_new == -INFINITY ? 0.0f : m_new;  // row masked so far: stays zero
+                    alpha[i] = exp2f(m[i] - m_use[i]);
+                    m[i] = m_new;
+                }
+                float rs[2] = {0.0f, 0.0f};
+                uint32_t pa[BN / 16][4];  // P as A fragments (bf16), k = keys
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    const float p0 = exp2f(sc[n][0] - m_use[0]), p1 = exp2f(sc[n][1] - m_use[0]);
+                    const float p2 = exp2f(sc[n][2] - m_use[1]), p3 = exp2f(sc[n][3] - m_use[1]);
+                    rs[0] += p0 + p1;
+                    rs[1] += p2 + p3;
+                    pa[n >> 1][(n & 1) * 2 + 0] = pack_bf16x2(p0, p1);
+                    pa[n >> 1][(n & 1) * 2 + 1] = pack_bf16x2(p2, p3);
+                }
+                l[0] = l[0] * alpha[0] + rs[0];
+                l[1] = l[1] * alpha[1] + rs[1];
+#pragma unroll
+                for (int d = 0; d < DT; ++d) {
+                    o[d][0] *= alpha[0], o[d][1] *= alpha[0];
+                    o[d][2] *= alpha[1], o[d][3] *= alpha[1];
+                }
+
+                // O += P·V.
+#pragma unroll
+                for (int ks = 0; ks < BN / 16; ++ks) {
+#pragma unroll
+                    for (int db = 0; db < DT / 2; ++db) {
+                        const int r = ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+                        const int c = 2 * db + (lane >> 4);
+                        uint32_t b0, b1, b2, b3;
+                        ldmatrix_x4_trans(smem_addr(vb + swz<D>(r, c)), b0, b1, b2, b3);
+                        mma_bf16_16816(o[2 * db], pa[ks], b0, b1);
+                        mma_bf16_16816(o[2 * db + 1], pa[ks], b2, b3);
+                    }
+                }
+            }
+        }
+
+        // Epilogue: full row sums, normalise, store bf16 pairs (rows with no keys → zeros).
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            float ll = l[i];
+            ll += __shfl_xor_sync(0xffffffffu, ll, 1);
+            ll += __shfl_xor_sync(0xffffffffu, ll, 2);
+            const float inv = ll > 0.0f ? 1.0f / ll : 0.0f;
+            const int r = warp * 16 + (lane >> 2) + 8 * i;
+            if (r < rows) {
+                __nv_bfloat16* dst = p.out + (t0 + r) * row_stride + h * D + 2 * (lane & 3);
+#pragma unroll
+                for (int d = 0; d < DT; ++d)
+                    *reinterpret_cast<uint32_t*>(dst + d * 8) = pack_bf16x2(o[d][2 * i] * inv, o[d][2 * i + 1] * inv);
+            }
+        }
+        __syncthreads();  // shared tiles and red[] are reused by the next item
+    }
+}
+
+constexpr size_t smem_bytes(int d) {
+    return static_cast<size_t>(BM + 4 * BN) * d * 2;
+}
+
+// Resident CTAs per SM of prefill_kernel<D> (after raising its dynamic shared memory limit),
+// computed once per process and device.
+template <int D>
+int prepare_kernel() {
+    static std::atomic<int> cached[64];
+    int dev = 0;
+    PG_CUDA_CHECK(cudaGetDevice(&dev));
+    std::atomic<int>& slot = cached[dev & 63];
+    int v = slot.load(std::memory_order_relaxed);
+    if (v > 0) return v;
+    PG_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem_bytes(D))));
+    PG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, prefill_kernel<D>, kThreads, smem_bytes(D)));
+    v = std::max(v, 1);
+    slot.store(v, std::memory_order_relaxed);
+    return v;
+}
+
+template <int D>
+void launch_pd(const Params& p, int tile_bound, int2* tiles, int* num_tiles, int sm_count, cudaStream_t stream) {
+    const int per_sm = prepare_kernel<D>();
+    const int64_t items = static_cast<int64_t>(tile_bound) * p.num_heads;
+    const int grid = static_cast<int>(std::min<int64_t>(items, static_cast<int64_t>(per_sm) * sm_count));
+    prefill_kernel<D><<<grid, kThreads, smem_bytes(D), stream>>>(p, tiles, num_tiles);
+    check_launch("prefill_attention");
+}
+
+}  // namespace
+
+bool prefill_supports(int head_dim) {
+    return head_dim == 64 || head_dim == 128;
+}
+
+int64_t prefill_tile_bound(int num_tokens, int num_seqs, int max_query_len) {
+    // Σ over sequences with q >= 2 of ceil(q / BM) <= (T + (BM - 1) * n) / BM with n <= T / 2.
+    const int64_t by_len = static_cast<int64_t>(num_seqs) * ((std::max(max_query_len, 0) + BM - 1) / BM);
+    const int64_t n = std::min<int64_t>(num_seqs, num_tokens / 2);
+    const int64_t by_tokens = (static_cast<int64_t>(num_tokens) + (BM - 1) * n) / BM;
+    return std::min(by_len, by_tokens);
+}
+
+void launch_prefill(const Params& p, int tile_bound, int2* tiles, int* num_tiles, int sm_count, cudaStream_t stream) {
+    if (tile_bound <= 0) return;
+    prefill_tiles_kernel<<<1, kListThreads, 0, stream>>>(p.query_start, p.num_seqs, tile_bound, tiles, num_tiles);
+    check_launch("prefill_attention_tiles");
+    if (p.head_dim == 64)
+        launch_pd<64>(p, tile_bound, tiles, num_tiles, sm_count, stream);
+    else if (p.head_dim == 128)
+        launch_pd<128>(p, tile_bound, tiles, num_tiles, sm_count, stream);
+    else
+        fail("prefill attention: unsupported head_dim ", p.head_dim);
+}
+
+}  // namespace peregrine::cuda::attn

@@ -1,0 +1,576 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <tuple>
+
+#include "backend/cuda/cuda_check.h"
+#include "core/half.h"
+#include "core/quant.h"
+
+namespace peregrine {
+
+namespace {
+
+constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;  // cuBLASLt's split-K / stream-K scratch
+constexpr size_t kStageBytes = size_t{64} << 20;         // pinned staging for weight uploads
+constexpr int kScratchInts = 1 << 16;                    // ids / rows / block pairs outside a step
+
+#define PG_LT_CHECK(expr)                                                                       \
+    do {                                                                                        \
+        const cublasStatus_t st_ = (expr);                                                      \
+        if (st_ != CUBLAS_STATUS_SUCCESS) fail("cuBLASLt error ", static_cast<int>(st_), " in " #expr); \
+    } while (0)
+
+cublasLtHandle_t lt_handle(void* p) {
+    return static_cast<cublasLtHandle_t>(p);
+}
+
+cudaDataType_t cuda_type(DType t) {
+    switch (t) {
+        case DType::F32: return CUDA_R_32F;
+        case DType::BF16: return CUDA_R_16BF;
+        case DType::F16: return CUDA_R_16F;
+        default: fail("CUDA backend: no matmul type for ", dtype_name(t));
+    }
+}
+
+cuda::bf16_t* bf(const Tensor& t) {
+    PG_CHECK(t.dtype == DType::BF16, "expected a bf16 tensor, got ", dtype_name(t.dtype));
+    return t.ptr<cuda::bf16_t>();
+}
+
+// The padded decode sizes that get a CUDA graph each (vLLM's buckets: 1, 2, 4, then steps of 8).
+int bucket_for(int n) {
+    if (n <= 1) return 1;
+    if (n <= 2) return 2;
+    if (n <= 4) return 4;
+    if (n <= 8) return 8;
+    if (n <= 64) return (n + 7) / 8 * 8;
+    return (n + 15) / 16 * 16;
+}
+
+}  // namespace
+
+bool cuda_device_available() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();  // clear the sticky "no device" error
+        return false;
+    }
+    return n > 0;
+}
+
+struct CudaBackend::Gemm {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    ~Gemm() {
+        if (d) cublasLtMatrixLayoutDestroy(d);
+        if (b) cublasLtMatrixLayoutDestroy(b);
+        if (a) cublasLtMatrixLayoutDestroy(a);
+        if (desc) cublasLtMatmulDescDestroy(desc);
+    }
+};
+
+struct CudaBackend::Graph {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    ~Graph() {
+        if (exec) cudaGraphExecDestroy(exec);
+        if (graph) cudaGraphDestroy(graph);
+    }
+};
+
+CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
+    if (!cuda_device_available()) fail("--device cuda: no CUDA device found");
+    PG_CUDA_CHECK(cudaSetDevice(options_.device));
+    cudaDeviceProp prop{};
+    PG_CUDA_CHECK(cudaGetDeviceProperties(&prop, options_.device));
+    sm_count_ = prop.multiProcessorCount;
+    device_name_ = prop.name;
+    if (prop.major < 9)
+        fail("--device cuda: ", device_name_, " is compute capability ", prop.major, ".", prop.minor,
+             "; this build has kernels for sm_90a (Hopper) only");
+    PG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    cublasLtHandle_t h = nullptr;
+    PG_LT_CHECK(cublasLtCreate(&h));
+    lt_ = h;
+    lt_workspace_bytes_ = kLtWorkspaceBytes;
+    PG_CUDA_CHECK(cudaMalloc(&lt_workspace_, lt_workspace_bytes_));
+    PG_CUDA_CHECK(cudaMalloc(&scratch_ints_, kScratchInts * sizeof(int32_t)));
+    PG_CUDA_CHECK(cudaMallocHost(&scratch_host_, kScratchInts * sizeof(int32_t)));
+}
+
+CudaBackend::~CudaBackend() {
+    cudaStreamSynchronize(stream_);
+    graphs_.clear();
+    gemms_.clear();
+    for (void* p : owned_) cudaFree(p);
+    cudaFree(meta_dev_);
+    cudaFreeHost(meta_host_);
+    cudaFree(scratch_ints_);
+    cudaFreeHost(scratch_host_);
+    cudaFree(attn_ws_);
+    cudaFree(lt_workspace_);
+    if (stage_) cudaFreeHost(stage_);
+    if (lt_) cublasLtDestroy(lt_handle(lt_));
+    if (stream_) cudaStreamDestroy(stream_);
+}
+
+std::string CudaBackend::name() const {
+    return "cuda (" + device_name_ + ", " + std::to_string(sm_count_) + " SMs, bf16, cuBLASLt" +
+           (options_.graphs ? ", CUDA graphs)" : ", eager)");
+}
+
+void CudaBackend::synchronize() {
+    PG_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::memory_info(size_t& free_bytes, size_t& total_bytes) const {
+    PG_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+}
+
+bool CudaBackend::capturing() const {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    PG_CUDA_CHECK(cudaStreamIsCapturing(stream_, &st));
+    return st != cudaStreamCaptureStatusNone;
+}
+
+// ---- memory ---------------------------------------------------------------------------------
+
+Tensor CudaBackend::allocate(DType dtype, std::initializer_list<int64_t> shape) {
+    PG_CHECK(!capturing(), "CUDA backend: allocation while recording a graph");
+    Tensor t(nullptr, dtype, shape, Device::CUDA);
+    const size_t bytes = std::max<size_t>(t.nbytes(), 1);
+    const cudaError_t e = cudaMalloc(&t.data, bytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        fail("CUDA backend: cannot allocate ", bytes, " bytes for a ", dtype_name(dtype), " ", t.shape_str(),
+             " tensor (", free_b >> 20, " MiB free of ", total_b >> 20, " MiB): ", cudaGetErrorString(e));
+    }
+    return t;
+}
+
+void CudaBackend::release(Tensor& t) {
+    if (t.data) {
+        PG_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        PG_CUDA_CHECK(cudaFree(t.data));
+    }
+    t = Tensor();
+}
+
+void CudaBackend::upload(const void* src, const Tensor& dst) {
+    PG_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
+    synchronize();
+}
+
+void CudaBackend::download(const Tensor& src, void* dst) {
+    PG_CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
+    synchronize();
+}
+
+bool CudaBackend::supports_weight_dtype(DType t) const {
+    // Every stored type is read by place_weight, which converts matrices to bf16 row by row.
+    return t == DType::F32 || t == DType::F16 || t == DType::BF16 || dtype_is_quantized(t);
+}
+
+void CudaBackend::convert_rows_into(const Tensor& host, DType out_type, void* dst_dev) {
+    if (!stage_) {
+        stage_bytes_ = kStageBytes;
+        PG_CUDA_CHECK(cudaMallocHost(&stage_, stage_bytes_));
+    }
+    // Convert whole rows into the pinned stage, then copy each filled stage out.
+    const int64_t rows = host.rows(), cols = host.cols();
+    const size_t out_row = dtype_row_bytes(out_type, cols);
+    PG_CHECK(out_row <= stage_bytes_, "weight row too long for the staging buffer");
+    std::vector<float> f32(static_cast<size_t>(cols));
+    const int64_t rows_per_stage = static_cast<int64_t>(stage_bytes_ / out_row);
+    for (int64_t r0 = 0; r0 < rows; r0 += rows_per_stage) {
+        const int64_t r1 = std::min(rows, r0 + rows_per_stage);
+        for (int64_t r = r0; r < r1; ++r) {
+            char* dst = static_cast<char*>(stage_) + (r - r0) * out_row;
+            if (host.dtype == out_type) {
+                std::memcpy(dst, host.row(r), out_row);
+                continue;
+            }
+            dequantize_row(host.dtype, host.row(r), f32.data(), cols);
+            if (out_type == DType::F32) {
+                std::memcpy(dst, f32.data(), out_row);
+            } else {
+                auto* o = reinterpret_cast<uint16_t*>(dst);
+                for (int64_t c = 0; c < cols; ++c) o[c] = f32_to_bf16(f32[c]);
+            }
+        }
+        PG_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst_dev) + r0 * out_row, stage_, (r1 - r0) * out_row,
+                                      cudaMemcpyHostToDevice, stream_));
+        synchronize();  // the stage is refilled next
+    }
+}
+
+Tensor CudaBackend::place_weight(const Tensor& host, bool matrix) {
+    if (host.device == Device::CUDA) return host;
+    if (auto it = placed_.find(host.data); it != placed_.end()) return it->second;
+    Tensor dev(nullptr, matrix ? DType::BF16 : DType::F32, {}, Device::CUDA);
+    dev.ndim = host.ndim;
+    dev.shape = host.shape;
+    PG_CUDA_CHECK(cudaMalloc(&dev.data, std::max<size_t>(dev.nbytes(), 1)));
+    owned_.push_back(dev.data);
+    weight_bytes_ += dev.nbytes();
+    convert_rows_into(host, dev.dtype, dev.data);
+    placed_[host.data] = dev;
+    return dev;
+}
+
+Tensor CudaBackend::place_stacked(const std::vector<Tensor>& parts, bool matrix) {
+    PG_CHECK(!parts.empty());
+    // Matrices stack rows; vectors (biases) concatenate.
+    const bool vectors = parts[0].ndim == 1;
+    int64_t rows = 0;
+    for (const Tensor& p : parts) {
+        PG_CHECK(vectors ? p.ndim == 1 : p.cols() == parts[0].cols(), "place_stacked: parts differ in shape");
+        rows += vectors ? p.numel() : p.rows();
+    }
+    const DType type = matrix ? DType::BF16 : DType::F32;
+    Tensor dev = vectors ? Tensor(nullptr, type, {rows}, Device::CUDA)
+                         : Tensor(nullptr, type, {rows, parts[0].cols()}, Device::CUDA);
+    PG_CUDA_CHECK(cudaMalloc(&dev.data, std::max<size_t>(dev.nbytes(), 1)));
+    owned_.push_back(dev.data);
+    weight_bytes_ += dev.nbytes();
+    char* at = static_cast<char*>(dev.data);
+    for (const Tensor& p : parts) {
+        const size_t bytes = static_cast<size_t>(p.rows()) * dtype_row_bytes(type, p.cols());
+        if (p.device == Device::CUDA) {
+            PG_CHECK(p.dtype == type, "place_stacked: device part of dtype ", dtype_name(p.dtype));
+            PG_CUDA_CHECK(cudaMemcpyAsync(at, p.data, bytes, cudaMemcpyDeviceToDevice, stream_));
+        } else {
+            convert_rows_into(p, type, at);
+        }
+        at += bytes;
+    }
+    synchronize();
+    return dev;
+}
+
+void CudaBackend::fill_random(const Tensor& t, uint64_t seed, float lo, float hi) {
+    if (t.dtype == DType::BF16) {
+        // Symmetric ranges only for bf16 (weights); shift by the centre otherwise.
+        PG_CHECK(lo == -hi, "fill_random: bf16 ranges must be symmetric");
+        cuda::fill_random_bf16(bf(t), t.numel(), seed, hi, stream_);
+    } else if (t.dtype == DType::F32) {
+        cuda::fill_random_f32(t.ptr<float>(), t.numel(), seed, lo, hi, stream_);
+    } else {
+        fail("fill_random: unsupported dtype ", dtype_name(t.dtype));
+    }
+}
+
+// ---- step metadata ----------------------------------------------------------------------------
+
+void CudaBackend::ensure_meta(int tokens, int seqs, int stride) {
+    if (tokens <= tok_cap_ && seqs <= seq_cap_ && stride <= stride_cap_) return;
+    PG_CHECK(!capturing(), "CUDA backend: batch grew while recording a graph");
+    synchronize();
+    clear_graphs();  // recordings hold the old buffers' addresses
+    tok_cap_ = std::max({tokens, tok_cap_, 256});
+    seq_cap_ = std::max({seqs, seq_cap_, 256});
+    stride_cap_ = std::max({stride, stride_cap_, 64});
+    if (meta_dev_) cudaFree(meta_dev_);
+    if (meta_host_) cudaFreeHost(meta_host_);
+    meta_ints_ = static_cast<size_t>(tok_cap_) * 4 + (seq_cap_ + 1) + seq_cap_ +
+                 static_cast<size_t>(seq_cap_) * stride_cap_;
+    PG_CUDA_CHECK(cudaMalloc(&meta_dev_, meta_ints_ * sizeof(int32_t)));
+    PG_CUDA_CHECK(cudaMallocHost(&meta_host_, meta_ints_ * sizeof(int32_t)));
+}
+
+void CudaBackend::begin_step(const BatchInput& b) {
+    const int n = b.num_tokens(), s = b.num_seqs();
+    ensure_meta(n, s, b.max_blocks_per_seq);
+    // Wait for the previous step's reads of the pinned twin before overwriting it.
+    synchronize();
+    int32_t* h = meta_host_;
+    int32_t* tok = h;
+    int32_t* pos = h + tok_cap_;
+    int32_t* slot = h + 2 * tok_cap_;
+    int32_t* lidx = h + 3 * tok_cap_;
+    int32_t* qs = h + 4 * tok_cap_;
+    int32_t* ctx = qs + seq_cap_ + 1;
+    int32_t* tables = ctx + seq_cap_;
+    std::copy(b.token_ids.begin(), b.token_ids.end(), tok);
+    std::copy(b.positions.begin(), b.positions.end(), pos);
+    std::copy(b.slot_mapping.begin(), b.slot_mapping.end(), slot);
+    std::copy(b.logits_indices.begin(), b.logits_indices.end(), lidx);
+    std::copy(b.query_start.begin(), b.query_start.end(), qs);
+    std::copy(b.context_lens.begin(), b.context_lens.end(), ctx);
+    int max_q = 0, max_ctx = 0;
+    for (int i = 0; i < s; ++i) {
+        max_q = std::max(max_q, b.query_start[i + 1] - b.query_start[i]);
+        max_ctx = std::max(max_ctx, b.context_lens[i]);
+        // Re-stride the block table to the fixed capacity (graph recordings keep the stride).
+        const int32_t* src = b.block_tables.data() + static_cast<size_t>(i) * b.max_blocks_per_seq;
+        int32_t* dst = tables + static_cast<size_t>(i) * stride_cap_;
+        std::copy(src, src + b.max_blocks_per_seq, dst);
+        std::fill(dst + b.max_blocks_per_seq, dst + stride_cap_, -1);
+    }
+    // Only the used prefix of each region travels: one copy of the whole buffer is simpler
+    // and the regions are small next to a step (a few hundred KB at most).
+    const size_t used = static_cast<size_t>(4) * tok_cap_ + (seq_cap_ + 1) + seq_cap_ +
+                        static_cast<size_t>(s) * stride_cap_;
+    PG_CUDA_CHECK(cudaMemcpyAsync(meta_dev_, meta_host_, used * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+
+    int32_t* d = meta_dev_;
+    dbatch_.num_tokens = n;
+    dbatch_.num_seqs = s;
+    dbatch_.block_stride = stride_cap_;
+    dbatch_.max_query_len = max_q;
+    dbatch_.max_context_len = max_ctx;
+    dbatch_.token_ids = d;
+    dbatch_.positions = d + tok_cap_;
+    dbatch_.slot_mapping = d + 2 * tok_cap_;
+    d_logits_indices_ = d + 3 * tok_cap_;
+    dbatch_.query_start = d + 4 * tok_cap_;
+    dbatch_.context_lens = d + 4 * tok_cap_ + seq_cap_ + 1;
+    dbatch_.block_tables = d + 4 * tok_cap_ + 2 * seq_cap_ + 1;
+    step_ = &b;
+}
+
+int CudaBackend::step_bucket(int num_seqs) const {
+    if (!options_.graphs || num_seqs > options_.max_graph_batch) return -1;
+    return std::min(bucket_for(num_seqs), options_.max_graph_batch);
+}
+
+void CudaBackend::clear_graphs() {
+    graphs_.clear();
+}
+
+void CudaBackend::run_step(int key, const std::function<void()>& ops) {
+    if (key < 0 || !options_.graphs) {
+        ops();
+        return;
+    }
+    if (auto it = graphs_.find(key); it != graphs_.end()) {
+        PG_CUDA_CHECK(cudaGraphLaunch(it->second->exec, stream_));
+        return;
+    }
+    // First step of this size: run it eagerly (cuBLASLt plans, workspaces and the rope table
+    // are set up outside the recording), then record the same ops for later steps. Running
+    // them twice is harmless: each op rewrites its outputs, and the cache writes are the same.
+    ops();
+    auto g = std::make_unique<Graph>();
+    PG_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+        ops();
+    } catch (...) {
+        cudaGraph_t broken = nullptr;
+        cudaStreamEndCapture(stream_, &broken);
+        if (broken) cudaGraphDestroy(broken);
+        throw;
+    }
+    PG_CUDA_CHECK(cudaStreamEndCapture(stream_, &g->graph));
+    PG_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
+    graphs_[key] = std::move(g);
+}
+
+const int32_t* CudaBackend::device_ints(const int32_t* host, int64_t n, int32_t* scratch) {
+    PG_CHECK(n <= kScratchInts, "CUDA backend: ", n, " ids exceed the scratch buffer");
+    PG_CHECK(!capturing(), "CUDA backend: host ids while recording a graph");
+    synchronize();  // the pinned scratch may still be in flight
+    std::memcpy(scratch_host_, host, n * sizeof(int32_t));
+    PG_CUDA_CHECK(cudaMemcpyAsync(scratch, scratch_host_, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    return scratch;
+}
+
+// ---- ops ---------------------------------------------------------------------------------------
+
+void CudaBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out) {
+    PG_CHECK(out.dtype == DType::F32);
+    const int32_t* d_ids = (step_ && ids == step_->token_ids.data()) ? dbatch_.token_ids
+                                                                     : device_ints(ids, n, scratch_ints_);
+    cuda::embedding(bf(table), d_ids, static_cast<int>(n), static_cast<int>(table.cols()), out.ptr<float>(), stream_);
+}
+
+void CudaBackend::rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
+                           const Tensor& out) {
+    PG_CHECK(weight.dtype == DType::F32 && (residual.empty() || residual.dtype == DType::F32));
+    cuda::rms_norm(x.data, x.dtype == DType::F32, residual.empty() ? nullptr : residual.ptr<float>(),
+                   weight.ptr<float>(), eps, out.data, out.dtype == DType::F32, static_cast<int>(x.rows()),
+                   static_cast<int>(x.cols()), stream_);
+}
+
+void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out, bool exact) {
+    (void)exact;  // bf16 inputs with f32 accumulation in every mode
+    const int64_t n = x.rows(), k = x.cols(), m = w.rows();
+    PG_CHECK(w.cols() == k && out.rows() == n && out.cols() == m, "matmul shapes: x ", x.shape_str(), " w ",
+             w.shape_str(), " out ", out.shape_str());
+    PG_CHECK(x.dtype == DType::BF16 && w.dtype == DType::BF16, "CUDA matmul takes bf16 inputs");
+    if (n == 0) return;
+    const auto key = std::make_tuple(n, m, k, static_cast<int>(out.dtype));
+    auto it = gemms_.find(key);
+    if (it == gemms_.end()) {
+        PG_CHECK(!capturing(), "CUDA backend: new GEMM shape while recording a graph");
+        // Row-major out[n, m] = x[n, k] · w[m, k]ᵀ is column-major D[m, n] = Wᵀ-op(A)[m, k] · B[k, n]
+        // with A = w seen column-major as [k, m] (ld k) and B = x seen as [k, n] (ld k).
+        auto g = std::make_unique<Gemm>();
+        PG_LT_CHECK(cublasLtMatmulDescCreate(&g->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+        PG_LT_CHECK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
+        PG_LT_CHECK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
+        PG_LT_CHECK(cublasLtMatrixLayoutCreate(&g->a, CUDA_R_16BF, k, m, k));
+        PG_LT_CHECK(cublasLtMatrixLayoutCreate(&g->b, CUDA_R_16BF, k, n, k));
+        PG_LT_CHECK(cublasLtMatrixLayoutCreate(&g->d, cuda_type(out.dtype), m, n, m));
+        cublasLtMatmulPreference_t pref = nullptr;
+        PG_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        PG_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                         &lt_workspace_bytes_, sizeof(lt_workspace_bytes_)));
+        constexpr int kCandidates = 8;
+        cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+        int found = 0;
+        const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_handle(lt_), g->desc, g->a, g->b, g->d, g->d,
+                                                                 pref, kCandidates, results, &found);
+        cublasLtMatmulPreferenceDestroy(pref);
+        if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+            fail("cuBLASLt: no algorithm for a ", n, "x", k, " by ", m, "x", k, " bf16 matmul");
+        g->algo = results[0].algo;
+        // Decode-sized products (the shapes CUDA graphs replay) are timed once on the real
+        // operands and the fastest candidate kept: the heuristic's first pick for a skinny
+        // product is often not the fastest (split-K choices especially).
+        if (n <= 256 && found > 1) {
+            cudaEvent_t e0, e1;
+            PG_CUDA_CHECK(cudaEventCreate(&e0));
+            PG_CUDA_CHECK(cudaEventCreate(&e1));
+            const float alpha = 1.0f, beta = 0.0f;
+            float best = 1e30f;
+            for (int i = 0; i < found; ++i) {
+                auto run = [&] {
+                    return cublasLtMatmul(lt_handle(lt_), g->desc, &alpha, w.data, g->a, x.data, g->b, &beta, out.data,
+                                          g->d, out.data, g->d, &results[i].algo, lt_workspace_, lt_workspace_bytes_,
+                                          stream_);
+                };
+                if (run() != CUBLAS_STATUS_SUCCESS) continue;
+                PG_CUDA_CHECK(cudaEventRecord(e0, stream_));
+                for (int r = 0; r < 5; ++r) run();
+                PG_CUDA_CHECK(cudaEventRecord(e1, stream_));
+                PG_CUDA_CHECK(cudaEventSynchronize(e1));
+                float ms = 0;
+                PG_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+                if (ms < best) {
+                    best = ms;
+                    g->algo = results[i].algo;
+                }
+            }
+            cudaEventDestroy(e0);
+            cudaEventDestroy(e1);
+        }
+        it = gemms_.emplace(key, std::move(g)).first;
+    }
+    const Gemm& g = *it->second;
+    const float alpha = 1.0f, beta = 0.0f;
+    PG_LT_CHECK(cublasLtMatmul(lt_handle(lt_), g.desc, &alpha, w.data, g.a, x.data, g.b, &beta, out.data, g.d,
+                               out.data, g.d, &g.algo, lt_workspace_, lt_workspace_bytes_, stream_));
+    if (!bias.empty()) {
+        PG_CHECK(out.dtype == DType::BF16 && bias.dtype == DType::F32 && bias.numel() == m);
+        cuda::add_bias(bf(out), bias.ptr<float>(), n, m, stream_);
+    }
+}
+
+void CudaBackend::rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& v, const BatchInput& batch,
+                                 const RopeTable& rope, int head_dim, const Tensor& k_cache, const Tensor& v_cache) {
+    PG_CHECK(&batch == step_, "CUDA backend: rope_and_cache outside the step given to begin_step");
+    const float* inv_freq = rope_inv_freq(rope);
+    const int num_heads = static_cast<int>(q.cols() / head_dim), num_kv = static_cast<int>(k.cols() / head_dim);
+    PG_CHECK(k_cache.dtype == DType::BF16 && k_cache.dim(2) == num_kv && k_cache.cols() == head_dim);
+    cuda::DeviceBatch db = dbatch_;
+    db.block_size = static_cast<int>(k_cache.dim(1));
+    cuda::rope_and_cache(bf(q), bf(k), bf(v), db, inv_freq, rope.rotary_dim, rope.attention_factor,
+                         rope.style == RopeStyle::Neox, num_heads, num_kv, head_dim, bf(k_cache), bf(v_cache),
+                         stream_);
+}
+
+const float* CudaBackend::rope_inv_freq(const RopeTable& rope) {
+    if (const auto it = placed_.find(rope.inv_freq.data()); it != placed_.end()) return it->second.ptr<float>();
+    PG_CHECK(!capturing(), "CUDA backend: rope table first seen while recording a graph");
+    Tensor host(const_cast<float*>(rope.inv_freq.data()), DType::F32, {static_cast<int64_t>(rope.inv_freq.size())});
+    return place_weight(host, false).ptr<float>();
+}
+
+void CudaBackend::rope_and_cache_packed(const Tensor& qkv, const Tensor& q_out, const BatchInput& batch,
+                                        const RopeTable& rope, int head_dim, int num_kv_heads, const Tensor& k_cache,
+                                        const Tensor& v_cache) {
+    PG_CHECK(&batch == step_, "CUDA backend: rope_and_cache_packed outside the step given to begin_step");
+    const int num_heads = static_cast<int>(q_out.cols() / head_dim);
+    PG_CHECK(qkv.cols() == static_cast<int64_t>(num_heads + 2 * num_kv_heads) * head_dim);
+    PG_CHECK(k_cache.dtype == DType::BF16 && k_cache.dim(2) == num_kv_heads && k_cache.cols() == head_dim);
+    cuda::DeviceBatch db = dbatch_;
+    db.block_size = static_cast<int>(k_cache.dim(1));
+    cuda::rope_and_cache_packed(bf(qkv), bf(q_out), db, rope_inv_freq(rope), rope.rotary_dim, rope.attention_factor,
+                                rope.style == RopeStyle::Neox, num_heads, num_kv_heads, head_dim, bf(k_cache),
+                                bf(v_cache), stream_);
+}
+
+void CudaBackend::silu_mul_packed(const Tensor& gate_up, const Tensor& out) {
+    PG_CHECK(gate_up.cols() == 2 * out.cols() && gate_up.rows() == out.rows());
+    cuda::silu_mul_packed(bf(gate_up), bf(out), out.rows(), out.cols(), stream_);
+}
+
+void CudaBackend::ensure_attention_workspace(size_t bytes) {
+    if (bytes <= attn_ws_bytes_) return;
+    PG_CHECK(!capturing(), "CUDA backend: attention workspace grew while recording a graph");
+    synchronize();
+    if (attn_ws_) cudaFree(attn_ws_);
+    PG_CUDA_CHECK(cudaMalloc(&attn_ws_, bytes));
+    attn_ws_bytes_ = bytes;
+}
+
+void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchInput& batch,
+                            int num_heads, int head_dim, float scale, int window, const Tensor& out) {
+    PG_CHECK(&batch == step_, "CUDA backend: attention outside the step given to begin_step");
+    // Sized for the metadata capacity, so every batch up to it (and its recordings) fits.
+    ensure_attention_workspace(cuda::attention_workspace_bytes(tok_cap_, num_heads, head_dim));
+    cuda::AttentionArgs a;
+    a.q = bf(q);
+    a.k_cache = bf(k_cache);
+    a.v_cache = bf(v_cache);
+    a.out = bf(out);
+    a.batch = dbatch_;
+    a.batch.block_size = static_cast<int>(k_cache.dim(1));
+    a.num_heads = num_heads;
+    a.num_kv_heads = static_cast<int>(k_cache.dim(2));
+    a.head_dim = head_dim;
+    a.scale = scale;
+    a.window = window;
+    a.workspace = attn_ws_;
+    a.workspace_bytes = attn_ws_bytes_;
+    cuda::paged_attention(a, stream_);
+}
+
+void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
+    cuda::silu_mul(bf(gate), bf(up), bf(out), gate.rows(), gate.cols(), stream_);
+}
+
+void CudaBackend::copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+    const int64_t block_elems = cache.numel() / cache.dim(0);
+    for (size_t i = 0; i < pairs.size();) {
+        const size_t chunk = std::min(pairs.size() - i, static_cast<size_t>(kScratchInts / 2));
+        std::vector<int32_t> flat(2 * chunk);
+        for (size_t j = 0; j < chunk; ++j) {
+            flat[2 * j] = pairs[i + j].first;
+            flat[2 * j + 1] = pairs[i + j].second;
+        }
+        const int32_t* d = device_ints(flat.data(), static_cast<int64_t>(flat.size()), scratch_ints_);
+        cuda::copy_blocks(bf(cache), d, static_cast<int>(chunk), block_elems, stream_);
+        i += chunk;
+    }
+}
+
+void CudaBackend::gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const Tensor& out) {
+    const int32_t* d_rows = (step_ && &rows == &step_->logits_indices)
+                                ? d_logits_indices_
+                                : device_ints(rows.data(), static_cast<int64_t>(rows.size()), scratch_ints_);
+    cuda::gather_rows(bf(x), d_rows, static_cast<int>(rows.size()), static_cast<int>(x.cols()), bf(out), stream_);
+}
+
+}  // namespace peregrine

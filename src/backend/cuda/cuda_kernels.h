@@ -1,0 +1,144 @@
+// Host-side launchers of Peregrine's own CUDA kernels. Plain C++ (no CUDA headers), so the
+// backend and the tests include it from .cc files. Every pointer is device memory unless
+// noted; every launcher enqueues on `stream` and returns at once (no synchronisation, no
+// allocation). A launcher checks its launch with cudaGetLastError and throws peregrine::Error.
+//
+// Element types: activations are bf16 (`uint16_t` bit patterns) unless a parameter says f32;
+// the residual stream and all norm weights are f32; the KV cache is bf16
+// [num_blocks, block_size, num_kv_heads, head_dim].
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+typedef struct CUstream_st* cudaStream_t;
+
+namespace peregrine::cuda {
+
+using bf16_t = uint16_t;  // raw bf16 bits in host code
+
+// One step's flattened batch in device memory (see model/batch.h for the meaning of each
+// field). Graph-safe: a CUDA graph captured with one DeviceBatch is replayed after new values
+// are copied into the same buffers, so kernels must read lengths from these arrays and use
+// the scalar fields only for grid sizing that stays valid for the whole bucket.
+struct DeviceBatch {
+    int num_tokens = 0;
+    int num_seqs = 0;
+    int block_stride = 0;     // ints per row of block_tables (a fixed capacity)
+    int block_size = 16;      // tokens per KV block
+    int max_query_len = 0;    // upper bound over sequences of query length (host-known)
+    int max_context_len = 0;  // upper bound over sequences of context_lens (host-known)
+    const int32_t* token_ids = nullptr;     // [num_tokens]
+    const int32_t* positions = nullptr;     // [num_tokens]
+    const int32_t* query_start = nullptr;   // [num_seqs + 1]
+    const int32_t* context_lens = nullptr;  // [num_seqs]; 0 marks a padding sequence (no output needed)
+    const int32_t* block_tables = nullptr;  // [num_seqs, block_stride], -1 past the end
+    const int32_t* slot_mapping = nullptr;  // [num_tokens]; -1 marks a padding token (no cache write)
+};
+
+// out[i, :] = f32(table[ids[i], :]). table: [vocab, hidden] bf16; out: [n, hidden] f32.
+void embedding(const bf16_t* table, const int32_t* ids, int n, int hidden, float* out, cudaStream_t stream);
+
+// With residual != nullptr: residual += x; out = rms_norm(residual) * weight.
+// Otherwise out = rms_norm(x) * weight. x is f32 when x_f32 else bf16; out is f32 when out_f32
+// else bf16; out may alias x (same dtype). rows x dim; weight [dim] f32. Sums in f32.
+void rms_norm(const void* x, bool x_f32, float* residual, const float* weight, float eps, void* out, bool out_f32,
+              int rows, int dim, cudaStream_t stream);
+
+// Rotates q [n, num_heads*head_dim] and k [n, num_kv_heads*head_dim] (bf16, in place) at
+// batch.positions using inv_freq [rotary_dim/2] f32 (angle = position * inv_freq[i], both f32,
+// cos/sin scaled by attention_factor), the first rotary_dim dims of each head; neox pairs
+// (i, i + rotary_dim/2), otherwise interleaved pairs (2i, 2i+1). Then writes k and v
+// [n, num_kv_heads*head_dim] into k_cache/v_cache at batch.slot_mapping (skipping -1).
+void rope_and_cache(bf16_t* q, bf16_t* k, const bf16_t* v, const DeviceBatch& batch, const float* inv_freq,
+                    int rotary_dim, float attention_factor, bool neox, int num_heads, int num_kv_heads, int head_dim,
+                    bf16_t* k_cache, bf16_t* v_cache, cudaStream_t stream);
+
+// The packed form: qkv [n, (num_heads + 2 num_kv_heads) * head_dim] holds q | k | v per row
+// (one matmul's output). Rotated q goes to q_out [n, num_heads * head_dim]; k (rotated) and v
+// go to the cache only. qkv's k part is rotated in place.
+void rope_and_cache_packed(bf16_t* qkv, bf16_t* q_out, const DeviceBatch& batch, const float* inv_freq,
+                           int rotary_dim, float attention_factor, bool neox, int num_heads, int num_kv_heads,
+                           int head_dim, bf16_t* k_cache, bf16_t* v_cache, cudaStream_t stream);
+
+// out [n, dim] = silu(gate) * up with gate_up [n, 2 dim] holding gate | up per row.
+void silu_mul_packed(const bf16_t* gate_up, bf16_t* out, int64_t n, int64_t dim, cudaStream_t stream);
+
+// out = silu(gate) * up, all [n, dim] bf16 (computed in f32). out may alias gate.
+void silu_mul(const bf16_t* gate, const bf16_t* up, bf16_t* out, int64_t n, int64_t dim, cudaStream_t stream);
+
+// out[i, :] = x[rows[i], :]; x, out bf16 [*, dim]; rows: [n] device.
+void gather_rows(const bf16_t* x, const int32_t* rows, int n, int dim, bf16_t* out, cudaStream_t stream);
+
+// Copy-on-write of KV blocks: cache[pairs[2i+1]] = cache[pairs[2i]] for i < n_pairs;
+// block_elems = block_size * num_kv_heads * head_dim bf16 values per block.
+void copy_blocks(bf16_t* cache, const int32_t* pairs, int n_pairs, int64_t block_elems, cudaStream_t stream);
+
+// Fills n values with a deterministic function of (seed, index): uniform in [-scale, scale].
+void fill_random_bf16(bf16_t* out, int64_t n, uint64_t seed, float scale, cudaStream_t stream);
+void fill_random_f32(float* out, int64_t n, uint64_t seed, float lo, float hi, cudaStream_t stream);
+
+// out[i, :] = bias (f32 [m]) added to x [n, m] bf16, in place.
+void add_bias(bf16_t* x, const float* bias, int64_t n, int64_t m, cudaStream_t stream);
+
+// ---- attention -----------------------------------------------------------------------------
+struct AttentionArgs {
+    const bf16_t* q = nullptr;  // [num_tokens, num_heads * head_dim]
+    const bf16_t* k_cache = nullptr;
+    const bf16_t* v_cache = nullptr;
+    bf16_t* out = nullptr;  // [num_tokens, num_heads * head_dim]
+    DeviceBatch batch;
+    int num_heads = 0, num_kv_heads = 0, head_dim = 0;
+    float scale = 1.0f;  // softmax scale applied to q·k
+    int window = 0;      // > 0: query at position p sees keys in (p - window, p]
+    // Split-KV scratch (decode): at least attention_workspace_bytes(...) bytes.
+    void* workspace = nullptr;
+    size_t workspace_bytes = 0;
+};
+
+// Scratch the attention launchers need for a batch of up to max_tokens tokens.
+size_t attention_workspace_bytes(int max_tokens, int num_heads, int head_dim);
+
+// Causal paged attention of every token of the batch over its sequence's cache (which
+// already holds this step's keys/values): query token t of sequence s at position p reads
+// cache positions [0, p] (or (p - window, p]). Chooses the kernel itself: a decode kernel
+// when every query length is 1 (batch.max_query_len == 1), else the prefill kernel. Graph-safe
+// for decode batches: its launch shape depends only on num_seqs, num_heads, head_dim.
+// head_dim: any of 8, 16, 32, 64, 80, 96, 128, 256 (tensor cores for 64 and 128).
+void paged_attention(const AttentionArgs& args, cudaStream_t stream);
+
+// ---- sampling ------------------------------------------------------------------------------
+// One row's sampling parameters, in vLLM's order: penalties, temperature, top-k, top-p, min-p.
+struct SamplingRow {
+    float temperature = 0.0f;  // <= 0 (or < 1e-5): greedy argmax (lowest id on ties)
+    int32_t top_k = 0;         // <= 0: off
+    float top_p = 1.0f;        // 1: off
+    float min_p = 0.0f;        // 0: off
+    float repetition_penalty = 1.0f;
+    float presence_penalty = 0.0f;
+    float frequency_penalty = 0.0f;
+    uint64_t seed = 0;    // Philox key: the request's seed (or a per-request random one)
+    uint64_t offset = 0;  // Philox counter: the number of tokens this sequence sampled before
+    int32_t num_logprobs = -1;  // -1: none; k >= 0: sampled token's raw logprob + top k (k <= 20)
+};
+
+// Penalty inputs of row r: tokens pen_tokens[pen_offsets[r] .. pen_offsets[r+1]) with their
+// output counts pen_counts (0 for a token seen only in the prompt: repetition penalty only).
+struct PenaltyArgs {
+    const int32_t* offsets = nullptr;  // [n + 1]; nullptr: no penalties in this batch
+    const int32_t* tokens = nullptr;
+    const int32_t* counts = nullptr;
+};
+
+constexpr int kMaxSampleLogprobs = 20;
+
+// logits: [n, vocab] f32, modified in place (penalties, temperature). Writes out_tokens[n];
+// when any row asked for logprobs: out_logprob[n] (raw log-softmax of the chosen token),
+// top_ids / top_logprobs [n, kMaxSampleLogprobs] (raw, descending). `workspace` holds at
+// least sample_workspace_bytes(n, vocab) bytes.
+size_t sample_workspace_bytes(int n, int vocab);
+void sample(float* logits, int n, int vocab, const SamplingRow* rows, const PenaltyArgs& penalties,
+            int32_t* out_tokens, float* out_logprob, int32_t* top_ids, float* top_logprobs, void* workspace,
+            cudaStream_t stream);
+
+}  // namespace peregrine::cuda

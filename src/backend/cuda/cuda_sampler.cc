@@ -1,0 +1,194 @@
+#include "backend/cuda/cuda_sampler.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+
+#include "backend/cuda/cuda_check.h"
+#include "engine/sequence.h"
+#include "peregrine/engine_types.h"
+
+namespace peregrine {
+
+namespace {
+template <typename T>
+T* device_alloc(size_t n) {
+    void* p = nullptr;
+    PG_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+    return static_cast<T*>(p);
+}
+template <typename T>
+T* host_alloc(size_t n) {
+    void* p = nullptr;
+    PG_CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(n, 1) * sizeof(T)));
+    return static_cast<T*>(p);
+}
+}  // namespace
+
+struct CudaSampler::Buffers {
+    float* gathered = nullptr;  // [max_rows, vocab]: logits rows in draw order when rows repeat
+    cuda::SamplingRow* rows_dev = nullptr;
+    cuda::SamplingRow* rows_host = nullptr;
+    int32_t* pen_dev = nullptr;  // offsets [max_rows + 1], then tokens [pen_cap], counts [pen_cap]
+    int32_t* pen_host = nullptr;
+    size_t pen_cap = 0;
+    // Results: tokens [max_rows], chosen logprob [max_rows], top ids / logprobs [max_rows, 20].
+    int32_t* tok_dev = nullptr;
+    float* lp_dev = nullptr;
+    int32_t* top_ids_dev = nullptr;
+    float* top_lp_dev = nullptr;
+    int32_t* tok_host = nullptr;
+    float* lp_host = nullptr;
+    int32_t* top_ids_host = nullptr;
+    float* top_lp_host = nullptr;
+    void* workspace = nullptr;
+};
+
+CudaSampler::CudaSampler(CudaBackend& backend, int max_rows, int vocab)
+    : backend_(backend), max_rows_(max_rows), vocab_(vocab), b_(std::make_unique<Buffers>()) {
+    const size_t r = static_cast<size_t>(max_rows), k = cuda::kMaxSampleLogprobs;
+    b_->gathered = device_alloc<float>(r * vocab);
+    b_->rows_dev = device_alloc<cuda::SamplingRow>(r);
+    b_->rows_host = host_alloc<cuda::SamplingRow>(r);
+    b_->tok_dev = device_alloc<int32_t>(r);
+    b_->lp_dev = device_alloc<float>(r);
+    b_->top_ids_dev = device_alloc<int32_t>(r * k);
+    b_->top_lp_dev = device_alloc<float>(r * k);
+    b_->tok_host = host_alloc<int32_t>(r);
+    b_->lp_host = host_alloc<float>(r);
+    b_->top_ids_host = host_alloc<int32_t>(r * k);
+    b_->top_lp_host = host_alloc<float>(r * k);
+    PG_CUDA_CHECK(cudaMalloc(&b_->workspace, std::max<size_t>(cuda::sample_workspace_bytes(max_rows, vocab), 1)));
+}
+
+CudaSampler::~CudaSampler() {
+    for (void* p : {static_cast<void*>(b_->gathered), static_cast<void*>(b_->rows_dev), static_cast<void*>(b_->pen_dev),
+                    static_cast<void*>(b_->tok_dev), static_cast<void*>(b_->lp_dev),
+                    static_cast<void*>(b_->top_ids_dev), static_cast<void*>(b_->top_lp_dev), b_->workspace})
+        if (p) cudaFree(p);
+    for (void* p : {static_cast<void*>(b_->rows_host), static_cast<void*>(b_->pen_host),
+                    static_cast<void*>(b_->tok_host), static_cast<void*>(b_->lp_host),
+                    static_cast<void*>(b_->top_ids_host), static_cast<void*>(b_->top_lp_host)})
+        if (p) cudaFreeHost(p);
+}
+
+void CudaSampler::sample(const Tensor& logits, const std::vector<SampleSpec>& specs, std::vector<int32_t>& tokens,
+                         std::vector<TokenLogprob>& logprobs) {
+    const int n = static_cast<int>(specs.size());
+    tokens.resize(n);
+    logprobs.resize(n);
+    if (n == 0) return;
+    if (n > max_rows_) {  // more draws than rows (choices forked this step): in pieces
+        std::vector<int32_t> t;
+        std::vector<TokenLogprob> l;
+        for (int i = 0; i < n; i += max_rows_) {
+            const std::vector<SampleSpec> part(specs.begin() + i, specs.begin() + std::min(n, i + max_rows_));
+            sample(logits, part, t, l);
+            std::copy(t.begin(), t.end(), tokens.begin() + i);
+            std::move(l.begin(), l.end(), logprobs.begin() + i);
+        }
+        return;
+    }
+    PG_CHECK(logits.dtype == DType::F32 && logits.cols() == vocab_);
+    cudaStream_t stream = backend_.stream();
+
+    // The kernel edits rows in place, one per draw: use the logits directly when draws map to
+    // rows 0..n-1 in order (the usual case), else gather copies (choices sharing a prompt row).
+    bool identity = logits.rows() >= n;
+    for (int i = 0; identity && i < n; ++i) identity = specs[i].row == i;
+    float* rows = logits.ptr<float>();
+    if (!identity) {
+        for (int i = 0; i < n; ++i)
+            PG_CUDA_CHECK(cudaMemcpyAsync(b_->gathered + static_cast<size_t>(i) * vocab_,
+                                          logits.ptr<float>() + static_cast<size_t>(specs[i].row) * vocab_,
+                                          vocab_ * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+        rows = b_->gathered;
+    }
+
+    // Parameters and penalty lists (distinct tokens of prompt + output, with output counts).
+    bool any_penalty = false, any_logprobs = false;
+    std::vector<int32_t> pen_tokens, pen_counts;
+    std::vector<int32_t> offsets(1, 0);
+    std::unordered_map<int32_t, int32_t> count;
+    for (int i = 0; i < n; ++i) {
+        const Sequence& seq = *specs[i].seq;
+        const SamplingParams& p = *seq.sampling;
+        cuda::SamplingRow& r = b_->rows_host[i];
+        r = cuda::SamplingRow{};
+        r.temperature = p.temperature;
+        r.top_k = p.top_k;
+        r.top_p = p.top_p;
+        r.min_p = p.min_p;
+        r.repetition_penalty = p.repetition_penalty;
+        r.presence_penalty = p.presence_penalty;
+        r.frequency_penalty = p.frequency_penalty;
+        r.seed = seq.seed;
+        r.offset = static_cast<uint64_t>(seq.num_output());
+        r.num_logprobs = specs[i].logprobs ? std::min(p.logprobs, cuda::kMaxSampleLogprobs) : -1;
+        any_logprobs |= specs[i].logprobs;
+        const bool penalised = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+        if (penalised) {
+            any_penalty = true;
+            count.clear();
+            const bool all_tokens = p.repetition_penalty != 1.0f;
+            for (int t = all_tokens ? 0 : seq.num_prompt_tokens; t < seq.num_tokens(); ++t) {
+                const int32_t tok = seq.tokens[t];
+                int32_t& c = count[tok];
+                if (t >= seq.num_prompt_tokens) ++c;
+            }
+            for (const auto& [tok, c] : count) {
+                pen_tokens.push_back(tok);
+                pen_counts.push_back(c);
+            }
+        }
+        offsets.push_back(static_cast<int32_t>(pen_tokens.size()));
+    }
+    PG_CUDA_CHECK(cudaMemcpyAsync(b_->rows_dev, b_->rows_host, n * sizeof(cuda::SamplingRow), cudaMemcpyHostToDevice,
+                                  stream));
+    cuda::PenaltyArgs pen;
+    if (any_penalty) {
+        const size_t m = pen_tokens.size();
+        const size_t need = (n + 1) + 2 * m;
+        if (need > b_->pen_cap) {  // grows rarely: long penalised sequences
+            backend_.synchronize();
+            if (b_->pen_dev) cudaFree(b_->pen_dev);
+            if (b_->pen_host) cudaFreeHost(b_->pen_host);
+            b_->pen_cap = std::max(need * 2, size_t{1} << 16);
+            b_->pen_dev = device_alloc<int32_t>(b_->pen_cap);
+            b_->pen_host = host_alloc<int32_t>(b_->pen_cap);
+        }
+        std::memcpy(b_->pen_host, offsets.data(), (n + 1) * sizeof(int32_t));
+        std::memcpy(b_->pen_host + n + 1, pen_tokens.data(), m * sizeof(int32_t));
+        std::memcpy(b_->pen_host + n + 1 + m, pen_counts.data(), m * sizeof(int32_t));
+        PG_CUDA_CHECK(cudaMemcpyAsync(b_->pen_dev, b_->pen_host, need * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+        pen.offsets = b_->pen_dev;
+        pen.tokens = b_->pen_dev + n + 1;
+        pen.counts = b_->pen_dev + n + 1 + m;
+    }
+    cuda::sample(rows, n, vocab_, b_->rows_dev, pen, b_->tok_dev, b_->lp_dev, b_->top_ids_dev, b_->top_lp_dev,
+                 b_->workspace, stream);
+    PG_CUDA_CHECK(cudaMemcpyAsync(b_->tok_host, b_->tok_dev, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+    const size_t k = cuda::kMaxSampleLogprobs;
+    if (any_logprobs) {
+        PG_CUDA_CHECK(cudaMemcpyAsync(b_->lp_host, b_->lp_dev, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        PG_CUDA_CHECK(cudaMemcpyAsync(b_->top_ids_host, b_->top_ids_dev, n * k * sizeof(int32_t),
+                                      cudaMemcpyDeviceToHost, stream));
+        PG_CUDA_CHECK(cudaMemcpyAsync(b_->top_lp_host, b_->top_lp_dev, n * k * sizeof(float), cudaMemcpyDeviceToHost,
+                                      stream));
+    }
+    backend_.synchronize();
+    for (int i = 0; i < n; ++i) {
+        tokens[i] = b_->tok_host[i];
+        if (!specs[i].logprobs) continue;
+        TokenLogprob& lp = logprobs[i];
+        lp.token = tokens[i];
+        lp.logprob = b_->lp_host[i];
+        lp.top.clear();
+        const int top = std::min(specs[i].seq->sampling->logprobs, cuda::kMaxSampleLogprobs);
+        for (int j = 0; j < top; ++j) lp.top.emplace_back(b_->top_ids_host[i * k + j], b_->top_lp_host[i * k + j]);
+    }
+}
+
+}  // namespace peregrine

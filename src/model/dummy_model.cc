@@ -1,0 +1,86 @@
+// `--load-format dummy`: a model's shape from its config, with random weights.
+#include <filesystem>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "formats/gguf.h"
+#include "formats/gguf_config.h"
+#include "formats/hf_config.h"
+#include "model/loader.h"
+
+namespace peregrine {
+
+namespace fs = std::filesystem;
+
+std::unique_ptr<LoadedModel> load_dummy_model(const std::string& path_in, Backend& backend, uint64_t seed,
+                                              float scale) {
+    auto m = std::make_unique<LoadedModel>();
+    std::error_code ec;
+    if (!fs::exists(path_in, ec)) fail(path_in, ": no such file or directory");
+    std::string path = path_in;
+    if (fs::is_regular_file(path) && fs::path(path).extension() == ".safetensors") path = fs::path(path).parent_path();
+    m->path = path;
+    if (fs::is_directory(path)) {
+        m->format = "dummy (config.json)";
+        m->model_dir = path;
+        m->config = read_hf_config(path);
+    } else {
+        m->format = "dummy (gguf metadata)";
+        m->gguf = std::make_shared<GgufFile>(path);
+        m->config = read_gguf_config(*m->gguf);
+        m->config.attention_bias = m->gguf->find_tensor("blk.0.attn_q.bias") != nullptr;
+        m->config.tie_word_embeddings = m->gguf->find_tensor("output.weight") == nullptr;
+        m->config.validate(path);
+    }
+    const ModelConfig& c = m->config;
+    const DType mat = backend.activation_dtype();
+
+    // Every tensor allocated here is released when the LoadedModel goes.
+    auto owned = std::make_shared<std::vector<Tensor>>();
+    Backend* b = &backend;
+    m->backend_memory = std::shared_ptr<void>(owned.get(), [owned, b](void*) {
+        for (Tensor& t : *owned) b->release(t);
+    });
+    uint64_t next = seed * 1000003u + 1;
+    auto make = [&](DType t, std::initializer_list<int64_t> shape, float lo, float hi) {
+        Tensor x = backend.allocate(t, shape);
+        owned->push_back(x);
+        backend.fill_random(x, next++, lo, hi);
+        return x;
+    };
+    auto matrix = [&](int64_t rows, int64_t cols) { return make(mat, {rows, cols}, -scale, scale); };
+    auto norm = [&](int64_t n) { return make(DType::F32, {n}, 0.9f, 1.1f); };
+    auto bias = [&](int64_t n) { return make(DType::F32, {n}, -scale, scale); };
+
+    const int64_t H = c.hidden_size, F = c.intermediate_size;
+    ModelWeights& w = m->weights;
+    w.embed = matrix(c.vocab_size, H);
+    for (int l = 0; l < c.num_layers; ++l) {
+        LayerWeights lw;
+        lw.attn_norm = norm(H);
+        lw.wq = matrix(c.q_dim(), H);
+        lw.wk = matrix(c.kv_dim(), H);
+        lw.wv = matrix(c.kv_dim(), H);
+        if (c.attention_bias) {
+            lw.bq = bias(c.q_dim());
+            lw.bk = bias(c.kv_dim());
+            lw.bv = bias(c.kv_dim());
+        }
+        if (c.qk_norm) {
+            lw.q_norm = norm(c.head_dim);
+            lw.k_norm = norm(c.head_dim);
+        }
+        lw.wo = matrix(H, c.q_dim());
+        lw.ffn_norm = norm(H);
+        lw.w_gate = matrix(F, H);
+        lw.w_up = matrix(F, H);
+        lw.w_down = matrix(H, F);
+        w.layers.push_back(lw);
+    }
+    w.final_norm = norm(H);
+    w.lm_head = c.tie_word_embeddings ? w.embed : matrix(c.vocab_size, H);
+    m->weight_dtypes = std::string(dtype_name(mat)) + " (random)";
+    return m;
+}
+
+}  // namespace peregrine

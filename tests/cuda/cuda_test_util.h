@@ -1,0 +1,140 @@
+// Shared helpers of the CUDA kernel tests: skip without a GPU, device buffers, bf16 <-> f32,
+// random inputs and error norms. Header-only; every test binary may include it.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "core/half.h"
+
+namespace peregrine::cuda_test {
+
+// True when a CUDA device is usable (clears the error a failed query leaves behind).
+inline bool has_cuda_device() {
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return count > 0;
+}
+
+// First statement of every GPU test.
+#define PG_SKIP_WITHOUT_CUDA()                                                            \
+    do {                                                                                  \
+        if (!::peregrine::cuda_test::has_cuda_device()) GTEST_SKIP() << "no CUDA device"; \
+    } while (0)
+
+// Owns `n` elements of device memory (cudaMalloc'd, so 256-byte aligned).
+template <typename T>
+class DeviceBuffer {
+  public:
+    DeviceBuffer() = default;
+    explicit DeviceBuffer(size_t n) : n_(n) {
+        if (n_ > 0) PG_CUDA_CHECK(cudaMalloc(&ptr_, n_ * sizeof(T)));
+    }
+    explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
+    ~DeviceBuffer() {
+        if (ptr_) cudaFree(ptr_);
+    }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), n_(o.n_) {
+        o.ptr_ = nullptr;
+        o.n_ = 0;
+    }
+    DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+        std::swap(ptr_, o.ptr_);
+        std::swap(n_, o.n_);
+        return *this;
+    }
+
+    T* get() const { return ptr_; }
+    size_t size() const { return n_; }
+
+    void upload(const std::vector<T>& host) {
+        PG_CHECK(host.size() <= n_, "upload of ", host.size(), " elements into ", n_);
+        if (!host.empty())
+            PG_CUDA_CHECK(cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    // Synchronous: waits for the device first (so kernel errors surface here).
+    std::vector<T> download() const {
+        PG_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<T> host(n_);
+        if (n_ > 0) PG_CUDA_CHECK(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+        return host;
+    }
+    // Every byte set to `byte` (0xFF makes f32 and bf16 NaNs: a poison to catch unwritten outputs).
+    void fill_bytes(int byte) {
+        if (n_ > 0) PG_CUDA_CHECK(cudaMemset(ptr_, byte, n_ * sizeof(T)));
+    }
+
+  private:
+    T* ptr_ = nullptr;
+    size_t n_ = 0;
+};
+
+inline void sync() {
+    PG_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// ---- bf16 ----------------------------------------------------------------------------------
+inline std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
+    std::vector<uint16_t> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) out[i] = f32_to_bf16(x[i]);
+    return out;
+}
+inline std::vector<float> from_bf16(const std::vector<uint16_t>& x) {
+    std::vector<float> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) out[i] = bf16_to_f32(x[i]);
+    return out;
+}
+// Rounds every value to the nearest bf16 (what a bf16 input really holds).
+inline std::vector<float> round_bf16(const std::vector<float>& x) {
+    return from_bf16(to_bf16(x));
+}
+
+// ---- random inputs and comparisons ------------------------------------------------------------
+inline std::vector<float> random_floats(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> x(n);
+    for (float& v : x) v = d(rng);
+    return x;
+}
+
+// ||a - ref|| / ||ref|| over all elements (a NaN anywhere makes it NaN, which fails any `<`).
+inline double rel_error(const std::vector<float>& a, const std::vector<float>& ref) {
+    PG_CHECK(a.size() == ref.size(), "rel_error of ", a.size(), " vs ", ref.size(), " elements");
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        const double d = static_cast<double>(a[i]) - ref[i];
+        num += d * d;
+        den += static_cast<double>(ref[i]) * ref[i];
+    }
+    return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+// Number of non-finite values: a poisoned (0xFF) output element that was never written is NaN.
+template <typename T>
+size_t count_nonfinite(const std::vector<T>& x) {
+    size_t bad = 0;
+    for (const T& v : x) {
+        float f;
+        if constexpr (sizeof(T) == 2)
+            f = bf16_to_f32(v);
+        else
+            f = static_cast<float>(v);
+        if (!std::isfinite(f)) ++bad;
+    }
+    return bad;
+}
+
+}  // namespace peregrine::cuda_test

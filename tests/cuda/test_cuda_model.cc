@@ -1,0 +1,218 @@
+// The whole model on the GPU against the golden fixtures (transformers for the HF models,
+// llama.cpp for quant-tiny), and the engine on the GPU: a crowd of greedy requests gives the
+// tokens each gives alone, with and without CUDA graphs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+
+#include "backend/cuda/cuda_backend.h"
+#include "engine/engine_core.h"
+#include "engine/model_runner.h"
+#include "golden/golden_util.h"
+
+namespace peregrine::testing {
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device"
+
+struct GpuModel {
+    std::unique_ptr<CudaBackend> backend;
+    std::unique_ptr<LoadedModel> loaded;
+    std::unique_ptr<LlamaModel> model;
+
+    explicit GpuModel(const std::string& path, bool graphs = true) {
+        CudaOptions o;
+        o.graphs = graphs;
+        backend = std::make_unique<CudaBackend>(o);
+        LoadOptions opt;
+        opt.matmul_dtype_ok = [this](DType t) { return backend->supports_weight_dtype(t); };
+        loaded = load_model(path, opt);
+        model = std::make_unique<LlamaModel>(*loaded, *backend);
+    }
+    int vocab() const { return loaded->config.vocab_size; }
+
+    std::vector<float> all_logits(const std::vector<int32_t>& ids, int chunk = 0) {
+        SequenceRunner runner(*model, *backend, static_cast<int>(ids.size()) + 1);
+        std::vector<float> out, part;
+        const size_t step = chunk > 0 ? static_cast<size_t>(chunk) : ids.size();
+        for (size_t i = 0; i < ids.size(); i += step) {
+            std::vector<int32_t> piece(ids.begin() + i, ids.begin() + std::min(ids.size(), i + step));
+            runner.run(piece, true, part);
+            out.insert(out.end(), part.begin(), part.end());
+        }
+        return out;
+    }
+
+    std::vector<int> greedy(const std::vector<int32_t>& prompt, int n) {
+        SequenceRunner runner(*model, *backend, static_cast<int>(prompt.size()) + n);
+        std::vector<float> logits;
+        runner.run(prompt, false, logits);
+        std::vector<int> out;
+        for (int i = 0; i < n; ++i) {
+            int best = 0;
+            for (int v = 1; v < vocab(); ++v)
+                if (logits[v] > logits[best]) best = v;
+            out.push_back(best);
+            if (i + 1 < n) runner.run({best}, false, logits);
+        }
+        return out;
+    }
+};
+
+struct Case {
+    const char* name;
+    std::string model;
+    std::string logits;  // golden logits file
+    std::string golden;  // golden.json (prompt_ids, greedy_ids)
+    double max_kl;
+    double max_flip_gap = 0.02;  // bf16 activations flip only near-ties
+};
+
+std::vector<Case> cases() {
+    const std::string m = models_dir(), d = data_dir();
+    std::vector<Case> out = {
+        {"stories260K_hf", m + "/stories260K", m + "/stories260K/logits.f32", m + "/stories260K/golden.json", 1e-3},
+        {"stories260K_gguf", d + "/stories260K.gguf", m + "/stories260K/logits.f32", m + "/stories260K/golden.json",
+         1e-3},
+        {"llama3_tiny", d + "/llama3-tiny", d + "/llama3-tiny/logits.f32", d + "/llama3-tiny/golden.json", 1e-3},
+        {"qwen2_tiny", d + "/qwen2-tiny", d + "/qwen2-tiny/logits.f32", d + "/qwen2-tiny/golden.json", 1e-3},
+        {"qwen3_tiny", d + "/qwen3-tiny", d + "/qwen3-tiny/logits.f32", d + "/qwen3-tiny/golden.json", 1e-3},
+    };
+    for (const char* t : {"bf16", "q8_0", "q6_k", "q4_k"}) {
+        const std::string base = d + "/quant-tiny/qt-" + t;
+        out.push_back({t, base + ".gguf", base + ".logits.f32", base + ".golden.json", 1e-3});
+    }
+    // q4_0: llama.cpp's own q4_0 golden is off (docs/notes/q4_0-investigation.md); hold the file
+    // to the bf16 golden as the CPU test does.
+    out.push_back({"q4_0", d + "/quant-tiny/qt-q4_0.gguf", d + "/quant-tiny/qt-bf16.logits.f32",
+                   d + "/quant-tiny/qt-q4_0.golden.json", 2e-3, 0.1});  // q4_0's own error vs bf16
+    return out;
+}
+
+// The largest gap, in the reference's own logits, between the reference's argmax and ours at a
+// position where the two differ: bf16 activations may flip near-ties, never clear winners.
+double worst_flip_gap(const std::vector<float>& ref, const std::vector<float>& ours, int vocab) {
+    double worst = 0;
+    for (size_t r = 0; r < ref.size() / vocab; ++r) {
+        const float* a = ref.data() + r * vocab;
+        const float* b = ours.data() + r * vocab;
+        const int am = static_cast<int>(std::max_element(a, a + vocab) - a);
+        const int bm = static_cast<int>(std::max_element(b, b + vocab) - b);
+        if (am != bm) worst = std::max(worst, static_cast<double>(a[am] - a[bm]));
+    }
+    return worst;
+}
+
+// Every fixture: mean KL within bound, flips only on near-ties, and argmax agreement >= 99% over
+// the positions of all fixtures together.
+TEST(GpuGolden, FixturesWithinBf16Tolerance) {
+    SKIP_WITHOUT_GPU();
+    size_t positions = 0, mismatches = 0;
+    for (const Case& c : cases()) {
+        SCOPED_TRACE(c.name);
+        GpuModel g(c.model);
+        const auto golden = read_json_file(c.golden);
+        const std::vector<int32_t> prompt = golden["prompt_ids"].get<std::vector<int32_t>>();
+        const std::vector<float> ref = read_f32_file(c.logits);
+        for (int chunk : {0, 7}) {  // whole prompt at once, and chunked prefill over cached blocks
+            const std::vector<float> ours = g.all_logits(prompt, chunk);
+            ASSERT_EQ(ref.size(), ours.size());
+            const LogitStats s = compare_logits(ref, ours, g.vocab());
+            const double gap = worst_flip_gap(ref, ours, g.vocab());
+            std::printf("gpu %-16s chunk %d: mean KL %.3g, argmax agreement %.4f (%zu of %zu differ, reference gap "
+                        "<= %.3g), max |dlogit| %.3g\n",
+                        c.name, chunk, s.mean_kl, s.argmax_agree, s.argmax_mismatches, ref.size() / g.vocab(), gap,
+                        s.max_abs_diff);
+            EXPECT_LE(s.mean_kl, c.max_kl);
+            EXPECT_LE(gap, c.max_flip_gap) << "an argmax flipped where the reference's top two are far apart";
+            if (chunk == 0) {
+                positions += ref.size() / g.vocab();
+                mismatches += s.argmax_mismatches;
+            }
+        }
+    }
+    const double agree = 1.0 - static_cast<double>(mismatches) / positions;
+    std::printf("gpu golden: argmax agreement %.4f over %zu positions of all fixtures (%zu differ)\n", agree,
+                positions, mismatches);
+    EXPECT_GE(agree, 0.99);
+}
+
+TEST(GpuModel, StoriesGreedyMatchesTransformers) {
+    SKIP_WITHOUT_GPU();
+    for (bool graphs : {true, false}) {
+        GpuModel g(models_dir() + "/stories260K", graphs);
+        const auto golden = read_json_file(models_dir() + "/stories260K/golden.json");
+        const auto prompt = golden["prompt_ids"].get<std::vector<int32_t>>();
+        const auto want = golden["greedy_ids"].get<std::vector<int>>();
+        EXPECT_EQ(g.greedy(prompt, static_cast<int>(want.size())), want) << (graphs ? "graphs" : "eager");
+    }
+}
+
+std::vector<Request> make_requests(int count, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<Request> reqs;
+    for (int i = 0; i < count; ++i) {
+        Request r;
+        r.id = "r" + std::to_string(i);
+        const int len = 1 + rng() % 80;
+        r.prompt_ids.push_back(1);
+        for (int j = 1; j < len; ++j) r.prompt_ids.push_back(3 + rng() % 500);
+        r.sampling.temperature = 0.0f;
+        r.sampling.max_tokens = 1 + rng() % 40;
+        r.sampling.ignore_eos = true;
+        reqs.push_back(r);
+    }
+    return reqs;
+}
+
+std::map<std::string, std::vector<int32_t>> run_engine(GpuModel& g, const std::vector<Request>& reqs, int budget,
+                                                       int blocks, uint32_t arrival_seed) {
+    LlamaExecutor ex(*g.model, *g.backend, blocks, 16);
+    EngineConfig cfg;
+    cfg.scheduler.max_num_batched_tokens = budget;
+    cfg.eos_token_ids = g.loaded->config.eos_token_ids;
+    EngineCore core(cfg, ex, nullptr);
+    std::mt19937 rng(arrival_seed);
+    std::map<std::string, std::vector<int32_t>> got;
+    size_t next = 0;
+    while (next < reqs.size() || core.has_unfinished()) {
+        for (int k = rng() % 4; k > 0 && next < reqs.size(); --k) core.add_request(reqs[next++]);
+        for (const RequestOutput& o : core.step())
+            got[o.request_id].insert(got[o.request_id].end(), o.token_ids.begin(), o.token_ids.end());
+    }
+    EXPECT_EQ(core.block_manager().num_used(), 0);
+    return got;
+}
+
+TEST(GpuEngine, CrowdOf64MatchesAlone) {
+    SKIP_WITHOUT_GPU();
+    for (bool graphs : {true, false}) {
+        GpuModel g(models_dir() + "/stories260K", graphs);
+        const std::vector<Request> reqs = make_requests(64, 99);
+        std::map<std::string, std::vector<int32_t>> solo;
+        for (const Request& r : reqs) {
+            LlamaExecutor ex(*g.model, *g.backend, 16, 16);
+            EngineCore core({}, ex, nullptr);
+            core.add_request(r);
+            while (core.has_unfinished())
+                for (const RequestOutput& o : core.step())
+                    solo[r.id].insert(solo[r.id].end(), o.token_ids.begin(), o.token_ids.end());
+        }
+        int differ = 0;
+        for (int budget : {2048, 32}) {
+            const auto got = run_engine(g, reqs, budget, 512, 5);
+            for (const Request& r : reqs) {
+                differ += got.at(r.id) != solo.at(r.id);
+                EXPECT_EQ(got.at(r.id), solo.at(r.id)) << r.id << " budget " << budget << (graphs ? " graphs" : "");
+            }
+        }
+        std::printf("gpu crowd (%s): %d of 128 request runs differ from alone; %d graphs recorded\n",
+                    graphs ? "graphs" : "eager", differ, g.backend->num_graphs());
+    }
+}
+
+}  // namespace
+}  // namespace peregrine::testing
