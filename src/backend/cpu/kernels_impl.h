@@ -100,6 +100,7 @@ inline float half_to_float(const uint8_t* p) {
 // Weight-row readers: `load` gives kW consecutive weights from element k as f32 (k a multiple
 // of kW), `at` one weight (for the tail of rows whose length is not a multiple of kW).
 struct WF32 {
+    static const uint8_t* addr(const uint8_t* row, int64_t k) { return row + 4 * k; }
     static VF load(const uint8_t* row, int64_t k) { return vload(reinterpret_cast<const float*>(row) + k); }
     static float at(const uint8_t* row, int64_t k) {
         float v;
@@ -108,6 +109,7 @@ struct WF32 {
     }
 };
 struct WBF16 {
+    static const uint8_t* addr(const uint8_t* row, int64_t k) { return row + 2 * k; }
     static VF load(const uint8_t* row, int64_t k) { return load_bf16(row + 2 * k); }
     static float at(const uint8_t* row, int64_t k) {
         uint16_t h;
@@ -119,11 +121,13 @@ struct WBF16 {
     }
 };
 struct WF16 {
+    static const uint8_t* addr(const uint8_t* row, int64_t k) { return row + 2 * k; }
     static VF load(const uint8_t* row, int64_t k) { return load_f16(row + 2 * k); }
     static float at(const uint8_t* row, int64_t k) { return half_to_float(row + 2 * k); }
 };
 // Q8_0: blocks of 34 bytes, f16 scale then 32 int8; kW divides 32, so a load stays in one block.
 struct WQ8_0 {
+    static const uint8_t* addr(const uint8_t* row, int64_t k) { return row + (k >> 5) * 34; }
     static VF load(const uint8_t* row, int64_t k) {
         const uint8_t* b = row + (k >> 5) * 34;
         return vmul(load_i8(b + 2 + (k & 31)), vset1(half_to_float(b)));
@@ -146,6 +150,8 @@ inline void tile(const uint8_t* const* w, const float* const* x, int64_t k, floa
         VF xv[C];
         for (int c = 0; c < C; ++c) xv[c] = vload(x[c] + i);
         for (int r = 0; r < R; ++r) {
+            // Decode streams the weights from DRAM: prefetch 4 KiB ahead, about once a line.
+            if (i % (2 * kW) == 0) _mm_prefetch(reinterpret_cast<const char*>(WL::addr(w[r], i)) + 4096, _MM_HINT_T0);
             const VF wv = WL::load(w[r], i);
             for (int c = 0; c < C; ++c) acc[r][c] = vfma(wv, xv[c], acc[r][c]);
         }
@@ -317,7 +323,20 @@ void gemm_rows(const MatmulArgs& a, int64_t m_begin, int64_t m_end) {
                     const uint8_t* row = w + (ic + r) * a.w_row_bytes;
                     for (int64_t i = 0; i < kc; i += kW) vstore(wp + r * kGemmLdw + i, WL::load(row, pc + i));
                 }
+                // While the tiles run, prefetch the weights of the next chunk (these rows further
+                // on, or the next rows from the start) into L2, a share per tile column.
+                const bool same_rows = pc + kGemmKc < kv;
+                const int64_t next_ic = same_rows ? ic : ic + kGemmMc, next_pc = same_rows ? pc + kGemmKc : 0;
+                const int64_t next_mc = std::max<int64_t>(0, std::min(kGemmMc, m_end - next_ic));
+                const int64_t row_lines = (WL::addr(w, std::min(kGemmKc, kv - next_pc)) - w + 63) / 64;
+                const int64_t pf_total = next_mc * row_lines, pf_per = (pf_total + nc / kGC) / (nc / kGC + 1);
+                int64_t pf_done = 0;
                 for (int64_t jr = 0, cols; jr < nc; jr += cols) {
+                    for (int64_t e = pf_done + pf_per; pf_done < std::min(e, pf_total); ++pf_done) {
+                        const uint8_t* row = w + (next_ic + pf_done / row_lines) * a.w_row_bytes;
+                        _mm_prefetch(reinterpret_cast<const char*>(WL::addr(row, next_pc)) + 64 * (pf_done % row_lines),
+                                     _MM_HINT_T1);
+                    }
                     // Tiles of kGC tokens; a remainder of 7 or 8 as 4 + 3 or 4 + 4 (thin tiles
                     // reload the weights for few FMAs).
                     cols = nc - jr == 7 || nc - jr == 8 ? 4 : std::min<int64_t>(kGC, nc - jr);
@@ -366,6 +385,11 @@ void gemm_rows(const MatmulArgs& a, int64_t m_begin, int64_t m_end) {
 template <class WL>
 void matmul_rows_t(const MatmulArgs& a, int64_t m_begin, int64_t m_end) {
     if (a.n >= kGemmMinTokens) return gemm_rows<WL>(a, m_begin, m_end);
+    if (a.n == 1) {  // decode: one sequential weight stream (see qkernels_impl.h)
+        const F32Tile<WL> tile{a};
+        for (int64_t m = m_begin; m < m_end; ++m) tile.template run<1, 1>(m, 0);
+        return;
+    }
     for_each_tile(a, m_begin, m_end, F32Tile<WL>{a});
 }
 

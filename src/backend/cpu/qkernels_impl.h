@@ -117,6 +117,15 @@ void quantize_acts(DType w, const float* x, int64_t n, int64_t k, uint8_t* dst) 
 }
 
 // --- direct kernels: out[r][c] = dot(weight row r, activation row c) --------------------------
+//
+// Decode streams every weight byte from DRAM once per step. On the machines measured the
+// hardware prefetchers alone left the kernels at about half the read bandwidth; a software
+// prefetch kPrefetchAhead bytes ahead in each row (about once per cache line) closes most of
+// the gap.
+constexpr int kPrefetchAhead = 4096;
+inline void prefetch_ahead(const uint8_t* p) {
+    _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchAhead, _MM_HINT_T0);
+}
 
 struct DirectQ8_0 {
     template <int R, int C>
@@ -134,6 +143,7 @@ struct DirectQ8_0 {
             }
             for (int r = 0; r < R; ++r) {
                 const uint8_t* blk = w[r] + 34 * b;
+                if (b % 2 == 0) prefetch_ahead(blk);
                 const VI wv = _mm256_loadu_si256(reinterpret_cast<const VI*>(blk + 2));
                 const float dw = half_to_float(blk);
                 for (int c = 0; c < C; ++c)
@@ -169,6 +179,7 @@ struct DirectQ4_0 {
             }
             for (int r = 0; r < R; ++r) {
                 const uint8_t* blk = w[r] + 18 * b;
+                if (b % 4 == 0) prefetch_ahead(blk);
                 const VI u = q4_0_nibbles(blk + 2);
                 const float dw = half_to_float(blk);
                 for (int c = 0; c < C; ++c)
@@ -228,6 +239,7 @@ struct DirectQ4_K {
                     xhi[c] = _mm256_load_si256(reinterpret_cast<const VI*>(x[c].q + 256 * i + 64 * j + 32));
                 }
                 for (int r = 0; r < R; ++r) {
+                    prefetch_ahead(w[r] + 144 * i + 32 * j);
                     const VI q = _mm256_loadu_si256(reinterpret_cast<const VI*>(w[r] + 144 * i + 16 + 32 * j));
                     const VI lo = _mm256_and_si256(q, splat8(0x0F));
                     const VI hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), splat8(0x0F));
@@ -307,6 +319,7 @@ struct DirectQ6_K {
                     }
                     for (int r = 0; r < R; ++r) {
                         const uint8_t* blk = w[r] + 210 * i;
+                        if (j % 2 == 0) prefetch_ahead(blk + 64 * h + 32 * j);
                         const VI u = q6_k_block(blk + 64 * h, blk + 128 + 32 * h, j);
                         for (int c = 0; c < C; ++c) {
                             const __m256 s = _mm256_set_m128(_mm_broadcast_ss(&sv[r][c][2 * b + 1]),
@@ -359,6 +372,12 @@ inline void run_qcols(const Tile& tile, int64_t m, int64_t t, int64_t cols) {
 template <class K>
 void direct_rows(const MatmulArgs& a, const uint8_t* xq, int64_t m_begin, int64_t m_end) {
     const DirectTile<K> tile{a, xq, act_row_bytes(a.k)};
+    if (a.n == 1) {
+        // Decode: one row at a time reads the weights as one sequential stream, which measured
+        // faster than four rows side by side (and the activation row stays in L1 either way).
+        for (int64_t m = m_begin; m < m_end; ++m) tile.template run<1, 1>(m, 0);
+        return;
+    }
     for (int64_t tb = 0; tb < a.n; tb += kTokenBlock) {
         const int64_t te = std::min(a.n, tb + kTokenBlock);
         int64_t m = m_begin;
@@ -556,8 +575,19 @@ void panel_rows(const MatmulArgs& a, const uint8_t* xq, int64_t m_begin, int64_t
     for (int64_t m0 = m_begin; m0 < m_end; m0 += kPanelRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, m_end - m0));
         pack_panel<T>(a, m0, rows, p);
+        // The next panel's weights come from DRAM: prefetch them into L2, a share per tile.
+        const int64_t next_rows = std::max<int64_t>(0, std::min<int64_t>(kPanelRows, m_end - m0 - kPanelRows));
+        const char* next = static_cast<const char*>(a.w) + (m0 + kPanelRows) * a.w_row_bytes;
+        const int64_t pf_total = static_cast<int64_t>((next_rows * a.w_row_bytes + 63) / 64);
+        const int64_t pf_per = pf_total / (a.n / 8 + 1) + 1;
+        int64_t pf_done = 0;
         int64_t t = 0;
-        for (; t + 8 <= a.n; t += 8) panel_cols<T, 8>(a, p, xq, stride, m0, rows, t);
+        for (; t + 8 <= a.n; t += 8) {
+            for (const int64_t e = std::min(pf_total, pf_done + pf_per); pf_done < e; ++pf_done)
+                _mm_prefetch(next + 64 * pf_done, _MM_HINT_T1);
+            panel_cols<T, 8>(a, p, xq, stride, m0, rows, t);
+        }
+        for (; pf_done < pf_total; ++pf_done) _mm_prefetch(next + 64 * pf_done, _MM_HINT_T1);
         switch (a.n - t) {
             case 7:
                 panel_cols<T, 7>(a, p, xq, stride, m0, rows, t);

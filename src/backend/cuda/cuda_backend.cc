@@ -408,6 +408,13 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, c
              w.shape_str(), " out ", out.shape_str());
     PG_CHECK(x.dtype == DType::BF16 && w.dtype == DType::BF16, "CUDA matmul takes bf16 inputs");
     if (n == 0) return;
+    if (options_.gemv && cuda::gemv_supported(static_cast<int>(n), static_cast<int>(k), x.data, w.data)) {
+        // Batch-1..4 decode: our weight-streaming kernel beats cuBLASLt's skinny tiles.
+        cuda::gemv(bf(x), bf(w), out.data, out.dtype == DType::F32, static_cast<int>(n), static_cast<int>(m),
+                   static_cast<int>(k), stream_);
+        if (!bias.empty()) cuda::add_bias(bf(out), bias.ptr<float>(), n, m, stream_);
+        return;
+    }
     const auto key = std::make_tuple(n, m, k, static_cast<int>(out.dtype));
     auto it = gemms_.find(key);
     if (it == gemms_.end()) {

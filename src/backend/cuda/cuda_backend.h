@@ -19,6 +19,7 @@ struct CudaOptions {
     int device = 0;
     bool graphs = true;       // false: --enforce-eager
     int max_graph_batch = 256;  // decode batches above this run eagerly
+    bool gemv = true;           // our skinny-product kernel for n <= 4 (else cuBLASLt for all)
 };
 
 // Whether a CUDA device is present (never throws).

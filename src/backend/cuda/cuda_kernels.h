@@ -81,6 +81,12 @@ void fill_random_f32(float* out, int64_t n, uint64_t seed, float lo, float hi, c
 // out[i, :] = bias (f32 [m]) added to x [n, m] bf16, in place.
 void add_bias(bf16_t* x, const float* bias, int64_t n, int64_t m, cudaStream_t stream);
 
+// Skinny product for decode: out[n, m] = x[n, k] . w[m, k]^T, bf16 in, f32 accumulate, out f32
+// (out_f32) or bf16. n <= kMaxGemvRows, k a multiple of 8, x and w 16-byte aligned.
+constexpr int kMaxGemvRows = 4;
+bool gemv_supported(int n, int k, const void* x, const void* w);
+void gemv(const bf16_t* x, const bf16_t* w, void* out, bool out_f32, int n, int m, int k, cudaStream_t stream);
+
 // ---- attention -----------------------------------------------------------------------------
 struct AttentionArgs {
     const bf16_t* q = nullptr;  // [num_tokens, num_heads * head_dim]
