@@ -30,10 +30,10 @@ MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
         }
         data_ = static_cast<const uint8_t*>(p);
         // Ask for 2 MiB folios when pages are read in (file systems with large folios, e.g. ext4
-        // and xfs on recent kernels, then map them with PMDs): streaming the weights every
-        // decode step runs up to a third faster than over 4 KiB pages (fewer TLB misses; the
-        // hardware prefetchers stop at page boundaries). A hint: pages already cached as 4 KiB
-        // folios stay so.
+        // and xfs on recent kernels, then map them with PMDs): a plain read of 1 GiB measured
+        // up to a third faster over 2 MiB pages than over 4 KiB ones here (fewer TLB misses),
+        // and decode streams every weight each step. Only a hint: pages already in the page
+        // cache as 4 KiB folios stay so.
         ::madvise(p, size_, MADV_HUGEPAGE);
     }
     ::close(fd);

@@ -18,48 +18,15 @@ namespace {
 #define SKIP_WITHOUT_GPU() \
     if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device"
 
-struct GpuModel {
-    std::unique_ptr<CudaBackend> backend;
-    std::unique_ptr<LoadedModel> loaded;
-    std::unique_ptr<LlamaModel> model;
-
-    explicit GpuModel(const std::string& path, bool graphs = true) {
+// The golden TestModel on a CudaBackend.
+struct GpuModel : TestModel {
+    explicit GpuModel(const std::string& path, bool graphs = true) : TestModel(path, make_backend(graphs)) {}
+    static std::unique_ptr<Backend> make_backend(bool graphs) {
         CudaOptions o;
         o.graphs = graphs;
-        backend = std::make_unique<CudaBackend>(o);
-        LoadOptions opt;
-        opt.matmul_dtype_ok = [this](DType t) { return backend->supports_weight_dtype(t); };
-        loaded = load_model(path, opt);
-        model = std::make_unique<LlamaModel>(*loaded, *backend);
+        return std::make_unique<CudaBackend>(o);
     }
-    int vocab() const { return loaded->config.vocab_size; }
-
-    std::vector<float> all_logits(const std::vector<int32_t>& ids, int chunk = 0) {
-        SequenceRunner runner(*model, *backend, static_cast<int>(ids.size()) + 1);
-        std::vector<float> out, part;
-        const size_t step = chunk > 0 ? static_cast<size_t>(chunk) : ids.size();
-        for (size_t i = 0; i < ids.size(); i += step) {
-            std::vector<int32_t> piece(ids.begin() + i, ids.begin() + std::min(ids.size(), i + step));
-            runner.run(piece, true, part);
-            out.insert(out.end(), part.begin(), part.end());
-        }
-        return out;
-    }
-
-    std::vector<int> greedy(const std::vector<int32_t>& prompt, int n) {
-        SequenceRunner runner(*model, *backend, static_cast<int>(prompt.size()) + n);
-        std::vector<float> logits;
-        runner.run(prompt, false, logits);
-        std::vector<int> out;
-        for (int i = 0; i < n; ++i) {
-            int best = 0;
-            for (int v = 1; v < vocab(); ++v)
-                if (logits[v] > logits[best]) best = v;
-            out.push_back(best);
-            if (i + 1 < n) runner.run({best}, false, logits);
-        }
-        return out;
-    }
+    CudaBackend& cuda() { return static_cast<CudaBackend&>(*backend); }
 };
 
 struct Case {
@@ -210,7 +177,7 @@ TEST(GpuEngine, CrowdOf64MatchesAlone) {
             }
         }
         std::printf("gpu crowd (%s): %d of 128 request runs differ from alone; %d graphs recorded\n",
-                    graphs ? "graphs" : "eager", differ, g.backend->num_graphs());
+                    graphs ? "graphs" : "eager", differ, g.cuda().num_graphs());
     }
 }
 

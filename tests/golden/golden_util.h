@@ -41,16 +41,20 @@ inline std::vector<float> read_f32_file(const std::string& path) {
     return v;
 }
 
-// A loaded model with a backend and a one-sequence runner.
+// A loaded model with a backend (the CPU one unless given) and a one-sequence runner.
 struct TestModel {
-    std::unique_ptr<CpuBackend> backend;
+    std::unique_ptr<Backend> backend;
     std::unique_ptr<LoadedModel> loaded;
     std::unique_ptr<LlamaModel> model;
 
     explicit TestModel(const std::string& path, int threads = 2,
                        const std::function<void(ModelConfig&)>& edit_config = {},
-                       CpuPrecision precision = CpuPrecision::Float32) {
-        backend = std::make_unique<CpuBackend>(threads, precision);
+                       CpuPrecision precision = CpuPrecision::Float32)
+        : TestModel(path, std::make_unique<CpuBackend>(threads, precision), edit_config) {}
+
+    TestModel(const std::string& path, std::unique_ptr<Backend> b,
+              const std::function<void(ModelConfig&)>& edit_config = {}) {
+        backend = std::move(b);
         LoadOptions opt;
         opt.matmul_dtype_ok = [this](DType t) { return backend->supports_weight_dtype(t); };
         loaded = load_model(path, opt);

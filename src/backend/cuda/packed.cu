@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/rope_angles.cuh"
 
 namespace peregrine::cuda {
 
@@ -31,14 +32,7 @@ __global__ void rope_packed_kernel(uint16_t* __restrict__ qkv, uint16_t* __restr
     const int64_t t = blockIdx.x;
     const int half = rotary_dim / 2;
     const float pos = static_cast<float>(positions[t]);
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        // As the CPU backend (and Hugging Face): the angle is an f32 product, cos/sin in double.
-        const double angle = static_cast<double>(__fmul_rn(pos, inv_freq[i]));
-        double s, c;
-        sincos(angle, &s, &c);
-        cs[i] = __fmul_rn(static_cast<float>(c), attention_factor);
-        cs[half + i] = __fmul_rn(static_cast<float>(s), attention_factor);
-    }
+    rope_angles(cs, pos, inv_freq, half, attention_factor);
     __syncthreads();
     const int q_dim = num_heads * head_dim, kv_dim = num_kv_heads * head_dim;
     const uint16_t* row = qkv + t * static_cast<int64_t>(q_dim + 2 * kv_dim);
