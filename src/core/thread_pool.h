@@ -48,6 +48,28 @@ class ThreadPool {
         });
     }
 
+    // Like parallel_for, but [0, n) is cut into about `pieces_per_thread` pieces per thread
+    // (multiples of `align`) that threads take in turn from a shared counter: a thread slowed
+    // by the machine (or by its share of memory bandwidth) takes fewer pieces instead of
+    // holding the others up. Which thread runs a piece must not matter to fn.
+    template <typename F>
+    void parallel_for_dynamic(int64_t n, F&& fn, int64_t align = 1, int64_t work = INT64_MAX,
+                              int pieces_per_thread = 8) {
+        if (n <= 0) return;
+        const int64_t units = (n + align - 1) / align;
+        if (num_threads_ == 1 || units == 1 || work < kMinParallelWork) {
+            fn(int64_t{0}, n);
+            return;
+        }
+        const int64_t pieces = std::min<int64_t>(units, int64_t{num_threads_} * pieces_per_thread);
+        const int64_t per = (units + pieces - 1) / pieces * align;
+        std::atomic<int64_t> next{0};
+        run([&](int, int) {
+            for (int64_t begin; (begin = next.fetch_add(per, std::memory_order_relaxed)) < n;)
+                fn(begin, std::min(n, begin + per));
+        });
+    }
+
   private:
     void worker(int index);
 

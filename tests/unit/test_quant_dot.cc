@@ -6,6 +6,7 @@
 //   - the f32 activations, within the activation quantization's worst-case error.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -15,6 +16,7 @@
 #include "core/cpu_features.h"
 #include "core/half.h"
 #include "core/quant.h"
+#include "core/thread_pool.h"
 
 namespace peregrine::cpu {
 namespace {
@@ -103,8 +105,8 @@ struct Shape {
 };
 
 void check(const Kernels& kern, DType t, const Shape& s) {
-    SCOPED_TRACE(::testing::Message() << kern.name << " " << kern.qmatmul_name << " " << dtype_name(t)
-                                      << " n=" << s.n << " k=" << s.k << " m=" << s.m);
+    SCOPED_TRACE(::testing::Message() << kern.name << " " << kern.qmatmul_name << " " << dtype_name(t) << " n=" << s.n
+                                      << " k=" << s.k << " m=" << s.m);
     std::mt19937 rng(static_cast<uint32_t>(s.n * 1000003 + s.k * 101 + s.m * 7 + static_cast<int>(t)));
     const std::vector<uint8_t> w = random_weights(t, s.m, s.k, rng);
     const std::vector<float> x = random_acts(s.n, s.k, rng);
@@ -148,7 +150,8 @@ void check(const Kernels& kern, DType t, const Shape& s) {
             }
             const float got = out[c * s.m + r];
             ASSERT_NEAR(got, ref_q8, 2e-6 * mag + 1e-6) << "same 8-bit activations, at (" << c << ", " << r << ")";
-            ASSERT_NEAR(got, ref_f32, 1.001 * qerr + 2e-6 * mag + 1e-6) << "f32 activations, at (" << c << ", " << r << ")";
+            ASSERT_NEAR(got, ref_f32, 1.001 * qerr + 2e-6 * mag + 1e-6)
+                << "f32 activations, at (" << c << ", " << r << ")";
         }
     }
 }
@@ -184,7 +187,7 @@ TEST(QuantDot, ActivationQuantizationRoundTrip) {
 
 // Rows n = 1, 2, 3, 5, 17 (decode tiles, their remainders) and larger batches (prefill panels),
 // odd m (row tiles and panels with a remainder), a split that is not at a panel boundary.
-const Shape kShapes[] = {{1, 256, 7},  {2, 256, 33},  {3, 512, 5},  {5, 768, 17},
+const Shape kShapes[] = {{1, 256, 7},   {2, 256, 33},  {3, 512, 5},   {5, 768, 17},
                          {17, 256, 50}, {40, 512, 37}, {64, 256, 16}, {9, 1024, 3}};
 
 TEST(QuantDot, EveryTypeEveryIsa) {
@@ -256,6 +259,26 @@ TEST(F32Matmul, SiluMulMatchesScalar) {
         for (size_t i = 0; i < g.size(); ++i) {
             const double ref = g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
             ASSERT_NEAR(out[i], ref, 1e-6 * std::fabs(ref) + 1e-30) << kern->name << " g=" << g[i];
+        }
+    }
+}
+
+// The matmuls' dynamic split: every index exactly once, pieces aligned, any thread count.
+TEST(ThreadPoolDynamic, CoversEveryIndexOnce) {
+    for (int threads : {1, 2, 3}) {
+        ThreadPool pool(threads);
+        for (int64_t n : {1, 15, 16, 17, 1000, 4864}) {
+            for (int64_t align : {1, 4, 16}) {
+                std::vector<std::atomic<int>> hits(n);
+                pool.parallel_for_dynamic(
+                    n,
+                    [&](int64_t b, int64_t e) {
+                        EXPECT_EQ(b % align, 0);
+                        for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+                    },
+                    align);
+                for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << n << " " << align;
+            }
         }
     }
 }

@@ -143,7 +143,8 @@ void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, co
                             bias.empty() ? nullptr : bias.ptr<float>(),
                             out.ptr<float>(),
                             w.rows()};
-    // Split the weight rows; tiles of 4 rows stay within one thread.
+    // Split the weight rows into pieces that threads take in turn (each output is computed the
+    // same way whichever thread takes its piece); tiles of rows stay within one piece.
     if (cpu::qmatmul_supports(w.dtype)) {
         // Quantized weights always meet 8-bit activations (as in llama.cpp), `exact` included:
         // the weights are the coarser side already.
@@ -153,12 +154,13 @@ void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, co
         uint8_t* xq = align64(x_q8_.data());
         const cpu::Kernels& kern = *kernels_;
         pool_->parallel_for(
-            a.n, [&](int64_t begin, int64_t end) {
+            a.n,
+            [&](int64_t begin, int64_t end) {
                 kern.quantize_acts(w.dtype, a.x + begin * a.k, end - begin, a.k, xq + begin * stride);
             },
             1, a.n * a.k * 4);
         const size_t scratch_bytes = cpu::qmatmul_scratch_bytes(a.k);
-        pool_->parallel_for(
+        pool_->parallel_for_dynamic(
             a.m,
             [&](int64_t begin, int64_t end) {
                 // Per thread, grown once: the unpacked weight panel of the prefill kernels.
@@ -180,7 +182,7 @@ void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, co
         return;
     }
     // Ranges of 16 rows: the prefill GEMM reduces 16 rows' accumulators at once.
-    pool_->parallel_for(
+    pool_->parallel_for_dynamic(
         a.m, [&](int64_t begin, int64_t end) { kernels_->matmul_rows(a, begin, end); }, 16, a.n * a.m * a.k);
 }
 

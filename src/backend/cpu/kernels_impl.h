@@ -272,7 +272,7 @@ template <int R, int C>
 inline void gemm_micro(const float* wp, const float* x, int64_t ldx, int64_t kc, VF* acc, bool first) {
     VF c_[R][C];
     for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) c_[r][c] = first ? vzero() : acc[r * kGemmNc + c];
+        for (int c = 0; c < C; ++c) c_[r][c] = first ? vzero() : acc[c * kGemmMc + r];
 #pragma GCC unroll 2  // measured ~10% faster: the loads of one step overlap the FMAs of the other
     for (int64_t i = 0; i < kc; i += kW) {
         VF wv[R];
@@ -283,7 +283,7 @@ inline void gemm_micro(const float* wp, const float* x, int64_t ldx, int64_t kc,
         }
     }
     for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) acc[r * kGemmNc + c] = c_[r][c];
+        for (int c = 0; c < C; ++c) acc[c * kGemmMc + r] = c_[r][c];
 }
 
 template <int R>
@@ -306,7 +306,8 @@ inline void gemm_micro_cols(int cols, const float* wp, const float* x, int64_t l
 
 template <class WL>
 void gemm_rows(const MatmulArgs& a, int64_t m_begin, int64_t m_end) {
-    // Per thread, grown once: converted weights [kGemmMc][kGemmKc] and accumulators [kGemmMc][kGemmNc].
+    // Per thread, grown once: converted weights [kGemmMc][kGemmLdw] and accumulators [kGemmNc][kGemmMc]
+    // (a token's 16-row groups contiguous for vsum16; row-major at a 12 KiB stride thrashed L1).
     thread_local std::vector<float> buf;
     const size_t w_floats = kGemmMc * kGemmLdw, acc_floats = kGemmMc * kGemmNc * kW;
     if (buf.size() < w_floats + acc_floats + 16) buf.resize(w_floats + acc_floats + 16);
@@ -330,13 +331,13 @@ void gemm_rows(const MatmulArgs& a, int64_t m_begin, int64_t m_end) {
                 const int64_t next_ic = same_rows ? ic : ic + kGemmMc, next_pc = same_rows ? pc + kGemmKc : 0;
                 const int64_t next_mc = std::max<int64_t>(0, std::min(kGemmMc, m_end - next_ic));
                 const int64_t row_lines = (WL::addr(w, std::min(kGemmKc, kv - next_pc)) - w + 63) / 64;
-                const int64_t pf_total = next_mc * row_lines, pf_per = (pf_total + nc / kGC) / (nc / kGC + 1);
-                int64_t pf_done = 0;
+                const int64_t rows_per = next_mc / (nc / kGC + 1) + 1;  // rows prefetched per tile column
+                int64_t pf_row = 0;
                 for (int64_t jr = 0, cols; jr < nc; jr += cols) {
-                    for (int64_t e = pf_done + pf_per; pf_done < std::min(e, pf_total); ++pf_done) {
-                        const uint8_t* row = w + (next_ic + pf_done / row_lines) * a.w_row_bytes;
-                        _mm_prefetch(reinterpret_cast<const char*>(WL::addr(row, next_pc)) + 64 * (pf_done % row_lines),
-                                     _MM_HINT_T1);
+                    for (const int64_t e = std::min(next_mc, pf_row + rows_per); pf_row < e; ++pf_row) {
+                        const char* p =
+                            reinterpret_cast<const char*>(WL::addr(w + (next_ic + pf_row) * a.w_row_bytes, next_pc));
+                        for (int64_t l = 0; l < row_lines; ++l) _mm_prefetch(p + 64 * l, _MM_HINT_T1);
                     }
                     // Tiles of kGC tokens; a remainder of 7 or 8 as 4 + 3 or 4 + 4 (thin tiles
                     // reload the weights for few FMAs).
@@ -344,9 +345,11 @@ void gemm_rows(const MatmulArgs& a, int64_t m_begin, int64_t m_end) {
                     const float* x = a.x + (jc + jr) * a.k + pc;
                     int64_t ir = 0;
                     for (; ir + kGR <= mc; ir += kGR)
-                        gemm_micro_cols<kGR>(static_cast<int>(cols), wp + ir * kGemmLdw, x, a.k, kc, accb + ir * kGemmNc + jr, pc == 0);
+                        gemm_micro_cols<kGR>(static_cast<int>(cols), wp + ir * kGemmLdw, x, a.k, kc,
+                                             accb + jr * kGemmMc + ir, pc == 0);
                     for (; ir < mc; ++ir)
-                        gemm_micro_cols<1>(static_cast<int>(cols), wp + ir * kGemmLdw, x, a.k, kc, accb + ir * kGemmNc + jr, pc == 0);
+                        gemm_micro_cols<1>(static_cast<int>(cols), wp + ir * kGemmLdw, x, a.k, kc,
+                                           accb + jr * kGemmMc + ir, pc == 0);
                 }
             }
             int64_t r0 = 0;
@@ -354,7 +357,7 @@ void gemm_rows(const MatmulArgs& a, int64_t m_begin, int64_t m_end) {
             for (; r0 + 16 <= mc; r0 += 16) {
                 const VF b = a.bias ? vload(a.bias + ic + r0) : vzero();
                 for (int64_t c = 0; c < nc; ++c) {
-                    VF v = kv > 0 ? vsum16(accb + r0 * kGemmNc + c, kGemmNc) : vzero();
+                    VF v = kv > 0 ? vsum16(accb + c * kGemmMc + r0, 1) : vzero();
                     if (kv < a.k) {  // rows whose length is not a multiple of 16: the scalar tail
                         alignas(64) float t[16];
                         vstore(t, v);
@@ -374,7 +377,7 @@ void gemm_rows(const MatmulArgs& a, int64_t m_begin, int64_t m_end) {
                 const float b = a.bias ? a.bias[ic + r] : 0.0f;
                 for (int64_t c = 0; c < nc; ++c) {
                     const float* xr = a.x + (jc + c) * a.k;
-                    float v = kv > 0 ? vsum(accb[r * kGemmNc + c]) : 0.0f;
+                    float v = kv > 0 ? vsum(accb[c * kGemmMc + r]) : 0.0f;
                     for (int64_t i = kv; i < a.k; ++i) v = std::fma(WL::at(row, i), xr[i], v);
                     a.out[(jc + c) * a.m + ic + r] = v + b;
                 }
@@ -684,9 +687,8 @@ void attention(const AttentionArgs& a) {
 namespace peregrine::cpu::PG_KERNEL_NS {
 
 const Kernels& table() {
-    static const Kernels k{PG_KERNEL_NAME, &matmul_rows,  &dot,          &axpy,         kMatmulBf16,
-                           &to_bf16,       &attention,    &silu_mul,     &quantize_acts, &qmatmul_rows,
-                           &qmatmul_align, kQmatmulName};
+    static const Kernels k{PG_KERNEL_NAME, &matmul_rows, &dot,           &axpy,         kMatmulBf16,    &to_bf16,
+                           &attention,     &silu_mul,    &quantize_acts, &qmatmul_rows, &qmatmul_align, kQmatmulName};
     return k;
 }
 

@@ -149,8 +149,7 @@ struct TileAcc {
             }
         for (; i < n; ++i) step(i, a);
     }
-    template <int RR = R, int CC = C>
-    void sum(float (&out)[RR][CC]) const {
+    void sum(float (&out)[R][C]) const {
         for (int r = 0; r < R; ++r)
             for (int c = 0; c < C; ++c) out[r][c] = hsum8f(kTwo ? _mm256_add_ps(a[r][c], b[r][c]) : a[r][c]);
     }
@@ -169,7 +168,7 @@ struct DirectQ8_0 {
     template <int R, int C>
     static void tile(const uint8_t* const* w, const ActRow* x, int64_t k, float (&out)[R][C]) {
         TileAcc<R, C> t;
-        t.each(k / 32, [&](int64_t b, Acc8 (&acc)[R][C]) {
+        t.each(k / 32, [&](int64_t b, Acc8(&acc)[R][C]) {
             VI xv[C], init[C];
             float dx[C];
             for (int c = 0; c < C; ++c) {
@@ -202,7 +201,7 @@ struct DirectQ4_0 {
     template <int R, int C>
     static void tile(const uint8_t* const* w, const ActRow* x, int64_t k, float (&out)[R][C]) {
         TileAcc<R, C> t;
-        t.each(k / 32, [&](int64_t b, Acc8 (&acc)[R][C]) {
+        t.each(k / 32, [&](int64_t b, Acc8(&acc)[R][C]) {
             VI xv[C], init[C];
             float dx[C];
             for (int c = 0; c < C; ++c) {
@@ -250,7 +249,7 @@ struct DirectQ4_K {
         TileAcc<R, C> t;
         Acc8(&acc)[R][C] = t.a;
         Acc8(&acc_hi)[R][C] = second_set(t);  // the high nibbles' sub-blocks
-        alignas(32) float sv[R][C][8];  // d * sc[s] * dx[s] per sub-block
+        alignas(32) float sv[R][C][8];        // d * sc[s] * dx[s] per sub-block
         for (int64_t i = 0; i < k / 256; ++i) {
             for (int r = 0; r < R; ++r) {
                 const uint8_t* blk = w[r] + 144 * i;
@@ -278,10 +277,10 @@ struct DirectQ4_K {
                     for (int c = 0; c < C; ++c) {
                         const VI a = dot_u8s8(_mm256_setzero_si256(), lo, xlo[c]);
                         const VI b = dot_u8s8(_mm256_setzero_si256(), hi, xhi[c]);
-                        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_broadcast_ss(&sv[r][c][2 * j]),
-                                                    acc[r][c]);
-                        acc_hi[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b),
-                                                       _mm256_broadcast_ss(&sv[r][c][2 * j + 1]), acc_hi[r][c]);
+                        acc[r][c] =
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_broadcast_ss(&sv[r][c][2 * j]), acc[r][c]);
+                        acc_hi[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b), _mm256_broadcast_ss(&sv[r][c][2 * j + 1]),
+                                                       acc_hi[r][c]);
                     }
                 }
             }
@@ -324,7 +323,8 @@ struct DirectQ6_K {
     static void tile(const uint8_t* const* w, const ActRow* x, int64_t k, float (&out)[R][C]) {
         TileAcc<R, C> t;
         alignas(32) float sv[R][C][16];  // d * sc[s] * dx per sub-block of 16
-        const VI expand_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), expand_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+        const VI expand_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3),
+                 expand_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
         for (int64_t i = 0; i < k / 256; ++i) {
             for (int r = 0; r < R; ++r) {
                 const uint8_t* blk = w[r] + 210 * i;
@@ -340,23 +340,20 @@ struct DirectQ6_K {
             }
             // Block j (0..3) of half h, into `acc` (even blocks and odd ones in the two sets).
             auto block = [&](int h, int j, Acc8(&acc)[R][C]) {
-                {
-                    const int b = 4 * h + j;  // block of 32 within the super-block
-                    VI xv[C], init[C];
+                const int b = 4 * h + j;  // block of 32 within the super-block
+                VI xv[C], init[C];
+                for (int c = 0; c < C; ++c) {
+                    xv[c] = _mm256_load_si256(reinterpret_cast<const VI*>(x[c].q + 256 * i + 32 * b));
+                    init[c] = lanes04(x[c].off[16 * i + 2 * b], x[c].off[16 * i + 2 * b + 1]);
+                }
+                for (int r = 0; r < R; ++r) {
+                    const uint8_t* blk = w[r] + 210 * i;
+                    if (j % 2 == 0) prefetch_ahead(blk + 64 * h + 32 * j);
+                    const VI u = q6_k_block(blk + 64 * h, blk + 128 + 32 * h, j);
                     for (int c = 0; c < C; ++c) {
-                        xv[c] = _mm256_load_si256(reinterpret_cast<const VI*>(x[c].q + 256 * i + 32 * b));
-                        init[c] = lanes04(x[c].off[16 * i + 2 * b], x[c].off[16 * i + 2 * b + 1]);
-                    }
-                    for (int r = 0; r < R; ++r) {
-                        const uint8_t* blk = w[r] + 210 * i;
-                        if (j % 2 == 0) prefetch_ahead(blk + 64 * h + 32 * j);
-                        const VI u = q6_k_block(blk + 64 * h, blk + 128 + 32 * h, j);
-                        for (int c = 0; c < C; ++c) {
-                            const __m256 s = _mm256_set_m128(_mm_broadcast_ss(&sv[r][c][2 * b + 1]),
-                                                             _mm_broadcast_ss(&sv[r][c][2 * b]));
-                            acc[r][c] =
-                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(init[c], u, xv[c])), s, acc[r][c]);
-                        }
+                        const __m256 s =
+                            _mm256_set_m128(_mm_broadcast_ss(&sv[r][c][2 * b + 1]), _mm_broadcast_ss(&sv[r][c][2 * b]));
+                        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(init[c], u, xv[c])), s, acc[r][c]);
                     }
                 }
             };
@@ -530,14 +527,16 @@ struct Unpack<DType::Q6_K> {
     static __m512i values(const uint8_t* row, int64_t e) {
         const uint8_t* blk = row + (e / 256) * 210;
         const int h = static_cast<int>(e % 256) / 128, j = static_cast<int>(e % 128) / 32;  // j: 0 or 2
-        return join(q6_k_block(blk + 64 * h, blk + 128 + 32 * h, j), q6_k_block(blk + 64 * h, blk + 128 + 32 * h, j + 1));
+        return join(q6_k_block(blk + 64 * h, blk + 128 + 32 * h, j),
+                    q6_k_block(blk + 64 * h, blk + 128 + 32 * h, j + 1));
     }
     static void scales(const uint8_t* row, int64_t k, float* a, float* b, int r) {
         (void)b;
         for (int64_t i = 0; i < k / 256; ++i) {
             const uint8_t* blk = row + 210 * i;
             const float d = half_to_float(blk + 208);
-            for (int s = 0; s < 16; ++s) a[(16 * i + s) * 16 + r] = d * static_cast<float>(static_cast<int8_t>(blk[192 + s]));
+            for (int s = 0; s < 16; ++s)
+                a[(16 * i + s) * 16 + r] = d * static_cast<float>(static_cast<int8_t>(blk[192 + s]));
         }
     }
 };
@@ -548,7 +547,8 @@ void pack_panel(const MatmulArgs& a, int64_t m0, int rows, const Panel& p) {
     const uint8_t* w = static_cast<const uint8_t*>(a.w) + m0 * a.w_row_bytes;
     for (int64_t e = 0; e < a.k; e += 64) {
         __m512i r[16];
-        for (int i = 0; i < 16; ++i) r[i] = i < rows ? Unpack<T>::values(w + i * a.w_row_bytes, e) : _mm512_setzero_si512();
+        for (int i = 0; i < 16; ++i)
+            r[i] = i < rows ? Unpack<T>::values(w + i * a.w_row_bytes, e) : _mm512_setzero_si512();
         transpose16x16(r);
         for (int j = 0; j < 16; ++j) _mm512_store_si512(p.q + (e / 4 + j) * 64, r[j]);
     }
@@ -694,7 +694,7 @@ int64_t qmatmul_align(const MatmulArgs& a) {
 }
 
 #if defined(PG_KERNEL_AVX512)
-constexpr const char* kQmatmulName = "int8 dot: avx512-vnni (q8_0, q4_0, q4_k, q6_k)";
+constexpr const char* kQmatmulName = "int8 dot: avx512-vnni (q8_0, q4_0, q4_k, q6_k; prefill in 16-row VNNI panels)";
 #else
 constexpr const char* kQmatmulName = "int8 dot: avx2 (q8_0, q4_0, q4_k, q6_k)";
 #endif
