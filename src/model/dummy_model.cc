@@ -1,37 +1,15 @@
 // `--load-format dummy`: a model's shape from its config, with random weights.
-#include <filesystem>
+#include <string>
 
 #include "backend/backend.h"
-#include "core/error.h"
-#include "formats/gguf.h"
-#include "formats/gguf_config.h"
-#include "formats/hf_config.h"
 #include "model/loader.h"
 
 namespace peregrine {
 
-namespace fs = std::filesystem;
-
-std::unique_ptr<LoadedModel> load_dummy_model(const std::string& path_in, Backend& backend, uint64_t seed,
+std::unique_ptr<LoadedModel> load_dummy_model(const std::string& path, Backend& backend, uint64_t seed,
                                               float scale) {
-    auto m = std::make_unique<LoadedModel>();
-    std::error_code ec;
-    if (!fs::exists(path_in, ec)) fail(path_in, ": no such file or directory");
-    std::string path = path_in;
-    if (fs::is_regular_file(path) && fs::path(path).extension() == ".safetensors") path = fs::path(path).parent_path();
-    m->path = path;
-    if (fs::is_directory(path)) {
-        m->format = "dummy (config.json)";
-        m->model_dir = path;
-        m->config = read_hf_config(path);
-    } else {
-        m->format = "dummy (gguf metadata)";
-        m->gguf = std::make_shared<GgufFile>(path);
-        m->config = read_gguf_config(*m->gguf);
-        m->config.attention_bias = m->gguf->find_tensor("blk.0.attn_q.bias") != nullptr;
-        m->config.tie_word_embeddings = m->gguf->find_tensor("output.weight") == nullptr;
-        m->config.validate(path);
-    }
+    std::unique_ptr<LoadedModel> m = open_model_config(path);
+    m->format = "dummy (" + std::string(m->gguf ? "gguf metadata" : "config.json") + ")";
     const ModelConfig& c = m->config;
     const DType mat = backend.activation_dtype();
 

@@ -238,7 +238,7 @@ bool has_gguf_magic(const std::string& path) {
 
 }  // namespace
 
-std::unique_ptr<LoadedModel> load_model(const std::string& path_in, const LoadOptions& options) {
+std::unique_ptr<LoadedModel> open_model_config(const std::string& path_in) {
     auto m = std::make_unique<LoadedModel>();
     std::error_code ec;
     if (!fs::exists(path_in, ec)) fail(path_in, ": no such file or directory");
@@ -250,11 +250,6 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path_in, const LoadOp
         m->format = "safetensors";
         m->model_dir = path;
         m->config = read_hf_config(path);
-        m->safetensors = std::make_shared<SafetensorsSet>(SafetensorsSet::open_dir(path));
-        SafetensorsSource src(*m->safetensors, path);
-        Builder b(*m, src, options);
-        for (const auto& [name, e] : m->safetensors->entries()) b.total_bytes_ += e.view.nbytes();
-        b.build(hf_names());
         return m;
     }
     if (fs::path(path).extension() == ".gguf" || has_gguf_magic(path)) {
@@ -262,23 +257,35 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path_in, const LoadOp
         m->gguf = std::make_shared<GgufFile>(path);
         m->config = read_gguf_config(*m->gguf);
         ModelConfig& c = m->config;
-        GgufSource src(*m->gguf);
         // Facts GGUF keeps in the tensor list rather than the metadata.
         c.attention_bias = m->gguf->find_tensor("blk.0.attn_q.bias") != nullptr;
         c.tie_word_embeddings = m->gguf->find_tensor("output.weight") == nullptr;
-        if (const GgufTensorInfo* rf = m->gguf->find_tensor("rope_freqs.weight")) {
+        if (m->gguf->find_tensor("rope_freqs.weight")) {
             Tensor t = m->gguf->tensor("rope_freqs.weight");
             if (t.dtype != DType::F32) fail(path, ": tensor 'rope_freqs.weight' must be f32");
             c.rope.freq_factors.assign(t.ptr<float>(), t.ptr<float>() + t.numel());
-            (void)rf;
         }
         c.validate(path);
+        return m;
+    }
+    fail(path, ": not a model (expected a folder with config.json, a .safetensors file, or a GGUF file)");
+}
+
+std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptions& options) {
+    std::unique_ptr<LoadedModel> m = open_model_config(path);
+    if (m->gguf) {
+        GgufSource src(*m->gguf);
         Builder b(*m, src, options);
         for (const GgufTensorInfo& t : m->gguf->tensors()) b.total_bytes_ += t.nbytes;
         b.build(gguf_names());
         return m;
     }
-    fail(path, ": not a model (expected a folder with config.json, a .safetensors file, or a GGUF file)");
+    m->safetensors = std::make_shared<SafetensorsSet>(SafetensorsSet::open_dir(m->path));
+    SafetensorsSource src(*m->safetensors, m->path);
+    Builder b(*m, src, options);
+    for (const auto& [name, e] : m->safetensors->entries()) b.total_bytes_ += e.view.nbytes();
+    b.build(hf_names());
+    return m;
 }
 
 std::string default_model_path() {

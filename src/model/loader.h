@@ -42,6 +42,10 @@ struct LoadedModel {
 // Throws Error naming the file and the tensor or key when anything is missing or malformed.
 std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptions& options);
 
+// The config of `path` (as load_model reads it, GGUF tensor-list facts included) and, for GGUF,
+// the open file; no weights.
+std::unique_ptr<LoadedModel> open_model_config(const std::string& path);
+
 // `--load-format dummy`: the config (and tokenizer) of `path`, with random weights of the
 // model's shape allocated through `backend` (matrices in its activation dtype, norms 1 +- 0.1,
 // matrices uniform in +-`scale`), as vLLM's dummy format offers: benchmarks need no download.

@@ -118,23 +118,6 @@ TEST(GpuModel, StoriesGreedyMatchesTransformers) {
     }
 }
 
-std::vector<Request> make_requests(int count, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::vector<Request> reqs;
-    for (int i = 0; i < count; ++i) {
-        Request r;
-        r.id = "r" + std::to_string(i);
-        const int len = 1 + rng() % 80;
-        r.prompt_ids.push_back(1);
-        for (int j = 1; j < len; ++j) r.prompt_ids.push_back(3 + rng() % 500);
-        r.sampling.temperature = 0.0f;
-        r.sampling.max_tokens = 1 + rng() % 40;
-        r.sampling.ignore_eos = true;
-        reqs.push_back(r);
-    }
-    return reqs;
-}
-
 std::map<std::string, std::vector<int32_t>> run_engine(GpuModel& g, const std::vector<Request>& reqs, int budget,
                                                        int blocks, uint32_t arrival_seed) {
     LlamaExecutor ex(*g.model, *g.backend, blocks, 16);
@@ -158,7 +141,7 @@ TEST(GpuEngine, CrowdOf64MatchesAlone) {
     SKIP_WITHOUT_GPU();
     for (bool graphs : {true, false}) {
         GpuModel g(models_dir() + "/stories260K", graphs);
-        const std::vector<Request> reqs = make_requests(64, 99);
+        const std::vector<Request> reqs = random_greedy_requests(64, 99);
         std::map<std::string, std::vector<int32_t>> solo;
         for (const Request& r : reqs) {
             LlamaExecutor ex(*g.model, *g.backend, 16, 16);

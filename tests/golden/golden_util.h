@@ -6,10 +6,12 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "peregrine/engine_types.h"
 #include "model/llama.h"
 #include "model/loader.h"
 #include "golden/sequence_runner.h"
@@ -93,6 +95,25 @@ struct TestModel {
         return out;
     }
 };
+
+// `count` greedy requests with random prompts (BOS + up to 79 ids in [3, 503)) and random
+// max_tokens (1..40), EOS ignored: the engine tests' crowd.
+inline std::vector<Request> random_greedy_requests(int count, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<Request> reqs;
+    for (int i = 0; i < count; ++i) {
+        Request r;
+        r.id = "r" + std::to_string(i);
+        const int len = 1 + rng() % 80;
+        r.prompt_ids.push_back(1);
+        for (int j = 1; j < len; ++j) r.prompt_ids.push_back(3 + rng() % 500);
+        r.sampling.temperature = 0.0f;
+        r.sampling.max_tokens = 1 + rng() % 40;
+        r.sampling.ignore_eos = true;
+        reqs.push_back(r);
+    }
+    return reqs;
+}
 
 struct LogitStats {
     double max_abs_diff = 0;

@@ -16,24 +16,6 @@ struct Crowd {
     int num_blocks;
 };
 
-std::vector<Request> make_requests(int count, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::vector<Request> reqs;
-    for (int i = 0; i < count; ++i) {
-        Request r;
-        r.id = std::to_string(i);
-        r.id.insert(0, 1, 'r');
-        const int len = 1 + rng() % 80;
-        r.prompt_ids.push_back(1);
-        for (int j = 1; j < len; ++j) r.prompt_ids.push_back(3 + rng() % 500);
-        r.sampling.temperature = 0.0f;
-        r.sampling.max_tokens = 1 + rng() % 40;
-        r.sampling.ignore_eos = true;
-        reqs.push_back(r);
-    }
-    return reqs;
-}
-
 std::map<std::string, std::vector<int32_t>> run(TestModel& m, const std::vector<Request>& reqs, const Crowd& c,
                                                 uint32_t arrival_seed, EngineStats* stats) {
     LlamaExecutor ex(*m.model, *m.backend, c.num_blocks, 16);
@@ -56,7 +38,7 @@ std::map<std::string, std::vector<int32_t>> run(TestModel& m, const std::vector<
 
 TEST(EngineBatching, CrowdMatchesAloneBitwise) {
     TestModel m(models_dir() + "/stories260K");
-    const std::vector<Request> reqs = make_requests(64, 99);
+    const std::vector<Request> reqs = random_greedy_requests(64, 99);
     std::map<std::string, std::vector<int32_t>> solo;
     for (const Request& r : reqs) {
         LlamaExecutor ex(*m.model, *m.backend, 16, 16);

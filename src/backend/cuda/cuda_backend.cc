@@ -213,15 +213,19 @@ void CudaBackend::convert_rows_into(const Tensor& host, DType out_type, void* ds
     }
 }
 
+void CudaBackend::allocate_weight(Tensor& t) {
+    PG_CUDA_CHECK(cudaMalloc(&t.data, std::max<size_t>(t.nbytes(), 1)));
+    owned_.push_back(t.data);
+    weight_bytes_ += t.nbytes();
+}
+
 Tensor CudaBackend::place_weight(const Tensor& host, bool matrix) {
     if (host.device == Device::CUDA) return host;
     if (auto it = placed_.find(host.data); it != placed_.end()) return it->second;
     Tensor dev(nullptr, matrix ? DType::BF16 : DType::F32, {}, Device::CUDA);
     dev.ndim = host.ndim;
     dev.shape = host.shape;
-    PG_CUDA_CHECK(cudaMalloc(&dev.data, std::max<size_t>(dev.nbytes(), 1)));
-    owned_.push_back(dev.data);
-    weight_bytes_ += dev.nbytes();
+    allocate_weight(dev);
     convert_rows_into(host, dev.dtype, dev.data);
     placed_[host.data] = dev;
     return dev;
@@ -239,9 +243,7 @@ Tensor CudaBackend::place_stacked(const std::vector<Tensor>& parts, bool matrix)
     const DType type = matrix ? DType::BF16 : DType::F32;
     Tensor dev = vectors ? Tensor(nullptr, type, {rows}, Device::CUDA)
                          : Tensor(nullptr, type, {rows, parts[0].cols()}, Device::CUDA);
-    PG_CUDA_CHECK(cudaMalloc(&dev.data, std::max<size_t>(dev.nbytes(), 1)));
-    owned_.push_back(dev.data);
-    weight_bytes_ += dev.nbytes();
+    allocate_weight(dev);
     char* at = static_cast<char*>(dev.data);
     for (const Tensor& p : parts) {
         const size_t bytes = static_cast<size_t>(p.rows()) * dtype_row_bytes(type, p.cols());
@@ -412,9 +414,17 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, c
         // Batch-1..4 decode: our weight-streaming kernel beats cuBLASLt's skinny tiles.
         cuda::gemv(bf(x), bf(w), out.data, out.dtype == DType::F32, static_cast<int>(n), static_cast<int>(m),
                    static_cast<int>(k), stream_);
-        if (!bias.empty()) cuda::add_bias(bf(out), bias.ptr<float>(), n, m, stream_);
-        return;
+    } else {
+        cublas_matmul(x, w, out);
     }
+    if (!bias.empty()) {
+        PG_CHECK(out.dtype == DType::BF16 && bias.dtype == DType::F32 && bias.numel() == m);
+        cuda::add_bias(bf(out), bias.ptr<float>(), n, m, stream_);
+    }
+}
+
+void CudaBackend::cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& out) {
+    const int64_t n = x.rows(), k = x.cols(), m = w.rows();
     const auto key = std::make_tuple(n, m, k, static_cast<int>(out.dtype));
     auto it = gemms_.find(key);
     if (it == gemms_.end()) {
@@ -478,10 +488,6 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, c
     const float alpha = 1.0f, beta = 0.0f;
     PG_LT_CHECK(cublasLtMatmul(lt_handle(lt_), g.desc, &alpha, w.data, g.a, x.data, g.b, &beta, out.data, g.d,
                                out.data, g.d, &g.algo, lt_workspace_, lt_workspace_bytes_, stream_));
-    if (!bias.empty()) {
-        PG_CHECK(out.dtype == DType::BF16 && bias.dtype == DType::F32 && bias.numel() == m);
-        cuda::add_bias(bf(out), bias.ptr<float>(), n, m, stream_);
-    }
 }
 
 void CudaBackend::rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& v, const BatchInput& batch,

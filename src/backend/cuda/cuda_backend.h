@@ -78,6 +78,9 @@ class CudaBackend final : public Backend {
     struct Gemm;  // a cached cuBLASLt plan for one (n, m, k, out dtype)
     struct Graph;
     void ensure_meta(int tokens, int seqs, int stride);
+    void allocate_weight(Tensor& t);  // device memory for a placed weight, owned until destruction
+    // out = x . w^T through cuBLASLt (a cached plan per shape).
+    void cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& out);
     void ensure_attention_workspace(size_t bytes);
     const float* rope_inv_freq(const RopeTable& rope);
     // Converts host rows [r0, r1) of `host` into `dst` (bf16 for matrices, else f32) on the device.
