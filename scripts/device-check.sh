@@ -13,15 +13,19 @@ steps=("$@")
 [[ ${#steps[@]} -eq 0 ]] && steps=(tests memcheck bench bench8b serve)
 want() { local s; for s in "${steps[@]}"; do [[ $s == "$1" ]] && return 0; done; return 1; }
 
-[[ -x /tmp/pg/pg/peregrine ]] || tar -C /tmp/pg -xJf .device/bundle.tar.xz
-pg=/tmp/pg/pg
+# The bundle comes from PG_DEVICE_DIR (default .device, the carried folder); a warm machine may
+# still hold an older one, so each bundle unpacks into its own folder.
+bundle=${PG_DEVICE_DIR:-.device}/bundle.tar.xz
+sum=$(md5sum "$bundle" | cut -c1-12)
+[[ -x /tmp/pg/$sum/pg/peregrine ]] || { mkdir -p "/tmp/pg/$sum" && tar -C "/tmp/pg/$sum" -xJf "$bundle"; }
+pg=/tmp/pg/$sum/pg
 export LD_LIBRARY_PATH=$pg/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PG_TEST_DATA_DIR=$root/tests/data PG_MODELS_DIR=$root/models PEREGRINE_MODELS=$root/models
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
 table=()
 
 if want tests; then
-    "$pg/peregrine_cuda_tests" > "$out/cuda_tests.log" 2>&1
+    "$pg/peregrine_cuda_tests" ${PG_GTEST_FILTER:+--gtest_filter=$PG_GTEST_FILTER} > "$out/cuda_tests.log" 2>&1
     rc=$?
     grep -E '^\[  FAILED  \]|^gpu |^\[  PASSED  \]|^\[  SKIPPED \]' "$out/cuda_tests.log" | head -60
     table+=("cuda tests: exit $rc, $(grep -c '^\[       OK \]' "$out/cuda_tests.log") ok, $(grep -c '^\[  FAILED  \]' "$out/cuda_tests.log") failed lines")

@@ -2,12 +2,14 @@
 # Packs what a GPU run needs from a build made here into .device/bundle.tar.xz (ignored by git,
 # carried by the device tool): the stripped binaries and the non-system shared libraries they
 # load (the GPU machine has the CUDA toolkit, not Debian's -dev libraries).
-# usage: scripts/pack-device.sh [BUILD_DIR]   (default: build)
+# usage: scripts/pack-device.sh [BUILD_DIR]   (default: build; PG_DEVICE_DIR: where the bundle goes,
+#        default .device, which must be ignored by git like .device/ is)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 stage=$(mktemp -d)
-mkdir -p "$stage/pg/lib" .device
+dest=${PG_DEVICE_DIR:-.device}
+mkdir -p "$stage/pg/lib" "$dest"
 for bin in peregrine peregrine_cuda_tests; do
     [[ -x $build/$bin ]] || { echo "missing $build/$bin: build it first" >&2; exit 1; }
     strip -o "$stage/pg/$bin" "$build/$bin"
@@ -16,7 +18,7 @@ done
 ldd "$build/peregrine" "$build/peregrine_cuda_tests" | awk '/=> \//{print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*|libcuda|libcublas[^/]*|libcudart)\.so' |
     while read -r lib; do strip -o "$stage/pg/lib/$(basename "$lib")" "$lib" 2>/dev/null || cp "$lib" "$stage/pg/lib/"; done
-tar -C "$stage" -cJf .device/bundle.tar.xz pg
+tar -C "$stage" -cJf "$dest/bundle.tar.xz" pg
 rm -rf "$stage"
 ex=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$ex")"; grep -qx "/.device/" "$ex" 2>/dev/null || echo "/.device/" >> "$ex"
-ls -l .device/bundle.tar.xz
+ls -l "$dest/bundle.tar.xz"

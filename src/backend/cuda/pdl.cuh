@@ -1,0 +1,51 @@
+// Programmatic dependent launch (Hopper): a kernel launched with launch_pdl may start while the
+// kernel before it on the stream is still running, once every CTA of that one has called
+// pdl_launch_dependents (or exited). Its CTAs then sit resident, doing whatever needs no
+// earlier result (weight prefetch, index math), and pdl_wait blocks until the previous grid has
+// completed and its writes are visible. That hides the launch and ramp of each of the ~165
+// kernels of a decode step behind the tail of the one before.
+//
+// The rule every kernel launched with launch_pdl keeps: no read of anything an earlier kernel
+// writes, and no write at all, before pdl_wait(). (Waiting makes the previous grid complete,
+// and that grid waited for its own predecessor, so everything enqueued earlier is done.)
+// Weights and other data written before the step began may be read before the wait.
+// pdl_wait is a no-op in a kernel launched without the attribute.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace peregrine::cuda {
+
+__device__ __forceinline__ void pdl_wait() {
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+// Lets the next kernel on the stream start launching; call early (it implies nothing about
+// this kernel's writes: the dependent still waits for completion in pdl_wait).
+__device__ __forceinline__ void pdl_launch_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+// Whether launch_pdl sets the attribute (PEREGRINE_PDL=0 turns it off, for comparisons).
+bool pdl_enabled();
+
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization allowed.
+// The caller checks the launch (check_launch) as for <<<>>>.
+template <typename... KernelArgs, typename... Args>
+void launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                Args&&... args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace peregrine::cuda
