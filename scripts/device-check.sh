@@ -3,7 +3,7 @@
 # here by scripts/pack-device.sh: the CUDA tests, compute-sanitizer on the kernel tests, and
 # the benchmarks of issue #7 on the Llama 3.2 1B / 3.1 8B shapes (random bf16 weights), then
 # prints a short table. Logs go to $OUT (or /tmp/out).
-# usage: scripts/device-check.sh [tests] [memcheck] [bench] [bench8b] [serve] [profile]
+# usage: scripts/device-check.sh [tests] [memcheck] [bench] [decode] [nopdl] [bench8b] [serve] [profile]
 #        (default: all but profile; profile = per-kernel times of 1B decode steps under ncu)
 set -uo pipefail
 root=$(pwd)
@@ -65,17 +65,32 @@ if want bench; then
     run_bench 1b_prefill_512 throughput --model "$m" --num-prompts 64 --input-len 512 --output-len 1 \
         --max-num-batched-tokens 8192
 fi
+if want decode; then  # batch-1 decode alone, 1B and 8B (PG_TAG names the logs: compare variants)
+    m=$(model_dir llama-3.2-1b)
+    run_bench "1b_decode_b1${PG_TAG:-}" latency --model "$m" --batch-size 1 --input-len 128 --output-len 128
+    m=$(model_dir llama-3.1-8b)
+    run_bench "8b_decode_b1${PG_TAG:-}" latency --model "$m" --batch-size 1 --input-len 128 --output-len 128
+fi
+if want nopdl; then  # the same decode with programmatic dependent launch off, for comparison
+    m=$(model_dir llama-3.2-1b)
+    PEREGRINE_PDL=0 run_bench 1b_decode_b1_nopdl latency --model "$m" --batch-size 1 --input-len 128 --output-len 128
+fi
 if want bench8b; then
     m=$(model_dir llama-3.1-8b)
     run_bench 8b_decode_b1 latency --model "$m" --batch-size 1 --input-len 128 --output-len 128
 fi
 if want profile; then
-    m=$(model_dir llama-3.2-1b)
-    # Eager decode steps (the graph holds the same kernels): skip load, profiling and prefill.
-    ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip 1500 --launch-count 460 \
+    # Per-kernel time and DRAM bytes of eager decode steps (the graph holds the same kernels),
+    # after load, profiling and prefill. PG_PROFILE_MODEL picks the shape (default the 1B).
+    pm=${PG_PROFILE_MODEL:-llama-3.2-1b}
+    m=$(model_dir "$pm")
+    count=$([[ $pm == llama-3.2-1b ]] && echo 460 || echo 660)  # about 4 (1B) or 2 (8B) steps
+    ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \
+        --launch-skip 1500 --launch-count "$count" \
         "$pg/peregrine" bench latency --model "$m" --load-format dummy --warmup 0 --iters 1 --output-len 60 \
-        --enforce-eager > "$out/ncu.csv" 2> "$out/ncu.err"
-    python3 scripts/ncu-summary.py "$out/ncu.csv" 4 | tee "$out/ncu-summary.txt"
+        --enforce-eager > "$out/ncu-$pm.csv" 2> "$out/ncu-$pm.err"
+    python3 scripts/ncu-summary.py "$out/ncu-$pm.csv" "$([[ $pm == llama-3.2-1b ]] && echo 4 || echo 2)" |
+        tee "$out/ncu-summary-$pm.txt"
 fi
 if want serve; then
     m=$(model_dir llama-3.2-1b)

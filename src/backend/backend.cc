@@ -45,5 +45,9 @@ void Backend::rope_and_cache_packed(const Tensor&, const Tensor&, const BatchInp
 void Backend::silu_mul_packed(const Tensor&, const Tensor&) {
     fail(name(), ": no packed projections");
 }
+void Backend::matmul_silu(const Tensor& x, const Tensor& w_gate_up, const Tensor& out, const Tensor& scratch) {
+    matmul(x, w_gate_up, Tensor(), scratch);
+    silu_mul_packed(scratch, out);
+}
 
 }  // namespace peregrine

@@ -119,6 +119,11 @@ class Backend {
     // gate_up [n, 2 dim] holds gate | up per row; out [n, dim] = silu(gate) * up.
     virtual void silu_mul_packed(const Tensor& gate_up, const Tensor& out);
 
+    // Fused step (a backend may do it in one kernel; the default is the two ops):
+    // out [n, dim] = silu(x · gateᵀ) * (x · upᵀ) for w_gate_up [2 dim, k] (packs_projections);
+    // scratch [n, 2 dim] holds the product where the steps run apart.
+    virtual void matmul_silu(const Tensor& x, const Tensor& w_gate_up, const Tensor& out, const Tensor& scratch);
+
     // Copies whole KV blocks (copy-on-write): cache[dst] = cache[src] for each pair.
     // cache: [num_blocks, block_size, num_kv_heads, head_dim].
     virtual void copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) = 0;

@@ -81,11 +81,12 @@ int run_throughput(OfflineArgs& a) {
     RunResult best;
     for (int it = 0; it < a.iters; ++it) {
         const RunResult r = run_all(s, make_requests(a.num_prompts, a.input_len, a.output_len, vocab, a.seed, it));
-        std::printf("run %d: %.3f s, %llu output tokens, %.1f output tok/s, %.1f total tok/s, all first tokens "
-                    "at %.3f s (%.1f prompt tok/s)\n",
-                    it, r.seconds, static_cast<unsigned long long>(r.output_tokens), r.output_tokens / r.seconds,
-                    (r.output_tokens + static_cast<double>(a.num_prompts) * a.input_len) / r.seconds,
-                    r.first_token_seconds, static_cast<double>(a.num_prompts) * a.input_len / r.first_token_seconds);
+        std::printf(
+            "run %d: %.3f s, %llu output tokens, %.1f output tok/s, %.1f total tok/s, all first tokens "
+            "at %.3f s (%.1f prompt tok/s)\n",
+            it, r.seconds, static_cast<unsigned long long>(r.output_tokens), r.output_tokens / r.seconds,
+            (r.output_tokens + static_cast<double>(a.num_prompts) * a.input_len) / r.seconds, r.first_token_seconds,
+            static_cast<double>(a.num_prompts) * a.input_len / r.first_token_seconds);
         if (it == 0 || r.seconds < best.seconds) best = r;
     }
     const EngineStats& st = best.stats;
@@ -111,16 +112,24 @@ int run_latency(OfflineArgs& a) {
         const RunResult r = run_all(s, make_requests(a.batch_size, a.input_len, a.output_len, vocab, a.seed, it));
         const double decode_s = r.seconds - r.first_token_seconds;
         const double decode_tps = a.batch_size * static_cast<double>(a.output_len - 1) / decode_s;
-        std::printf("run %d: %.4f s total, prefill + first token %.4f s, decode %.1f tok/s (%.3f ms/step)\n", it,
-                    r.seconds, r.first_token_seconds, decode_tps, 1e3 * decode_s / std::max(1, a.output_len - 1));
+        // Per step: schedule (CPU, before the launch), execute (enqueueing the model), postprocess
+        // (sampling, which waits for the GPU, then outputs).
+        const double steps = std::max<double>(1, static_cast<double>(r.stats.steps));
+        std::printf(
+            "run %d: %.4f s total, prefill + first token %.4f s, decode %.1f tok/s (%.3f ms/step; per step "
+            "schedule %.3f ms, execute %.3f ms, postprocess %.3f ms)\n",
+            it, r.seconds, r.first_token_seconds, decode_tps, 1e3 * decode_s / std::max(1, a.output_len - 1),
+            1e3 * r.stats.schedule_seconds / steps, 1e3 * r.stats.execute_seconds / steps,
+            1e3 * r.stats.postprocess_seconds / steps);
         best_decode = std::max(best_decode, decode_tps);
         best_total = std::min(best_total, r.seconds);
         best_prefill = std::min(best_prefill, r.first_token_seconds);
     }
-    std::printf("latency (best of %d): batch %d, %d in, %d out: %.4f s per batch, time to first token %.4f s, "
-                "decode %.1f tok/s (%.1f tok/s per sequence)\n",
-                a.iters, a.batch_size, a.input_len, a.output_len, best_total, best_prefill, best_decode,
-                best_decode / a.batch_size);
+    std::printf(
+        "latency (best of %d): batch %d, %d in, %d out: %.4f s per batch, time to first token %.4f s, "
+        "decode %.1f tok/s (%.1f tok/s per sequence)\n",
+        a.iters, a.batch_size, a.input_len, a.output_len, best_total, best_prefill, best_decode,
+        best_decode / a.batch_size);
     return 0;
 }
 
@@ -139,7 +148,8 @@ void add_common(CLI::App* cmd, OfflineArgs& a) {
 std::function<int()> add_bench_offline(CLI::App* group) {
     auto a = std::make_shared<OfflineArgs>();
     CLI::App* tp = group->add_subcommand(
-        "throughput", "Offline throughput: every prompt submitted at once to the engine (like vLLM's benchmark_throughput)");
+        "throughput",
+        "Offline throughput: every prompt submitted at once to the engine (like vLLM's benchmark_throughput)");
     add_common(tp, *a);
     tp->add_option("--num-prompts,-n", a->num_prompts, "Requests (default 256)")->check(CLI::PositiveNumber);
     auto b = std::make_shared<OfflineArgs>();

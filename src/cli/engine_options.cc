@@ -60,6 +60,9 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
                     "Share of GPU memory for weights, activations and the KV cache (default 0.9)")
         ->check(CLI::Range(0.05, 1.0));
     cmd->add_flag("--enforce-eager", o.enforce_eager, "CUDA: run every step eagerly (no CUDA graphs)");
+    cmd->add_flag("--batch-invariant", o.batch_invariant,
+                  "CUDA: batch-invariant kernels: a request's tokens do not depend on what else is in the batch "
+                  "or on how its prompt was chunked (greedy output as when run alone; slower)");
     cmd->add_option("--dummy-seed", o.dummy_seed, "Seed of --load-format dummy weights (default 0)");
 }
 
@@ -114,6 +117,7 @@ EngineStack build_engine_stack(const EngineOptions& o) {
     if (device == "cuda") {
         CudaOptions co;
         co.graphs = !o.enforce_eager;
+        co.batch_invariant = o.batch_invariant;
         co.max_graph_batch = std::min(o.max_num_seqs, 256);
         auto b = std::make_unique<CudaBackend>(co);
         cuda = b.get();
@@ -134,6 +138,9 @@ EngineStack build_engine_stack(const EngineOptions& o) {
     std::fprintf(stderr, "model: %s (%s, %.2fs)\n  %s\n  weights: %s\n  backend: %s\n", path.c_str(),
                  s.loaded->format.c_str(), load_s, c.summary().c_str(), s.loaded->weight_dtypes.c_str(),
                  s.backend->name().c_str());
+#ifdef PG_WITH_CUDA
+    if (cuda != nullptr && o.batch_invariant) std::fprintf(stderr, "  batch-invariant kernels (--batch-invariant)\n");
+#endif
 
     const KvCacheShape one = s.model->kv_cache_shape(1, o.block_size);
     const int64_t per_block = static_cast<int64_t>(one.bytes_per_block());
@@ -177,8 +184,7 @@ EngineStack build_engine_stack(const EngineOptions& o) {
 #ifdef PG_WITH_CUDA
     if (cuda) s.sampler = std::make_unique<CudaSampler>(*cuda, o.max_num_seqs, c.vocab_size);
 #endif
-    s.executor =
-        std::make_unique<LlamaExecutor>(*s.model, *s.backend, s.num_kv_blocks, o.block_size, s.sampler.get());
+    s.executor = std::make_unique<LlamaExecutor>(*s.model, *s.backend, s.num_kv_blocks, o.block_size, s.sampler.get());
     return s;
 }
 

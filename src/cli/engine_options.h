@@ -27,7 +27,8 @@ struct EngineOptions {
     std::string device = "auto";       // auto | cuda | cpu
     std::string load_format = "auto";  // auto | dummy
     double gpu_memory_utilization = 0.9;
-    bool enforce_eager = false;  // no CUDA graphs
+    bool enforce_eager = false;    // no CUDA graphs
+    bool batch_invariant = false;  // CUDA: results independent of the batch (slower)
     uint64_t dummy_seed = 0;
 };
 

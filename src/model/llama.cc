@@ -62,8 +62,8 @@ LlamaModel::~LlamaModel() {
 }
 
 KvCacheShape LlamaModel::kv_cache_shape(int num_blocks, int block_size) const {
-    return {config_.num_layers, num_blocks, block_size, config_.num_kv_heads, config_.head_dim,
-            backend_.kv_cache_dtype()};
+    return {config_.num_layers,   num_blocks,       block_size,
+            config_.num_kv_heads, config_.head_dim, backend_.kv_cache_dtype()};
 }
 
 void LlamaModel::free_workspace() {
@@ -214,9 +214,7 @@ Tensor LlamaModel::run_ops(const BatchInput& batch, KvCache& cache) {
         // MLP block: SwiGLU.
         backend_.rms_norm(hidden, residual, w.ffn_norm, c.rms_norm_eps, normed);
         if (!w.w_gate_up.empty()) {
-            const Tensor gate_up = view(ws_.up, n, 2 * F);
-            backend_.matmul(normed, w.w_gate_up, none, gate_up);
-            backend_.silu_mul_packed(gate_up, gate);
+            backend_.matmul_silu(normed, w.w_gate_up, gate, view(ws_.up, n, 2 * F));
         } else {
             backend_.matmul(normed, w.w_gate, none, gate);
             backend_.matmul(normed, w.w_up, none, up);

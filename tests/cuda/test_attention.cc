@@ -1,7 +1,8 @@
 // paged_attention (src/backend/cuda/attention*.cu) against CpuBackend::attention on the same
 // bf16-rounded inputs: decode batches (split-KV), tensor-core prefill, chunked prefill, mixed
 // batches, GQA ratios, head dims, sliding windows, block sizes, padding sequences, and a CUDA
-// graph replayed over new batch contents. Every case also runs the generic kernel.
+// graph replayed over new batch contents. Every case also runs the generic kernel and the
+// batch-invariant path (AttentionArgs::batch_invariant; its invariance: test_batch_invariant.cc).
 //
 // Traps: outputs start as NaN (every non-padding element must be written and finite); cache
 // slots that no query may read (unused blocks, the tail of each sequence's last block, blocks
@@ -158,7 +159,7 @@ struct DeviceInputs {
         block_tables.upload(in.batch.block_tables);
         out.fill_bytes(0xff);  // NaN poison
     }
-    cuda::AttentionArgs args(const Case& c, const Inputs& in) const {
+    cuda::AttentionArgs args(const Case& c, const Inputs& in, bool batch_invariant = false) const {
         cuda::AttentionArgs a;
         a.q = q.get();
         a.k_cache = k.get();
@@ -182,6 +183,7 @@ struct DeviceInputs {
         a.window = c.window;
         a.workspace = workspace.get();
         a.workspace_bytes = workspace.size();
+        a.batch_invariant = batch_invariant;
         return a;
     }
 };
@@ -209,18 +211,19 @@ void expect_matches(const Case& c, const Inputs& in, const std::vector<uint16_t>
     EXPECT_EQ(failures, 0) << what << " " << c.name();
 }
 
-// Runs the case through the automatic kernel choice and through the generic kernel.
+// Runs the case through the automatic kernel choice, the generic kernel and the invariant path.
 void check_case(const Case& c, uint32_t seed) {
     std::mt19937 rng(seed);
     const Inputs in = make_inputs(c, rng);
     DeviceInputs dev(c, in);
-    for (const auto choice : {cuda::AttentionKernelChoice::Auto, cuda::AttentionKernelChoice::Generic}) {
+    for (int mode = 0; mode < 3; ++mode) {
+        const auto choice = mode == 1 ? cuda::AttentionKernelChoice::Generic : cuda::AttentionKernelChoice::Auto;
         cuda::set_attention_kernel_choice(choice);
         dev.out.fill_bytes(0xff);
-        cuda::paged_attention(dev.args(c, in), nullptr);
+        cuda::paged_attention(dev.args(c, in, mode == 2), nullptr);
         const std::vector<uint16_t> got = dev.out.download();
         cuda::set_attention_kernel_choice(cuda::AttentionKernelChoice::Auto);
-        expect_matches(c, in, got, choice == cuda::AttentionKernelChoice::Auto ? "auto" : "generic");
+        expect_matches(c, in, got, mode == 0 ? "auto" : mode == 1 ? "generic" : "invariant");
     }
 }
 
@@ -383,48 +386,50 @@ TEST(CudaAttention, PrefillPaddingSequence) {
 // context lengths (far past the captured max_context_len), tables, positions, q and caches.
 TEST(CudaAttention, DecodeGraphReplay) {
     PG_SKIP_WITHOUT_CUDA();
-    for (int n : {4, 64}) {  // split-KV with a combine pass, and one CTA per (sequence, kv head)
-        std::mt19937 rng(1300 + n);
-        const Case small = make_case(32, 8, 64, decode_seqs(n, 60, rng));
-        Case big = make_case(32, 8, 64, decode_seqs(n, 3000, rng));
-        big.seqs[n / 2].ctx = 0;  // a padding sequence in the replay
-        const Inputs in_big = make_inputs(big, rng);
-        const Inputs in_small =
-            make_inputs(small, rng, in_big.num_blocks, in_big.batch.max_blocks_per_seq);  // same shapes
-        ASSERT_EQ(in_small.num_blocks, in_big.num_blocks);
-        ASSERT_EQ(in_small.batch.max_blocks_per_seq, in_big.batch.max_blocks_per_seq);
+    for (const bool inv : {false, true})
+        for (int n : {4, 64}) {  // split-KV with a combine pass, and one CTA per (sequence, kv head)
+            SCOPED_TRACE(inv ? "batch-invariant" : "default");
+            std::mt19937 rng(1300 + n);
+            const Case small = make_case(32, 8, 64, decode_seqs(n, 60, rng));
+            Case big = make_case(32, 8, 64, decode_seqs(n, 3000, rng));
+            big.seqs[n / 2].ctx = 0;  // a padding sequence in the replay
+            const Inputs in_big = make_inputs(big, rng);
+            const Inputs in_small =
+                make_inputs(small, rng, in_big.num_blocks, in_big.batch.max_blocks_per_seq);  // same shapes
+            ASSERT_EQ(in_small.num_blocks, in_big.num_blocks);
+            ASSERT_EQ(in_small.batch.max_blocks_per_seq, in_big.batch.max_blocks_per_seq);
 
-        DeviceInputs dev(small, in_small);
-        cudaStream_t stream;
-        PG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-        const cuda::AttentionArgs args = dev.args(small, in_small);
-        cuda_test::sync();
-        cuda::paged_attention(args, stream);  // eager first (as the backend does)
-        expect_matches(small, in_small, dev.out.download(), "eager");
+            DeviceInputs dev(small, in_small);
+            cudaStream_t stream;
+            PG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+            const cuda::AttentionArgs args = dev.args(small, in_small, inv);
+            cuda_test::sync();
+            cuda::paged_attention(args, stream);  // eager first (as the backend does)
+            expect_matches(small, in_small, dev.out.download(), "eager");
 
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        PG_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-        cuda::paged_attention(args, stream);
-        PG_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-        PG_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+            cudaGraph_t graph;
+            cudaGraphExec_t exec;
+            PG_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+            cuda::paged_attention(args, stream);
+            PG_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+            PG_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
 
-        dev.upload(in_small);
-        cuda_test::sync();  // uploads and the poison went through the legacy default stream
-        PG_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-        PG_CUDA_CHECK(cudaStreamSynchronize(stream));
-        expect_matches(small, in_small, dev.out.download(), "graph (same batch)");
+            dev.upload(in_small);
+            cuda_test::sync();  // uploads and the poison went through the legacy default stream
+            PG_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+            PG_CUDA_CHECK(cudaStreamSynchronize(stream));
+            expect_matches(small, in_small, dev.out.download(), "graph (same batch)");
 
-        dev.upload(in_big);  // new contents, same buffers
-        cuda_test::sync();
-        PG_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-        PG_CUDA_CHECK(cudaStreamSynchronize(stream));
-        expect_matches(big, in_big, dev.out.download(), "graph (new batch)");
+            dev.upload(in_big);  // new contents, same buffers
+            cuda_test::sync();
+            PG_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+            PG_CUDA_CHECK(cudaStreamSynchronize(stream));
+            expect_matches(big, in_big, dev.out.download(), "graph (new batch)");
 
-        PG_CUDA_CHECK(cudaGraphExecDestroy(exec));
-        PG_CUDA_CHECK(cudaGraphDestroy(graph));
-        PG_CUDA_CHECK(cudaStreamDestroy(stream));
-    }
+            PG_CUDA_CHECK(cudaGraphExecDestroy(exec));
+            PG_CUDA_CHECK(cudaGraphDestroy(graph));
+            PG_CUDA_CHECK(cudaStreamDestroy(stream));
+        }
 }
 
 // ---- argument checks -----------------------------------------------------------------------
@@ -452,7 +457,8 @@ TEST(CudaAttention, RejectsBadArguments) {
 // ---- timing (prints only) -----------------------------------------------------------------
 
 // Llama-3.2-1B attention shapes (32 q heads, 8 kv heads, head_dim 64, blocks of 16): time per
-// call of paged_attention, measured as a CUDA graph of 20 calls (as decode steps run), with
+// call of paged_attention, default and batch-invariant, measured as a CUDA graph of 20 calls
+// (as decode steps run), with
 // the bandwidth of the K/V bytes a decode must read and the causal FLOP rate of a prefill.
 TEST(CudaAttentionPerf, Report) {
     PG_SKIP_WITHOUT_CUDA();
@@ -492,38 +498,44 @@ TEST(CudaAttentionPerf, Report) {
 
         cudaStream_t stream;
         PG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-        cuda_test::sync();
-        cuda::paged_attention(a, stream);  // warm-up (and one-time attribute setup)
-        PG_CUDA_CHECK(cudaStreamSynchronize(stream));
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        PG_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-        for (int i = 0; i < kCalls; ++i) cuda::paged_attention(a, stream);
-        PG_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-        PG_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        PG_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-        cudaEvent_t e0, e1;
-        PG_CUDA_CHECK(cudaEventCreate(&e0));
-        PG_CUDA_CHECK(cudaEventCreate(&e1));
-        PG_CUDA_CHECK(cudaEventRecord(e0, stream));
-        for (int r = 0; r < 5; ++r) PG_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-        PG_CUDA_CHECK(cudaEventRecord(e1, stream));
-        PG_CUDA_CHECK(cudaEventSynchronize(e1));
-        float ms = 0;
-        PG_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        const double us = 1000.0 * ms / (5 * kCalls);
-        double kv_bytes = 0, flops = 0;
-        for (int s = 0; s < sh.seqs; ++s) {
-            kv_bytes += 2.0 * sh.ctx * KVH * D * 2;
-            for (int i = 0; i < sh.qlen; ++i) flops += 4.0 * (sh.ctx - sh.qlen + i + 1) * H * D;
+        double us_default = 0;
+        for (const bool inv : {false, true}) {
+            a.batch_invariant = inv;
+            cuda_test::sync();
+            cuda::paged_attention(a, stream);  // warm-up
+            PG_CUDA_CHECK(cudaStreamSynchronize(stream));
+            cudaGraph_t graph;
+            cudaGraphExec_t exec;
+            PG_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+            for (int i = 0; i < kCalls; ++i) cuda::paged_attention(a, stream);
+            PG_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+            PG_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+            PG_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+            cudaEvent_t e0, e1;
+            PG_CUDA_CHECK(cudaEventCreate(&e0));
+            PG_CUDA_CHECK(cudaEventCreate(&e1));
+            PG_CUDA_CHECK(cudaEventRecord(e0, stream));
+            for (int r = 0; r < 5; ++r) PG_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+            PG_CUDA_CHECK(cudaEventRecord(e1, stream));
+            PG_CUDA_CHECK(cudaEventSynchronize(e1));
+            float ms = 0;
+            PG_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+            const double us = 1000.0 * ms / (5 * kCalls);
+            double kv_bytes = 0, flops = 0;
+            for (int s = 0; s < sh.seqs; ++s) {
+                kv_bytes += 2.0 * sh.ctx * KVH * D * 2;
+                for (int i = 0; i < sh.qlen; ++i) flops += 4.0 * (sh.ctx - sh.qlen + i + 1) * H * D;
+            }
+            if (!inv) us_default = us;
+            std::printf("[ perf ] %-30s %-9s %9.2f us/call  %7.1f GB/s (K/V)  %7.2f TFLOP/s%s\n", sh.name,
+                        inv ? "invariant" : "default", us, kv_bytes / (us * 1e3), flops / (us * 1e6),
+                        inv ? (" (x" + std::to_string(us / us_default).substr(0, 4) + ")").c_str() : "");
+            EXPECT_EQ(cuda_test::count_nonfinite(out.download()), 0u) << sh.name;
+            PG_CUDA_CHECK(cudaEventDestroy(e0));
+            PG_CUDA_CHECK(cudaEventDestroy(e1));
+            PG_CUDA_CHECK(cudaGraphExecDestroy(exec));
+            PG_CUDA_CHECK(cudaGraphDestroy(graph));
         }
-        std::printf("[ perf ] %-30s %9.2f us/call  %7.1f GB/s (K/V)  %7.2f TFLOP/s\n", sh.name, us,
-                    kv_bytes / (us * 1e3), flops / (us * 1e6));
-        EXPECT_EQ(cuda_test::count_nonfinite(out.download()), 0u) << sh.name;
-        PG_CUDA_CHECK(cudaEventDestroy(e0));
-        PG_CUDA_CHECK(cudaEventDestroy(e1));
-        PG_CUDA_CHECK(cudaGraphExecDestroy(exec));
-        PG_CUDA_CHECK(cudaGraphDestroy(graph));
         PG_CUDA_CHECK(cudaStreamDestroy(stream));
     }
 }

@@ -2,11 +2,16 @@
 // values, and the backend's matmul with and without it.
 #include <gtest/gtest.h>
 
+#include <cuda_runtime.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_kernels.h"
 #include "core/half.h"
 
 namespace peregrine {
@@ -16,50 +21,145 @@ TEST(CudaGemv, MatchesDoubleReference) {
     if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    for (bool with_gemv : {true, false}) {
-        CudaOptions o;
-        o.gemv = with_gemv;
-        CudaBackend b(o);
-        for (int n : {1, 2, 3, 4}) {
-            for (auto [m, k] : {std::pair{2048, 2048}, std::pair{517, 64}, std::pair{3, 8192}, std::pair{16384, 2048}}) {
-                for (bool out_f32 : {true, false}) {
-                    std::vector<uint16_t> x(static_cast<size_t>(n) * k), w(static_cast<size_t>(m) * k);
-                    for (auto& v : x) v = f32_to_bf16(u(rng));
-                    for (auto& v : w) v = f32_to_bf16(u(rng) * 0.05f);
-                    Tensor dx = b.allocate(DType::BF16, {n, k}), dw = b.allocate(DType::BF16, {m, k});
-                    Tensor dout = b.allocate(out_f32 ? DType::F32 : DType::BF16, {n, m});
-                    b.upload(x.data(), dx);
-                    b.upload(w.data(), dw);
-                    std::vector<uint8_t> poison(dout.nbytes(), 0xff);  // NaN in both dtypes
-                    b.upload(poison.data(), dout);
-                    b.matmul(dx, dw, Tensor(), dout);
-                    std::vector<float> got(static_cast<size_t>(n) * m);
-                    if (out_f32) {
-                        b.download(dout, got.data());
-                    } else {
-                        std::vector<uint16_t> h(got.size());
-                        b.download(dout, h.data());
-                        for (size_t i = 0; i < h.size(); ++i) got[i] = bf16_to_f32(h[i]);
-                    }
-                    double err = 0, norm = 0;
-                    for (int i = 0; i < n; ++i)
-                        for (int r = 0; r < m; ++r) {
-                            double ref = 0;
-                            for (int c = 0; c < k; ++c)
-                                ref += static_cast<double>(bf16_to_f32(x[static_cast<size_t>(i) * k + c])) *
-                                       bf16_to_f32(w[static_cast<size_t>(r) * k + c]);
-                            const double d = got[static_cast<size_t>(i) * m + r] - ref;
-                            ASSERT_TRUE(std::isfinite(got[static_cast<size_t>(i) * m + r])) << i << "," << r;
-                            err += d * d;
-                            norm += ref * ref;
+    const std::pair<int, int> configs[] = {{0, 0}, {2, 1}, {2, 2}, {2, 4}, {1, 4}, {1, 8}};
+    for (auto [rows, depth] : configs) {
+        cuda::set_gemv_config(rows, depth);
+        for (bool with_gemv : {true, false}) {
+            if (!with_gemv && rows != 0) continue;
+            CudaOptions o;
+            o.gemv = with_gemv;
+            CudaBackend b(o);
+            for (int n : {1, 2, 3, 4}) {
+                for (auto [m, k] :
+                     {std::pair{2048, 2048}, std::pair{517, 64}, std::pair{3, 8192}, std::pair{16384, 2048}}) {
+                    if (rows != 0 && m == 16384) continue;
+                    for (bool out_f32 : {true, false}) {
+                        std::vector<uint16_t> x(static_cast<size_t>(n) * k), w(static_cast<size_t>(m) * k);
+                        for (auto& v : x) v = f32_to_bf16(u(rng));
+                        for (auto& v : w) v = f32_to_bf16(u(rng) * 0.05f);
+                        Tensor dx = b.allocate(DType::BF16, {n, k}), dw = b.allocate(DType::BF16, {m, k});
+                        Tensor dout = b.allocate(out_f32 ? DType::F32 : DType::BF16, {n, m});
+                        b.upload(x.data(), dx);
+                        b.upload(w.data(), dw);
+                        std::vector<uint8_t> poison(dout.nbytes(), 0xff);  // NaN in both dtypes
+                        b.upload(poison.data(), dout);
+                        b.matmul(dx, dw, Tensor(), dout);
+                        std::vector<float> got(static_cast<size_t>(n) * m);
+                        if (out_f32) {
+                            b.download(dout, got.data());
+                        } else {
+                            std::vector<uint16_t> h(got.size());
+                            b.download(dout, h.data());
+                            for (size_t i = 0; i < h.size(); ++i) got[i] = bf16_to_f32(h[i]);
                         }
-                    EXPECT_LT(std::sqrt(err / norm), out_f32 ? 1e-5 : 8e-3)
-                        << "n " << n << " m " << m << " k " << k << (with_gemv ? " gemv" : " cublasLt");
-                    b.release(dx);
-                    b.release(dw);
-                    b.release(dout);
+                        double err = 0, norm = 0;
+                        for (int i = 0; i < n; ++i)
+                            for (int r = 0; r < m; ++r) {
+                                double ref = 0;
+                                for (int c = 0; c < k; ++c)
+                                    ref += static_cast<double>(bf16_to_f32(x[static_cast<size_t>(i) * k + c])) *
+                                           bf16_to_f32(w[static_cast<size_t>(r) * k + c]);
+                                const double d = got[static_cast<size_t>(i) * m + r] - ref;
+                                ASSERT_TRUE(std::isfinite(got[static_cast<size_t>(i) * m + r])) << i << "," << r;
+                                err += d * d;
+                                norm += ref * ref;
+                            }
+                        EXPECT_LT(std::sqrt(err / norm), out_f32 ? 1e-5 : 8e-3)
+                            << "n " << n << " m " << m << " k " << k << (with_gemv ? " gemv" : " cublasLt")
+                            << " config " << rows << "," << depth;
+                        b.release(dx);
+                        b.release(dw);
+                        b.release(dout);
+                    }
                 }
             }
+        }
+    }
+    cuda::set_gemv_config(0, 0);
+}
+
+// The fused silu epilogue (gate | up rows paired in one CTA) against the steps run apart
+// (cuBLASLt, then the SiLU·mul kernel).
+TEST(CudaGemv, FusedSiluMatchesSeparateSteps) {
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+    CudaOptions apart_opts;
+    apart_opts.gemv = false;
+    CudaBackend fused, apart(apart_opts);
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (int n : {1, 2, 3, 4}) {
+        for (auto [m, k] : {std::pair{16384, 2048}, std::pair{2048, 14336}, std::pair{130, 64}}) {
+            std::vector<uint16_t> x(static_cast<size_t>(n) * k), w(static_cast<size_t>(m) * k);
+            for (auto& v : x) v = f32_to_bf16(u(rng));
+            for (auto& v : w) v = f32_to_bf16(u(rng) * 0.05f);
+            std::vector<float> got[2];
+            int which = 0;
+            for (CudaBackend* b : {&fused, &apart}) {
+                Tensor dx = b->allocate(DType::BF16, {n, k}), dw = b->allocate(DType::BF16, {m, k});
+                Tensor out = b->allocate(DType::BF16, {n, m / 2}), scratch = b->allocate(DType::BF16, {n, m});
+                b->upload(x.data(), dx);
+                b->upload(w.data(), dw);
+                b->matmul_silu(dx, dw, out, scratch);
+                std::vector<uint16_t> h(static_cast<size_t>(n) * m / 2);
+                b->download(out, h.data());
+                for (uint16_t v : h) got[which].push_back(bf16_to_f32(v));
+                for (Tensor* t : {&dx, &dw, &out, &scratch}) b->release(*t);
+                ++which;
+            }
+            double e = 0, nrm = 0;
+            for (size_t i = 0; i < got[0].size(); ++i) {
+                ASSERT_TRUE(std::isfinite(got[0][i])) << i;
+                e += (got[0][i] - got[1][i]) * (got[0][i] - got[1][i]);
+                nrm += got[1][i] * got[1][i];
+            }
+            EXPECT_LT(std::sqrt(e / nrm), 8e-3) << "n " << n << " m " << m << " k " << k;
+        }
+    }
+}
+
+// Decode-product speed on the Llama 1B / 8B shapes, n = 1: a chain of launches over rotating
+// weight copies (> 256 MB, so L2 holds none of them), as a decode step reads each weight once.
+TEST(CudaGemvPerf, Report) {
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+    CudaBackend b;
+    const std::pair<int, int> shapes[] = {{3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}, {128256, 2048},
+                                          {6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+    const std::pair<int, int> configs[] = {{0, 0}, {2, 1}, {2, 2}, {2, 4}, {1, 4}, {1, 8}};
+    for (int n : {1, 4}) {
+        for (auto [m, k] : shapes) {
+            const size_t bytes = static_cast<size_t>(m) * k * 2;
+            const int copies = static_cast<int>(std::max<size_t>(2, (size_t{256} << 20) / bytes + 1));
+            std::vector<Tensor> ws;
+            for (int c = 0; c < copies; ++c) {
+                ws.push_back(b.allocate(DType::BF16, {m, k}));
+                b.fill_random(ws.back(), 11 + c, -0.05f, 0.05f);
+            }
+            Tensor x = b.allocate(DType::BF16, {n, k}), out = b.allocate(DType::F32, {n, m});
+            b.fill_random(x, 3, -1.0f, 1.0f);
+            std::printf("gemv n %d m %6d k %5d (%6.1f MB):", n, m, k, bytes / 1e6);
+            for (auto [rows, depth] : configs) {
+                cuda::set_gemv_config(rows, depth);
+                const int reps = std::max(copies, 20);
+                for (int r = 0; r < copies; ++r) b.matmul(x, ws[r % copies], Tensor(), out);
+                cudaEvent_t e0, e1;
+                cudaEventCreate(&e0);
+                cudaEventCreate(&e1);
+                cudaEventRecord(e0, b.stream());
+                for (int r = 0; r < reps; ++r) b.matmul(x, ws[r % copies], Tensor(), out);
+                cudaEventRecord(e1, b.stream());
+                cudaEventSynchronize(e1);
+                float ms = 0;
+                cudaEventElapsedTime(&ms, e0, e1);
+                const double us = 1e3 * ms / reps;
+                std::printf("  %dx%d %6.1f us %4.2f TB/s", rows, depth, us, bytes / us / 1e6);
+                cudaEventDestroy(e0);
+                cudaEventDestroy(e1);
+            }
+            std::printf("\n");
+            cuda::set_gemv_config(0, 0);
+            for (Tensor& t : ws) b.release(t);
+            b.release(x);
+            b.release(out);
         }
     }
 }

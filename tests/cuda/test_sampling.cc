@@ -173,6 +173,35 @@ TEST(CudaSampling, GreedyIsTheFirstArgmax) {
     }
 }
 
+// The greedy fast path picks what sample() picks for a greedy row: ties, NaN, -inf, odd vocab
+// sizes (rows at every alignment), vocabularies smaller than its chunk count.
+TEST(CudaSampling, GreedyArgmaxFastPathMatchesSample) {
+    PG_SKIP_WITHOUT_CUDA();
+    std::mt19937 rng(21);
+    for (int vocab : {3, 31, 1000, 32003, 128256}) {
+        const int n = 19;
+        std::vector<float> logits = cuda_test::random_floats(static_cast<size_t>(n) * vocab, rng, -10.0f, 10.0f);
+        for (int r = 0; r < n; ++r) {
+            float* l = logits.data() + static_cast<size_t>(r) * vocab;
+            if (r % 3 == 0) {  // a tie far apart: the lower id wins
+                l[0] = 30.0f;
+                l[vocab - 1] = 30.0f;
+            }
+            if (r % 4 == 1) l[static_cast<int>(rng() % vocab)] = std::nanf("");
+            if (r % 5 == 2) std::fill(l, l + vocab, -INFINITY), l[vocab / 2] = -1.0f;
+            if (r == 7) std::fill(l, l + vocab, -INFINITY);  // all -inf: the lowest id, as sample()
+        }
+        const Result ref = run_sample(logits, vocab, std::vector<SamplingRow>(n, greedy_row()));
+        DeviceBuffer<float> d_logits(logits);
+        DeviceBuffer<int32_t> d_out(n);
+        d_out.fill_bytes(0xff);
+        DeviceBuffer<unsigned char> ws(std::max<size_t>(1, cuda::sample_workspace_bytes(n, vocab)));
+        cuda::greedy_argmax(d_logits.get(), n, vocab, d_out.get(), ws.get(), nullptr);
+        const std::vector<int32_t> got = d_out.download();
+        for (int r = 0; r < n; ++r) EXPECT_EQ(got[r], ref.tokens[r]) << "vocab " << vocab << " row " << r;
+    }
+}
+
 TEST(CudaSampling, NegativeInfinityAndNanAreNeverChosen) {
     PG_SKIP_WITHOUT_CUDA();
     const int vocab = 100;

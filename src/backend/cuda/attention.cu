@@ -4,11 +4,16 @@
 //   max_query_len > 1,  head_dim 64 / 128 → prefill tile list + tensor-core prefill for the
 //                        sequences with >= 2 query tokens, and decode for those with 1
 //   anything else (head_dim 80, 96, ...)   → generic kernel for every token
+//   args.batch_invariant: head_dim 64 / 128 → the invariant kernels (attention_invariant.cu) for
+//                        every sequence; other head dims → the generic kernel (invariant as is)
 //
 // Workspace layout (offsets 256-byte aligned, sized by this batch's shape):
 //   [decode partials m,l: rows x 2 f32][decode partials acc: rows x head_dim f32]
 //   [tile count: int, padded to 256 B][tile list: tile_bound x int2]
-// with rows = num_seqs * splits * num_heads when splits > 1, else 0.
+// with rows = num_seqs * splits * num_heads when splits > 1, else 0. Invariant mode:
+//   [split: num_seqs x int2][item count: int, padded to 256 B][items: item_bound x int4]
+//   [partials m,l: pcap x num_heads x 2 f32][partials acc: pcap x num_heads x head_dim f32]
+// with pcap = 8 * SMs (decode-token partitions computed apart, see attention_invariant.cu).
 #include <algorithm>
 #include <atomic>
 
@@ -56,6 +61,24 @@ Layout layout(int64_t partial_rows, int head_dim, int64_t tile_bound) {
     return w;
 }
 
+struct InvariantLayout {
+    size_t split = 0, count = 0, items = 0, ml = 0, acc = 0, total = 0;
+};
+
+InvariantLayout invariant_layout(int num_seqs, int64_t item_bound, int pcap, int num_heads, int head_dim) {
+    InvariantLayout w;
+    w.count = align256(static_cast<size_t>(num_seqs) * sizeof(int2));
+    w.items = w.count + 256;
+    w.ml = align256(w.items + static_cast<size_t>(item_bound) * sizeof(int4));
+    w.acc = align256(w.ml + static_cast<size_t>(pcap) * num_heads * 2 * sizeof(float));
+    w.total = w.acc + static_cast<size_t>(pcap) * num_heads * head_dim * sizeof(float);
+    return w;
+}
+
+int invariant_pcap(int sms) {
+    return 8 * sms;
+}
+
 bool is_pow2(int x) {
     return x > 0 && (x & (x - 1)) == 0;
 }
@@ -66,11 +89,21 @@ void set_attention_kernel_choice(AttentionKernelChoice choice) {
     g_choice.store(choice);
 }
 
-size_t attention_workspace_bytes(int max_tokens, int num_heads, int head_dim) {
+size_t attention_workspace_bytes(int max_tokens, int num_heads, int head_dim, bool batch_invariant) {
+    if (batch_invariant) {  // bounded over every group size (tt >= 1 token per tile)
+        const int pcap = invariant_pcap(sm_count());
+        const int64_t items = attn::invariant_item_bound(max_tokens, max_tokens, max_tokens, 1, pcap);
+        return invariant_layout(max_tokens, items, pcap, num_heads, head_dim).total;
+    }
     // Decode partials exist only when splits > 1, and then num_seqs * splits <= 2 * SMs.
     const int64_t rows = 2 * static_cast<int64_t>(sm_count()) * num_heads;
     const int64_t tiles = attn::prefill_tile_bound(max_tokens, max_tokens, max_tokens);
     return layout(rows, head_dim, tiles).total;
+}
+
+size_t attention_workspace_bytes(int max_tokens, int num_heads, int head_dim) {
+    return std::max(attention_workspace_bytes(max_tokens, num_heads, head_dim, false),
+                    attention_workspace_bytes(max_tokens, num_heads, head_dim, true));
 }
 
 void paged_attention(const AttentionArgs& args, cudaStream_t stream) {
@@ -105,6 +138,29 @@ void paged_attention(const AttentionArgs& args, cudaStream_t stream) {
     p.scale_log2 = args.scale * 1.4426950408889634f;
 
     const bool generic_only = g_choice.load() == AttentionKernelChoice::Generic;
+    if (args.batch_invariant) {
+        if (generic_only || !attn::invariant_supports(D, p.group)) {
+            attn::launch_generic(p, stream);
+            return;
+        }
+        const int sms = sm_count(), pcap = invariant_pcap(sms);
+        const int tt = attn::invariant_tokens_per_tile(p.group);
+        const int64_t bound = attn::invariant_item_bound(b.num_tokens, b.num_seqs, b.max_query_len, tt, pcap);
+        const InvariantLayout w = invariant_layout(b.num_seqs, bound, pcap, H, D);
+        if (args.workspace == nullptr || args.workspace_bytes < w.total)
+            fail("paged_attention: workspace of ", args.workspace_bytes, " bytes, this batch needs ", w.total);
+        char* ws = static_cast<char*>(args.workspace);
+        attn::InvariantWorkspace iw;
+        iw.split = reinterpret_cast<int2*>(ws + w.split);
+        iw.num_items = reinterpret_cast<int*>(ws + w.count);
+        iw.items = reinterpret_cast<int4*>(ws + w.items);
+        iw.item_capacity = static_cast<int>(bound);
+        iw.pcap = pcap;
+        iw.ml = reinterpret_cast<float*>(ws + w.ml);
+        iw.acc = reinterpret_cast<float*>(ws + w.acc);
+        attn::launch_invariant(p, iw, sms, stream);
+        return;
+    }
     const bool decode_only = b.max_query_len <= 1;
     const bool use_decode = !generic_only && attn::decode_supports(D) && (decode_only || attn::prefill_supports(D));
     const bool use_prefill = !generic_only && !decode_only && attn::prefill_supports(D);

@@ -7,6 +7,7 @@
 // lane accumulates its dims d = lane + 32·i of Σ p_j v_j over the chunk's keys.
 #include "backend/cuda/attention_internal.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace peregrine::cuda::attn {
 namespace {
@@ -17,6 +18,8 @@ constexpr int kDimsPerLane = kMaxDim / 32;
 
 __global__ void __launch_bounds__(kWarps * 32) generic_kernel(const Params p) {
     __shared__ float q_sh[kWarps][kMaxDim];
+    pdl_launch_dependents();
+    pdl_wait();  // q, the cache and the batch arrays come from earlier work
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t gw = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
     if (gw >= static_cast<int64_t>(p.num_tokens) * p.num_heads) return;
@@ -103,7 +106,8 @@ __global__ void __launch_bounds__(kWarps * 32) generic_kernel(const Params p) {
 void launch_generic(const Params& p, cudaStream_t stream) {
     const int64_t warps = static_cast<int64_t>(p.num_tokens) * p.num_heads;
     if (warps == 0) return;
-    generic_kernel<<<static_cast<unsigned>((warps + kWarps - 1) / kWarps), kWarps * 32, 0, stream>>>(p);
+    launch_pdl(generic_kernel, dim3(static_cast<unsigned>((warps + kWarps - 1) / kWarps)), dim3(kWarps * 32), 0, stream,
+               p);
     check_launch("generic_attention");
 }
 

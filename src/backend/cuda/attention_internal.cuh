@@ -1,12 +1,15 @@
 // Internals of the paged-attention kernels (attention*.cu): the flat parameter block every
-// kernel takes, small device helpers (bf16 unpacking, cp.async, ldmatrix, mma.sync) and the
-// per-kernel launchers that attention.cu dispatches to. CUDA-only: include from .cu files.
+// kernel takes, small device helpers (bf16 unpacking; cp.async, ldmatrix and mma.sync come from
+// warp_mma.cuh) and the per-kernel launchers that attention.cu dispatches to. CUDA-only:
+// include from .cu files.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "backend/cuda/warp_mma.cuh"  // cp.async, ldmatrix, mma.sync (namespace peregrine::cuda)
 
 namespace peregrine::cuda::attn {
 
@@ -60,40 +63,6 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// ---- Hopper/Ampere warp-level primitives (inline PTX) --------------------------------------
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16-byte async copy global → shared; src_bytes == 0 zero-fills the destination (no read).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
-                                                  uint32_t& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-// d += a · b on tensor cores: a 16x16 bf16 (row), b 16x8 bf16 (col), d 16x8 f32.
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // ---- launchers (each checks its launch and throws peregrine::Error) --------------------------
 // Decode: sequences whose query length is 1 (others are skipped, so the same launch serves the
 // decode part of a mixed batch). splits > 1 writes partials to ws_ml/ws_acc and combines.
@@ -117,6 +86,27 @@ int64_t prefill_tile_bound(int num_tokens, int num_seqs, int max_query_len);
 void launch_prefill(const Params& p, int tile_bound, int2* tiles, int* num_tiles, int sm_count, cudaStream_t stream);
 
 // Any head dim (multiple of 8, <= 256), any batch: one warp per (token, query head), f32 math.
+// Batch-invariant as it is: a token's warp walks its own keys in a fixed order.
 void launch_generic(const Params& p, cudaStream_t stream);
+
+// Batch-invariant tensor-core attention (attention_invariant.cu), head_dim 64 / 128, for every
+// sequence of the batch. Tiles of up to kInvariantTileRows (token, head) rows sharing a kv head;
+// keys in partitions of kInvariantPartition absolute positions, folded in order.
+constexpr int kInvariantTileRows = 64;
+constexpr int kInvariantPartition = 256;
+bool invariant_supports(int head_dim, int group);
+int invariant_tokens_per_tile(int group);  // query tokens per tile: 64 / group
+// Upper bound on the item list (host-side, from the scalar fields only), tt tokens per tile.
+int64_t invariant_item_bound(int num_tokens, int num_seqs, int max_query_len, int tt, int pcap);
+struct InvariantWorkspace {
+    int2* split = nullptr;     // [num_seqs] {first partial slot, partitions}; {0, 0}: not split
+    int* num_items = nullptr;  // [1]
+    int4* items = nullptr;     // [item_capacity] {seq, first query token of the tile, partition or -1, slot}
+    int item_capacity = 0;
+    int pcap = 0;          // partial slots: (decode token, partition) pairs
+    float* ml = nullptr;   // [pcap, num_heads, 2] f32: max (log2 units), sum of exps
+    float* acc = nullptr;  // [pcap, num_heads, head_dim] f32: unnormalised output
+};
+void launch_invariant(const Params& p, const InvariantWorkspace& w, int sm_count, cudaStream_t stream);
 
 }  // namespace peregrine::cuda::attn

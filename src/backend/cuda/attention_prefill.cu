@@ -20,7 +20,9 @@
 #include <climits>
 
 #include "backend/cuda/attention_internal.cuh"
+#include "backend/cuda/attention_tile.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace peregrine::cuda::attn {
 namespace {
@@ -37,6 +39,8 @@ __global__ void __launch_bounds__(kListThreads)
     prefill_tiles_kernel(const int32_t* __restrict__ query_start, int num_seqs, int capacity, int2* __restrict__ tiles,
                          int* __restrict__ num_tiles) {
     __shared__ int warp_sums[kListThreads / 32];
+    pdl_launch_dependents();
+    pdl_wait();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int carry = 0;
     for (int base = 0; base < num_seqs; base += kListThreads * kListItems) {
@@ -80,25 +84,20 @@ __global__ void __launch_bounds__(kListThreads)
     if (tid == 0) *num_tiles = min(carry, capacity);
 }
 
-// Shared-memory element offset of 16-byte chunk `c` of row `r` in a [rows, D] bf16 tile.
-template <int D>
-__device__ __forceinline__ int swz(int r, int c) {
-    return r * D + ((c ^ (r & 7)) << 3);
-}
-
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     prefill_kernel(const Params p, const int2* __restrict__ tiles, const int* __restrict__ num_tiles_ptr) {
     static_assert(D == 64 || D == 128, "tensor-core prefill: head_dim 64 or 128");
     constexpr int CPR = D / 8;  // 16-byte chunks per row
     constexpr int KT = D / 16;  // k-steps of Q·Kᵀ
-    constexpr int NT = BN / 8;  // n-tiles of S (8 keys each)
     constexpr int DT = D / 8;   // n-tiles of O (8 dims each)
     extern __shared__ __align__(128) unsigned char smem_raw[];
     __nv_bfloat16* sq = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [BM][D]
     __nv_bfloat16* sk = sq + BM * D;                                 // [2][BN][D]
     __nv_bfloat16* sv = sk + 2 * BN * D;                             // [2][BN][D]
     __shared__ int red[kWarps][4];
+    pdl_launch_dependents();
+    pdl_wait();  // the tile list, q, the cache and the batch arrays come from earlier work
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int num_items = *num_tiles_ptr * p.num_heads;
@@ -211,85 +210,8 @@ __global__ void __launch_bounds__(kThreads)
                 const __nv_bfloat16* kb = sk + (j & 1) * BN * D;
                 const __nv_bfloat16* vb = sv + (j & 1) * BN * D;
 
-                // S = Q·Kᵀ: 16 rows x 64 keys per warp.
-                float sc[NT][4];
-#pragma unroll
-                for (int n = 0; n < NT; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-#pragma unroll
-                for (int kk = 0; kk < KT; ++kk) {
-#pragma unroll
-                    for (int nb = 0; nb < NT / 2; ++nb) {
-                        const int r = nb * 16 + (lane & 7) + ((lane >> 4) << 3);
-                        const int c = 2 * kk + ((lane >> 3) & 1);
-                        uint32_t b0, b1, b2, b3;
-                        ldmatrix_x4(smem_addr(kb + swz<D>(r, c)), b0, b1, b2, b3);
-                        mma_bf16_16816(sc[2 * nb], qf[kk], b0, b1);
-                        mma_bf16_16816(sc[2 * nb + 1], qf[kk], b2, b3);
-                    }
-                }
-
-                // Scale to log2 units; mask when the tile is not inside every row's range.
                 const bool need_mask = kt < max_first || kt + BN - 1 > min_last;
-#pragma unroll
-                for (int n = 0; n < NT; ++n) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        float v = sc[n][e] * p.scale_log2;
-                        if (need_mask) {
-                            const int key = kt + n * 8 + 2 * (lane & 3) + (e & 1);
-                            const int i = e >> 1;
-                            if (key < first[i] || key > last[i]) v = -INFINITY;
-                        }
-                        sc[n][e] = v;
-                    }
-                }
-
-                // Online softmax (each row lives in 4 lanes: lane&3 = column pair).
-                float alpha[2], m_use[2];
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    float mx = -INFINITY;
-#pragma unroll
-                    for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(sc[n][2 * i], sc[n][2 * i + 1]));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    const float m_new = fmaxf(m[i], mx);
-                    m_use[i] = m_new == -INFINITY ? 0.0f : m_new;  // row masked so far: stays zero
-                    alpha[i] = exp2f(m[i] - m_use[i]);
-                    m[i] = m_new;
-                }
-                float rs[2] = {0.0f, 0.0f};
-                uint32_t pa[BN / 16][4];  // P as A fragments (bf16), k = keys
-#pragma unroll
-                for (int n = 0; n < NT; ++n) {
-                    const float p0 = exp2f(sc[n][0] - m_use[0]), p1 = exp2f(sc[n][1] - m_use[0]);
-                    const float p2 = exp2f(sc[n][2] - m_use[1]), p3 = exp2f(sc[n][3] - m_use[1]);
-                    rs[0] += p0 + p1;
-                    rs[1] += p2 + p3;
-                    pa[n >> 1][(n & 1) * 2 + 0] = pack_bf16x2(p0, p1);
-                    pa[n >> 1][(n & 1) * 2 + 1] = pack_bf16x2(p2, p3);
-                }
-                l[0] = l[0] * alpha[0] + rs[0];
-                l[1] = l[1] * alpha[1] + rs[1];
-#pragma unroll
-                for (int d = 0; d < DT; ++d) {
-                    o[d][0] *= alpha[0], o[d][1] *= alpha[0];
-                    o[d][2] *= alpha[1], o[d][3] *= alpha[1];
-                }
-
-                // O += P·V.
-#pragma unroll
-                for (int ks = 0; ks < BN / 16; ++ks) {
-#pragma unroll
-                    for (int db = 0; db < DT / 2; ++db) {
-                        const int r = ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-                        const int c = 2 * db + (lane >> 4);
-                        uint32_t b0, b1, b2, b3;
-                        ldmatrix_x4_trans(smem_addr(vb + swz<D>(r, c)), b0, b1, b2, b3);
-                        mma_bf16_16816(o[2 * db], pa[ks], b0, b1);
-                        mma_bf16_16816(o[2 * db + 1], pa[ks], b2, b3);
-                    }
-                }
+                flash_tile_step<D, BN>(qf, kb, vb, kt, need_mask, first, last, p.scale_log2, m, l, o);
             }
         }
 
@@ -339,7 +261,11 @@ void launch_pd(const Params& p, int tile_bound, int2* tiles, int* num_tiles, int
     const int per_sm = prepare_kernel<D>();
     const int64_t items = static_cast<int64_t>(tile_bound) * p.num_heads;
     const int grid = static_cast<int>(std::min<int64_t>(items, static_cast<int64_t>(per_sm) * sm_count));
-    prefill_kernel<D><<<grid, kThreads, smem_bytes(D), stream>>>(p, tiles, num_tiles);
+    // A plain launch, not launch_pdl: this grid is persistent (per_sm CTAs on every SM, walking
+    // the tile list), and launched early its CTAs land wherever slots are free, unevenly;
+    // measured on an H100, prefill attention ran 20-30% slower that way (CudaAttentionPerf).
+    prefill_kernel<D><<<grid, kThreads, smem_bytes(D), stream>>>(p, static_cast<const int2*>(tiles),
+                                                                 static_cast<const int*>(num_tiles));
     check_launch("prefill_attention");
 }
 
@@ -359,7 +285,8 @@ int64_t prefill_tile_bound(int num_tokens, int num_seqs, int max_query_len) {
 
 void launch_prefill(const Params& p, int tile_bound, int2* tiles, int* num_tiles, int sm_count, cudaStream_t stream) {
     if (tile_bound <= 0) return;
-    prefill_tiles_kernel<<<1, kListThreads, 0, stream>>>(p.query_start, p.num_seqs, tile_bound, tiles, num_tiles);
+    launch_pdl(prefill_tiles_kernel, dim3(1), dim3(kListThreads), 0, stream, p.query_start, p.num_seqs, tile_bound,
+               tiles, num_tiles);
     check_launch("prefill_attention_tiles");
     if (p.head_dim == 64)
         launch_pd<64>(p, tile_bound, tiles, num_tiles, sm_count, stream);

@@ -16,12 +16,12 @@ namespace peregrine {
 namespace {
 
 constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;  // cuBLASLt's split-K / stream-K scratch
-constexpr size_t kStageBytes = size_t{64} << 20;         // pinned staging for weight uploads
-constexpr int kScratchInts = 1 << 16;                    // ids / rows / block pairs outside a step
+constexpr size_t kStageBytes = size_t{64} << 20;        // pinned staging for weight uploads
+constexpr int kScratchInts = 1 << 16;                   // ids / rows / block pairs outside a step
 
-#define PG_LT_CHECK(expr)                                                                       \
-    do {                                                                                        \
-        const cublasStatus_t st_ = (expr);                                                      \
+#define PG_LT_CHECK(expr)                                                                               \
+    do {                                                                                                \
+        const cublasStatus_t st_ = (expr);                                                              \
         if (st_ != CUBLAS_STATUS_SUCCESS) fail("cuBLASLt error ", static_cast<int>(st_), " in " #expr); \
     } while (0)
 
@@ -31,10 +31,14 @@ cublasLtHandle_t lt_handle(void* p) {
 
 cudaDataType_t cuda_type(DType t) {
     switch (t) {
-        case DType::F32: return CUDA_R_32F;
-        case DType::BF16: return CUDA_R_16BF;
-        case DType::F16: return CUDA_R_16F;
-        default: fail("CUDA backend: no matmul type for ", dtype_name(t));
+        case DType::F32:
+            return CUDA_R_32F;
+        case DType::BF16:
+            return CUDA_R_16BF;
+        case DType::F16:
+            return CUDA_R_16F;
+        default:
+            fail("CUDA backend: no matmul type for ", dtype_name(t));
     }
 }
 
@@ -283,8 +287,8 @@ void CudaBackend::ensure_meta(int tokens, int seqs, int stride) {
     stride_cap_ = std::max({stride, stride_cap_, 64});
     if (meta_dev_) cudaFree(meta_dev_);
     if (meta_host_) cudaFreeHost(meta_host_);
-    meta_ints_ = static_cast<size_t>(tok_cap_) * 4 + (seq_cap_ + 1) + seq_cap_ +
-                 static_cast<size_t>(seq_cap_) * stride_cap_;
+    meta_ints_ =
+        static_cast<size_t>(tok_cap_) * 4 + (seq_cap_ + 1) + seq_cap_ + static_cast<size_t>(seq_cap_) * stride_cap_;
     PG_CUDA_CHECK(cudaMalloc(&meta_dev_, meta_ints_ * sizeof(int32_t)));
     PG_CUDA_CHECK(cudaMallocHost(&meta_host_, meta_ints_ * sizeof(int32_t)));
 }
@@ -320,8 +324,8 @@ void CudaBackend::begin_step(const BatchInput& b) {
     }
     // Only the used prefix of each region travels: one copy of the whole buffer is simpler
     // and the regions are small next to a step (a few hundred KB at most).
-    const size_t used = static_cast<size_t>(4) * tok_cap_ + (seq_cap_ + 1) + seq_cap_ +
-                        static_cast<size_t>(s) * stride_cap_;
+    const size_t used =
+        static_cast<size_t>(4) * tok_cap_ + (seq_cap_ + 1) + seq_cap_ + static_cast<size_t>(s) * stride_cap_;
     PG_CUDA_CHECK(cudaMemcpyAsync(meta_dev_, meta_host_, used * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
 
     int32_t* d = meta_dev_;
@@ -390,8 +394,8 @@ const int32_t* CudaBackend::device_ints(const int32_t* host, int64_t n, int32_t*
 
 void CudaBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out) {
     PG_CHECK(out.dtype == DType::F32);
-    const int32_t* d_ids = (step_ && ids == step_->token_ids.data()) ? dbatch_.token_ids
-                                                                     : device_ints(ids, n, scratch_ints_);
+    const int32_t* d_ids =
+        (step_ && ids == step_->token_ids.data()) ? dbatch_.token_ids : device_ints(ids, n, scratch_ints_);
     cuda::embedding(bf(table), d_ids, static_cast<int>(n), static_cast<int>(table.cols()), out.ptr<float>(), stream_);
 }
 
@@ -410,7 +414,11 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, c
              w.shape_str(), " out ", out.shape_str());
     PG_CHECK(x.dtype == DType::BF16 && w.dtype == DType::BF16, "CUDA matmul takes bf16 inputs");
     if (n == 0) return;
-    if (options_.gemv && cuda::gemv_supported(static_cast<int>(n), static_cast<int>(k), x.data, w.data)) {
+    if (options_.batch_invariant) {
+        // One k order per element whatever n is (tensor cores, no split-K across CTAs).
+        cuda::gemm_invariant(bf(x), bf(w), out.data, out.dtype == DType::F32, static_cast<int>(n), static_cast<int>(m),
+                             static_cast<int>(k), stream_);
+    } else if (options_.gemv && cuda::gemv_supported(static_cast<int>(n), static_cast<int>(k), x.data, w.data)) {
         // Batch-1..4 decode: our weight-streaming kernel beats cuBLASLt's skinny tiles.
         cuda::gemv(bf(x), bf(w), out.data, out.dtype == DType::F32, static_cast<int>(n), static_cast<int>(m),
                    static_cast<int>(k), stream_);
@@ -421,6 +429,24 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, c
         PG_CHECK(out.dtype == DType::BF16 && bias.dtype == DType::F32 && bias.numel() == m);
         cuda::add_bias(bf(out), bias.ptr<float>(), n, m, stream_);
     }
+}
+
+bool CudaBackend::use_gemv(const Tensor& x, const Tensor& w) const {
+    // Batch-invariant mode keeps every product on one kernel for all n.
+    return options_.gemv && !options_.batch_invariant && x.dtype == DType::BF16 && w.dtype == DType::BF16 &&
+           cuda::gemv_supported(static_cast<int>(x.rows()), static_cast<int>(x.cols()), x.data, w.data);
+}
+
+void CudaBackend::matmul_silu(const Tensor& x, const Tensor& w_gate_up, const Tensor& out, const Tensor& scratch) {
+    const int64_t n = x.rows(), k = x.cols(), m = w_gate_up.rows();
+    if (!use_gemv(x, w_gate_up)) {
+        Backend::matmul_silu(x, w_gate_up, out, scratch);
+        return;
+    }
+    PG_CHECK(w_gate_up.cols() == k && out.rows() == n && 2 * out.cols() == m && out.dtype == DType::BF16,
+             "matmul_silu shapes: x ", x.shape_str(), " w ", w_gate_up.shape_str(), " out ", out.shape_str());
+    cuda::gemv_silu(bf(x), bf(w_gate_up), bf(out), static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+                    stream_);
 }
 
 void CudaBackend::cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& out) {
@@ -446,8 +472,8 @@ void CudaBackend::cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& 
         constexpr int kCandidates = 8;
         cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
         int found = 0;
-        const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_handle(lt_), g->desc, g->a, g->b, g->d, g->d,
-                                                                 pref, kCandidates, results, &found);
+        const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_handle(lt_), g->desc, g->a, g->b, g->d, g->d, pref,
+                                                                 kCandidates, results, &found);
         cublasLtMatmulPreferenceDestroy(pref);
         if (st != CUBLAS_STATUS_SUCCESS || found == 0)
             fail("cuBLASLt: no algorithm for a ", n, "x", k, " by ", m, "x", k, " bf16 matmul");
@@ -486,8 +512,8 @@ void CudaBackend::cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& 
     }
     const Gemm& g = *it->second;
     const float alpha = 1.0f, beta = 0.0f;
-    PG_LT_CHECK(cublasLtMatmul(lt_handle(lt_), g.desc, &alpha, w.data, g.a, x.data, g.b, &beta, out.data, g.d,
-                               out.data, g.d, &g.algo, lt_workspace_, lt_workspace_bytes_, stream_));
+    PG_LT_CHECK(cublasLtMatmul(lt_handle(lt_), g.desc, &alpha, w.data, g.a, x.data, g.b, &beta, out.data, g.d, out.data,
+                               g.d, &g.algo, lt_workspace_, lt_workspace_bytes_, stream_));
 }
 
 void CudaBackend::rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& v, const BatchInput& batch,
@@ -499,8 +525,7 @@ void CudaBackend::rope_and_cache(const Tensor& q, const Tensor& k, const Tensor&
     cuda::DeviceBatch db = dbatch_;
     db.block_size = static_cast<int>(k_cache.dim(1));
     cuda::rope_and_cache(bf(q), bf(k), bf(v), db, inv_freq, rope.rotary_dim, rope.attention_factor,
-                         rope.style == RopeStyle::Neox, num_heads, num_kv, head_dim, bf(k_cache), bf(v_cache),
-                         stream_);
+                         rope.style == RopeStyle::Neox, num_heads, num_kv, head_dim, bf(k_cache), bf(v_cache), stream_);
 }
 
 const float* CudaBackend::rope_inv_freq(const RopeTable& rope) {
@@ -542,7 +567,8 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
                             int num_heads, int head_dim, float scale, int window, const Tensor& out) {
     PG_CHECK(&batch == step_, "CUDA backend: attention outside the step given to begin_step");
     // Sized for the metadata capacity, so every batch up to it (and its recordings) fits.
-    ensure_attention_workspace(cuda::attention_workspace_bytes(tok_cap_, num_heads, head_dim));
+    ensure_attention_workspace(
+        cuda::attention_workspace_bytes(tok_cap_, num_heads, head_dim, options_.batch_invariant));
     cuda::AttentionArgs a;
     a.q = bf(q);
     a.k_cache = bf(k_cache);
@@ -557,6 +583,7 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
     a.window = window;
     a.workspace = attn_ws_;
     a.workspace_bytes = attn_ws_bytes_;
+    a.batch_invariant = options_.batch_invariant;
     cuda::paged_attention(a, stream_);
 }
 

@@ -17,9 +17,12 @@ namespace peregrine {
 
 struct CudaOptions {
     int device = 0;
-    bool graphs = true;       // false: --enforce-eager
+    bool graphs = true;         // false: --enforce-eager
     int max_graph_batch = 256;  // decode batches above this run eagerly
     bool gemv = true;           // our skinny-product kernel for n <= 4 (else cuBLASLt for all)
+    // Batch-invariant mode (--batch-invariant): every product through gemm_invariant and the
+    // attention's invariant path, so a token's results never depend on the rest of the batch.
+    bool batch_invariant = false;
 };
 
 // Whether a CUDA device is present (never throws).
@@ -48,6 +51,7 @@ class CudaBackend final : public Backend {
     void rope_and_cache_packed(const Tensor& qkv, const Tensor& q_out, const BatchInput& batch, const RopeTable& rope,
                                int head_dim, int num_kv_heads, const Tensor& k_cache, const Tensor& v_cache) override;
     void silu_mul_packed(const Tensor& gate_up, const Tensor& out) override;
+    void matmul_silu(const Tensor& x, const Tensor& w_gate_up, const Tensor& out, const Tensor& scratch) override;
     void fill_random(const Tensor& t, uint64_t seed, float lo, float hi) override;
 
     void begin_step(const BatchInput& batch) override;
@@ -81,6 +85,8 @@ class CudaBackend final : public Backend {
     void allocate_weight(Tensor& t);  // device memory for a placed weight, owned until destruction
     // out = x . w^T through cuBLASLt (a cached plan per shape).
     void cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& out);
+    // Whether products of this x and w run through our decode kernel (and so may fuse epilogues).
+    bool use_gemv(const Tensor& x, const Tensor& w) const;
     void ensure_attention_workspace(size_t bytes);
     const float* rope_inv_freq(const RopeTable& rope);
     // Converts host rows [r0, r1) of `host` into `dst` (bf16 for matrices, else f32) on the device.

@@ -24,10 +24,10 @@ using bf16_t = uint16_t;  // raw bf16 bits in host code
 struct DeviceBatch {
     int num_tokens = 0;
     int num_seqs = 0;
-    int block_stride = 0;     // ints per row of block_tables (a fixed capacity)
-    int block_size = 16;      // tokens per KV block
-    int max_query_len = 0;    // upper bound over sequences of query length (host-known)
-    int max_context_len = 0;  // upper bound over sequences of context_lens (host-known)
+    int block_stride = 0;                   // ints per row of block_tables (a fixed capacity)
+    int block_size = 16;                    // tokens per KV block
+    int max_query_len = 0;                  // upper bound over sequences of query length (host-known)
+    int max_context_len = 0;                // upper bound over sequences of context_lens (host-known)
     const int32_t* token_ids = nullptr;     // [num_tokens]
     const int32_t* positions = nullptr;     // [num_tokens]
     const int32_t* query_start = nullptr;   // [num_seqs + 1]
@@ -57,9 +57,9 @@ void rope_and_cache(bf16_t* q, bf16_t* k, const bf16_t* v, const DeviceBatch& ba
 // The packed form: qkv [n, (num_heads + 2 num_kv_heads) * head_dim] holds q | k | v per row
 // (one matmul's output). Rotated q goes to q_out [n, num_heads * head_dim]; k (rotated) and v
 // go to the cache only. qkv's k part is rotated in place.
-void rope_and_cache_packed(bf16_t* qkv, bf16_t* q_out, const DeviceBatch& batch, const float* inv_freq,
-                           int rotary_dim, float attention_factor, bool neox, int num_heads, int num_kv_heads,
-                           int head_dim, bf16_t* k_cache, bf16_t* v_cache, cudaStream_t stream);
+void rope_and_cache_packed(bf16_t* qkv, bf16_t* q_out, const DeviceBatch& batch, const float* inv_freq, int rotary_dim,
+                           float attention_factor, bool neox, int num_heads, int num_kv_heads, int head_dim,
+                           bf16_t* k_cache, bf16_t* v_cache, cudaStream_t stream);
 
 // out [n, dim] = silu(gate) * up with gate_up [n, 2 dim] holding gate | up per row.
 void silu_mul_packed(const bf16_t* gate_up, bf16_t* out, int64_t n, int64_t dim, cudaStream_t stream);
@@ -86,6 +86,41 @@ void add_bias(bf16_t* x, const float* bias, int64_t n, int64_t m, cudaStream_t s
 constexpr int kMaxGemvRows = 4;
 bool gemv_supported(int n, int k, const void* x, const void* w);
 void gemv(const bf16_t* x, const bf16_t* w, void* out, bool out_f32, int n, int m, int k, cudaStream_t stream);
+// gemv with gate | up fused: w_gate_up [m, k] holds gate rows then up rows (m even);
+// out [n, m/2] bf16 = silu(x . gate^T) * (x . up^T), computed in f32.
+void gemv_silu(const bf16_t* x, const bf16_t* w_gate_up, bf16_t* out, int n, int m, int k, cudaStream_t stream);
+// Test hook: rows per CTA and 16-byte chunks in flight per row and thread, one of 2x1, 2x2,
+// 2x4, 1x4, 1x8 (0, 0: chosen by k).
+void set_gemv_config(int rows, int depth);
+
+// ---- batch-invariant products -------------------------------------------------------------------
+// out[n, m] = x[n, k] . w[m, k]^T, bf16 in, f32 accumulate on tensor cores, out f32 (out_f32)
+// or bf16. Batch-invariant: every output element is a function of its x row and w row only,
+// bitwise the same for any n and any position of the row in the batch (one fixed k order, no
+// split-K across CTAs; gemm_invariant.cu describes it). Any k >= 1 and any alignment (k % 8 == 0
+// with 16-byte aligned x and w takes the fast paths; others give the same bits, slower).
+void gemm_invariant(const bf16_t* x, const bf16_t* w, void* out, bool out_f32, int n, int m, int k,
+                    cudaStream_t stream);
+// Test / benchmark hook (process-wide): force one kernel plan. Every plan gives the same bits.
+// Skinny*: loads into registers (the unaligned fallback); Sliced*: a warp per k slice, 8..64
+// tokens a CTA; Tiled*: shared tiles of tokens x weights (TiledWide: 128 x 256).
+enum class GemmInvariantPlan {
+    Auto = -1,
+    SkinnyR1,
+    SkinnyR2,
+    Sliced8,
+    Sliced16,
+    Sliced32,
+    Sliced64,
+    Sliced64W,
+    Tiled32,
+    Tiled64,
+    Tiled128,
+    TiledWide,
+    TiledWide4,
+    TiledWideK64,
+};
+void set_gemm_invariant_plan(GemmInvariantPlan plan);
 
 // ---- attention -----------------------------------------------------------------------------
 struct AttentionArgs {
@@ -100,16 +135,23 @@ struct AttentionArgs {
     // Split-KV scratch (decode): at least attention_workspace_bytes(...) bytes.
     void* workspace = nullptr;
     size_t workspace_bytes = 0;
+    // Every query token's output bitwise independent of the rest of the batch, of how its
+    // prompt was chunked and of its sequence's query length (one kernel path for all tokens,
+    // keys in fixed partitions folded in order; attention_invariant.cu). Slower for decode.
+    bool batch_invariant = false;
 };
 
-// Scratch the attention launchers need for a batch of up to max_tokens tokens.
+// Scratch the attention launchers need for a batch of up to max_tokens tokens, in either mode
+// (the 4-argument form: in the one mode AttentionArgs::batch_invariant selects).
 size_t attention_workspace_bytes(int max_tokens, int num_heads, int head_dim);
+size_t attention_workspace_bytes(int max_tokens, int num_heads, int head_dim, bool batch_invariant);
 
 // Causal paged attention of every token of the batch over its sequence's cache (which
 // already holds this step's keys/values): query token t of sequence s at position p reads
 // cache positions [0, p] (or (p - window, p]). Chooses the kernel itself: a decode kernel
-// when every query length is 1 (batch.max_query_len == 1), else the prefill kernel. Graph-safe
-// for decode batches: its launch shape depends only on num_seqs, num_heads, head_dim.
+// when every query length is 1 (batch.max_query_len == 1), else the prefill kernel (or, with
+// batch_invariant, the invariant kernels for every token). Graph-safe for decode batches: its
+// launch shape depends only on num_seqs, num_heads, head_dim (and num_tokens, max_query_len).
 // head_dim: any of 8, 16, 32, 64, 80, 96, 128, 256 (tensor cores for 64 and 128).
 void paged_attention(const AttentionArgs& args, cudaStream_t stream);
 
@@ -123,8 +165,8 @@ struct SamplingRow {
     float repetition_penalty = 1.0f;
     float presence_penalty = 0.0f;
     float frequency_penalty = 0.0f;
-    uint64_t seed = 0;    // Philox key: the request's seed (or a per-request random one)
-    uint64_t offset = 0;  // Philox counter: the number of tokens this sequence sampled before
+    uint64_t seed = 0;          // Philox key: the request's seed (or a per-request random one)
+    uint64_t offset = 0;        // Philox counter: the number of tokens this sequence sampled before
     int32_t num_logprobs = -1;  // -1: none; k >= 0: sampled token's raw logprob + top k (k <= 20)
 };
 
@@ -143,8 +185,11 @@ constexpr int kMaxSampleLogprobs = 20;
 // top_ids / top_logprobs [n, kMaxSampleLogprobs] (raw, descending). `workspace` holds at
 // least sample_workspace_bytes(n, vocab) bytes.
 size_t sample_workspace_bytes(int n, int vocab);
-void sample(float* logits, int n, int vocab, const SamplingRow* rows, const PenaltyArgs& penalties,
-            int32_t* out_tokens, float* out_logprob, int32_t* top_ids, float* top_logprobs, void* workspace,
-            cudaStream_t stream);
+void sample(float* logits, int n, int vocab, const SamplingRow* rows, const PenaltyArgs& penalties, int32_t* out_tokens,
+            float* out_logprob, int32_t* top_ids, float* top_logprobs, void* workspace, cudaStream_t stream);
+// The greedy rows' fast path (no penalties, no logprobs): out_tokens[r] = the argmax of
+// logits row r (lowest id on ties, NaN never chosen; 0 for a row of NaN), as sample() picks
+// for a greedy row, spread over many CTAs per row. workspace: sample_workspace_bytes(n, vocab).
+void greedy_argmax(const float* logits, int n, int vocab, int32_t* out_tokens, void* workspace, cudaStream_t stream);
 
 }  // namespace peregrine::cuda

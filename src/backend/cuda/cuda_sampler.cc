@@ -68,9 +68,9 @@ CudaSampler::~CudaSampler() {
                     static_cast<void*>(b_->tok_dev), static_cast<void*>(b_->lp_dev),
                     static_cast<void*>(b_->top_ids_dev), static_cast<void*>(b_->top_lp_dev), b_->workspace})
         if (p) cudaFree(p);
-    for (void* p : {static_cast<void*>(b_->rows_host), static_cast<void*>(b_->pen_host),
-                    static_cast<void*>(b_->tok_host), static_cast<void*>(b_->lp_host),
-                    static_cast<void*>(b_->top_ids_host), static_cast<void*>(b_->top_lp_host)})
+    for (void* p :
+         {static_cast<void*>(b_->rows_host), static_cast<void*>(b_->pen_host), static_cast<void*>(b_->tok_host),
+          static_cast<void*>(b_->lp_host), static_cast<void*>(b_->top_ids_host), static_cast<void*>(b_->top_lp_host)})
         if (p) cudaFreeHost(p);
 }
 
@@ -128,7 +128,8 @@ void CudaSampler::sample(const Tensor& logits, const std::vector<SampleSpec>& sp
         r.offset = static_cast<uint64_t>(seq.num_output());
         r.num_logprobs = specs[i].logprobs ? std::min(p.logprobs, cuda::kMaxSampleLogprobs) : -1;
         any_logprobs |= specs[i].logprobs;
-        const bool penalised = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+        const bool penalised =
+            p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
         if (penalised) {
             any_penalty = true;
             count.clear();
@@ -145,8 +146,13 @@ void CudaSampler::sample(const Tensor& logits, const std::vector<SampleSpec>& sp
         }
         offsets.push_back(static_cast<int32_t>(pen_tokens.size()));
     }
-    PG_CUDA_CHECK(cudaMemcpyAsync(b_->rows_dev, b_->rows_host, n * sizeof(cuda::SamplingRow), cudaMemcpyHostToDevice,
-                                  stream));
+    // Greedy rows without penalties or logprobs take the argmax fast path (no parameters to send).
+    bool all_greedy = !any_penalty && !any_logprobs;
+    for (int i = 0; all_greedy && i < n; ++i)
+        all_greedy = !(b_->rows_host[i].temperature >= 1e-5f) || b_->rows_host[i].top_k == 1;  // sample()'s rule
+    if (!all_greedy)
+        PG_CUDA_CHECK(cudaMemcpyAsync(b_->rows_dev, b_->rows_host, n * sizeof(cuda::SamplingRow),
+                                      cudaMemcpyHostToDevice, stream));
     cuda::PenaltyArgs pen;
     if (any_penalty) {
         const size_t m = pen_tokens.size();
@@ -162,21 +168,25 @@ void CudaSampler::sample(const Tensor& logits, const std::vector<SampleSpec>& sp
         std::memcpy(b_->pen_host, offsets.data(), (n + 1) * sizeof(int32_t));
         std::memcpy(b_->pen_host + n + 1, pen_tokens.data(), m * sizeof(int32_t));
         std::memcpy(b_->pen_host + n + 1 + m, pen_counts.data(), m * sizeof(int32_t));
-        PG_CUDA_CHECK(cudaMemcpyAsync(b_->pen_dev, b_->pen_host, need * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+        PG_CUDA_CHECK(
+            cudaMemcpyAsync(b_->pen_dev, b_->pen_host, need * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
         pen.offsets = b_->pen_dev;
         pen.tokens = b_->pen_dev + n + 1;
         pen.counts = b_->pen_dev + n + 1 + m;
     }
-    cuda::sample(rows, n, vocab_, b_->rows_dev, pen, b_->tok_dev, b_->lp_dev, b_->top_ids_dev, b_->top_lp_dev,
-                 b_->workspace, stream);
+    if (all_greedy)
+        cuda::greedy_argmax(rows, n, vocab_, b_->tok_dev, b_->workspace, stream);
+    else
+        cuda::sample(rows, n, vocab_, b_->rows_dev, pen, b_->tok_dev, b_->lp_dev, b_->top_ids_dev, b_->top_lp_dev,
+                     b_->workspace, stream);
     PG_CUDA_CHECK(cudaMemcpyAsync(b_->tok_host, b_->tok_dev, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
     const size_t k = cuda::kMaxSampleLogprobs;
     if (any_logprobs) {
         PG_CUDA_CHECK(cudaMemcpyAsync(b_->lp_host, b_->lp_dev, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
         PG_CUDA_CHECK(cudaMemcpyAsync(b_->top_ids_host, b_->top_ids_dev, n * k * sizeof(int32_t),
                                       cudaMemcpyDeviceToHost, stream));
-        PG_CUDA_CHECK(cudaMemcpyAsync(b_->top_lp_host, b_->top_lp_dev, n * k * sizeof(float), cudaMemcpyDeviceToHost,
-                                      stream));
+        PG_CUDA_CHECK(
+            cudaMemcpyAsync(b_->top_lp_host, b_->top_lp_dev, n * k * sizeof(float), cudaMemcpyDeviceToHost, stream));
     }
     backend_.synchronize();
     for (int i = 0; i < n; ++i) {

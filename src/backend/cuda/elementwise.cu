@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rope_angles.cuh"
 
 namespace peregrine::cuda {
@@ -133,6 +134,8 @@ inline unsigned grid_for(int64_t work, int threads) {
 template <int V>
 __global__ void embedding_kernel(const uint16_t* __restrict__ table, const int32_t* __restrict__ ids, int hidden,
                                  float* __restrict__ out) {
+    pdl_launch_dependents();
+    pdl_wait();
     const int64_t row = blockIdx.x;
     const int32_t id = ids[row];
     const uint16_t* src = table + static_cast<int64_t>(id) * hidden;
@@ -157,6 +160,11 @@ __global__ void embedding_kernel(const uint16_t* __restrict__ table, const int32
 template <typename XT, typename OT, bool RES, int V, int NV>
 __global__ void rms_norm_kernel(const XT* x, float* __restrict__ residual, const float* __restrict__ weight, float eps,
                                 OT* out, int rows, int dim, int tpr) {
+    pdl_launch_dependents();
+    // The norm weight is constant during a step: bring it towards L2 before waiting for x.
+    for (int line = threadIdx.x; line * 32 < dim; line += blockDim.x)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(weight + line * 32));
+    pdl_wait();
     __shared__ float partial[32];
     const int lane = threadIdx.x % tpr;
     const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
@@ -246,29 +254,30 @@ void launch_rms_norm_v(const void* x, float* residual, const float* weight, floa
         const int threads = 128, rows_per_cta = threads / tpr;
         const unsigned grid = static_cast<unsigned>(ceil_div(rows, rows_per_cta));
         if (per_lane <= 1)
-            rms_norm_kernel<XT, OT, RES, V, 1>
-                <<<grid, threads, 0, stream>>>(xp, residual, weight, eps, op, rows, dim, tpr);
+            launch_pdl(rms_norm_kernel<XT, OT, RES, V, 1>, grid, threads, 0, stream, xp, residual, weight, eps, op,
+                       rows, dim, tpr);
         else if (per_lane <= 2)
-            rms_norm_kernel<XT, OT, RES, V, 2>
-                <<<grid, threads, 0, stream>>>(xp, residual, weight, eps, op, rows, dim, tpr);
+            launch_pdl(rms_norm_kernel<XT, OT, RES, V, 2>, grid, threads, 0, stream, xp, residual, weight, eps, op,
+                       rows, dim, tpr);
         else
-            rms_norm_kernel<XT, OT, RES, V, 4>
-                <<<grid, threads, 0, stream>>>(xp, residual, weight, eps, op, rows, dim, tpr);
+            launch_pdl(rms_norm_kernel<XT, OT, RES, V, 4>, grid, threads, 0, stream, xp, residual, weight, eps, op,
+                       rows, dim, tpr);
         return;
     }
     // One CTA per row, about 256 threads, the row cached in registers up to 4 vectors a thread.
     const unsigned grid = static_cast<unsigned>(rows);
     if (nvec <= 256) {
-        rms_norm_kernel<XT, OT, RES, V, 1>
-            <<<grid, round_up(nvec, 32), 0, stream>>>(xp, residual, weight, eps, op, rows, dim, round_up(nvec, 32));
+        launch_pdl(rms_norm_kernel<XT, OT, RES, V, 1>, grid, round_up(nvec, 32), 0, stream, xp, residual, weight, eps,
+                   op, rows, dim, round_up(nvec, 32));
     } else if (nvec <= 512) {
         const int t = round_up(static_cast<int>(ceil_div(nvec, 2)), 32);
-        rms_norm_kernel<XT, OT, RES, V, 2><<<grid, t, 0, stream>>>(xp, residual, weight, eps, op, rows, dim, t);
+        launch_pdl(rms_norm_kernel<XT, OT, RES, V, 2>, grid, t, 0, stream, xp, residual, weight, eps, op, rows, dim, t);
     } else if (nvec <= 4096) {
         const int t = round_up(static_cast<int>(ceil_div(nvec, 4)), 32);
-        rms_norm_kernel<XT, OT, RES, V, 4><<<grid, t, 0, stream>>>(xp, residual, weight, eps, op, rows, dim, t);
+        launch_pdl(rms_norm_kernel<XT, OT, RES, V, 4>, grid, t, 0, stream, xp, residual, weight, eps, op, rows, dim, t);
     } else {
-        rms_norm_kernel<XT, OT, RES, V, 0><<<grid, 1024, 0, stream>>>(xp, residual, weight, eps, op, rows, dim, 1024);
+        launch_pdl(rms_norm_kernel<XT, OT, RES, V, 0>, grid, 1024, 0, stream, xp, residual, weight, eps, op, rows, dim,
+                   1024);
     }
 }
 
@@ -307,8 +316,11 @@ __global__ void rope_cache_kernel(uint16_t* __restrict__ q, uint16_t* __restrict
     const int64_t t = blockIdx.x;
     const int half = rotary_dim / 2;
     const float pos = static_cast<float>(positions[t]);
+    pdl_launch_dependents();
+    // Positions and inv_freq were written before the step: the angles need no earlier kernel.
     rope_angles(cs, pos, inv_freq, half, attention_factor);
     __syncthreads();
+    pdl_wait();
 
     const int64_t kv_dim = static_cast<int64_t>(num_kv_heads) * head_dim;
     const int64_t slot = slot_mapping[t];
@@ -370,17 +382,19 @@ void launch_rope_p(bool vec_copy, dim3 grid, int threads, size_t smem, cudaStrea
                    const uint16_t* v, const DeviceBatch& b, const float* inv_freq, int rotary_dim, float af, int nh,
                    int nkv, int hd, uint16_t* kc, uint16_t* vc) {
     if (vec_copy)
-        rope_cache_kernel<P, NEOX, 8><<<grid, threads, smem, stream>>>(q, k, v, b.positions, b.slot_mapping, inv_freq,
-                                                                       rotary_dim, af, nh, nkv, hd, kc, vc);
+        launch_pdl(rope_cache_kernel<P, NEOX, 8>, grid, threads, smem, stream, q, k, v, b.positions, b.slot_mapping,
+                   inv_freq, rotary_dim, af, nh, nkv, hd, kc, vc);
     else
-        rope_cache_kernel<P, NEOX, 1><<<grid, threads, smem, stream>>>(q, k, v, b.positions, b.slot_mapping, inv_freq,
-                                                                       rotary_dim, af, nh, nkv, hd, kc, vc);
+        launch_pdl(rope_cache_kernel<P, NEOX, 1>, grid, threads, smem, stream, q, k, v, b.positions, b.slot_mapping,
+                   inv_freq, rotary_dim, af, nh, nkv, hd, kc, vc);
 }
 
 // ---- silu_mul, gather, copy_blocks, add_bias, fill ------------------------------------------
 
 template <int V>
 __global__ void silu_mul_kernel(const uint16_t* gate, const uint16_t* __restrict__ up, uint16_t* out, int64_t nvec) {
+    pdl_launch_dependents();
+    pdl_wait();
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < nvec;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         float g[V], u[V];
@@ -396,6 +410,8 @@ __global__ void silu_mul_kernel(const uint16_t* gate, const uint16_t* __restrict
 template <int V>
 __global__ void gather_rows_kernel(const uint16_t* __restrict__ x, const int32_t* __restrict__ rows, int dim,
                                    uint16_t* __restrict__ out) {
+    pdl_launch_dependents();
+    pdl_wait();
     const int64_t i = blockIdx.x;
     const int32_t r = rows[i];
     uint16_t* dst = out + i * dim;
@@ -425,6 +441,8 @@ __global__ void copy_blocks_kernel(uint16_t* cache, const int32_t* __restrict__ 
 // x[i, :] += bias; x: [n, m] bf16 seen as n*m/V vectors (V divides m).
 template <int V>
 __global__ void add_bias_kernel(uint16_t* __restrict__ x, const float* __restrict__ bias, int64_t m, int64_t nvec) {
+    pdl_launch_dependents();
+    pdl_wait();
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < nvec;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         const int64_t col = (i * V) % m;
@@ -474,9 +492,9 @@ void embedding(const bf16_t* table, const int32_t* ids, int n, int hidden, float
     const int v = vec ? 8 : 1;
     const int threads = std::clamp(round_up(hidden / v, 32), 32, 256);
     if (vec)
-        embedding_kernel<8><<<n, threads, 0, stream>>>(table, ids, hidden, out);
+        launch_pdl(embedding_kernel<8>, n, threads, 0, stream, table, ids, hidden, out);
     else
-        embedding_kernel<1><<<n, threads, 0, stream>>>(table, ids, hidden, out);
+        launch_pdl(embedding_kernel<1>, n, threads, 0, stream, table, ids, hidden, out);
     check_launch("embedding");
 }
 
@@ -564,9 +582,9 @@ void silu_mul(const bf16_t* gate, const bf16_t* up, bf16_t* out, int64_t n, int6
     if (total <= 0) return;
     const int threads = 256;
     if (total % 8 == 0 && aligned16(gate) && aligned16(up) && aligned16(out))
-        silu_mul_kernel<8><<<grid_for(total / 8, threads), threads, 0, stream>>>(gate, up, out, total / 8);
+        launch_pdl(silu_mul_kernel<8>, grid_for(total / 8, threads), threads, 0, stream, gate, up, out, total / 8);
     else
-        silu_mul_kernel<1><<<grid_for(total, threads), threads, 0, stream>>>(gate, up, out, total);
+        launch_pdl(silu_mul_kernel<1>, grid_for(total, threads), threads, 0, stream, gate, up, out, total);
     check_launch("silu_mul");
 }
 
@@ -575,9 +593,9 @@ void gather_rows(const bf16_t* x, const int32_t* rows, int n, int dim, bf16_t* o
     const bool vec = dim % 8 == 0 && aligned16(x) && aligned16(out);
     const int threads = std::clamp(round_up(vec ? dim / 8 : dim, 32), 32, 256);
     if (vec)
-        gather_rows_kernel<8><<<n, threads, 0, stream>>>(x, rows, dim, out);
+        launch_pdl(gather_rows_kernel<8>, n, threads, 0, stream, x, rows, dim, out);
     else
-        gather_rows_kernel<1><<<n, threads, 0, stream>>>(x, rows, dim, out);
+        launch_pdl(gather_rows_kernel<1>, n, threads, 0, stream, x, rows, dim, out);
     check_launch("gather_rows");
 }
 
@@ -612,9 +630,9 @@ void add_bias(bf16_t* x, const float* bias, int64_t n, int64_t m, cudaStream_t s
     if (total <= 0) return;
     const int threads = 256;
     if (m % 8 == 0 && aligned16(x) && aligned16(bias))
-        add_bias_kernel<8><<<grid_for(total / 8, threads), threads, 0, stream>>>(x, bias, m, total / 8);
+        launch_pdl(add_bias_kernel<8>, grid_for(total / 8, threads), threads, 0, stream, x, bias, m, total / 8);
     else
-        add_bias_kernel<1><<<grid_for(total, threads), threads, 0, stream>>>(x, bias, m, total);
+        launch_pdl(add_bias_kernel<1>, grid_for(total, threads), threads, 0, stream, x, bias, m, total);
     check_launch("add_bias");
 }
 

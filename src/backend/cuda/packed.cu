@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rope_angles.cuh"
 
 namespace peregrine::cuda {
@@ -32,8 +33,11 @@ __global__ void rope_packed_kernel(uint16_t* __restrict__ qkv, uint16_t* __restr
     const int64_t t = blockIdx.x;
     const int half = rotary_dim / 2;
     const float pos = static_cast<float>(positions[t]);
+    pdl_launch_dependents();
+    // Positions and inv_freq were written before the step: the angles need no earlier kernel.
     rope_angles(cs, pos, inv_freq, half, attention_factor);
     __syncthreads();
+    pdl_wait();
     const int q_dim = num_heads * head_dim, kv_dim = num_kv_heads * head_dim;
     const uint16_t* row = qkv + t * static_cast<int64_t>(q_dim + 2 * kv_dim);
     const int64_t slot = slot_mapping[t];
@@ -49,8 +53,10 @@ __global__ void rope_packed_kernel(uint16_t* __restrict__ qkv, uint16_t* __restr
         const uint16_t* src = row + static_cast<int64_t>(h) * head_dim;  // k heads follow q heads in the row
         uint16_t* dst = is_k ? kc : q_row;
         if (dst == nullptr) continue;
-        if (is_k) dst += static_cast<int64_t>(h - num_heads) * head_dim;
-        else dst += static_cast<int64_t>(h) * head_dim;
+        if (is_k)
+            dst += static_cast<int64_t>(h - num_heads) * head_dim;
+        else
+            dst += static_cast<int64_t>(h) * head_dim;
         const float x0 = ld(src + a), x1 = ld(src + b), c = cs[i], s = cs[half + i];
         dst[a] = to_bf16(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
         dst[b] = to_bf16(__fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)));
@@ -61,8 +67,10 @@ __global__ void rope_packed_kernel(uint16_t* __restrict__ qkv, uint16_t* __restr
         for (int it = threadIdx.x; it < (num_heads + num_kv_heads) * rest; it += blockDim.x) {
             const int h = it / rest, d = rotary_dim + it % rest;
             const uint16_t v = row[static_cast<int64_t>(h) * head_dim + d];
-            if (h < num_heads) q_row[h * head_dim + d] = v;
-            else if (kc) kc[(h - num_heads) * head_dim + d] = v;
+            if (h < num_heads)
+                q_row[h * head_dim + d] = v;
+            else if (kc)
+                kc[(h - num_heads) * head_dim + d] = v;
         }
     }
     if (vc) {
@@ -80,6 +88,8 @@ __global__ void rope_packed_kernel(uint16_t* __restrict__ qkv, uint16_t* __restr
 template <int W>
 __global__ void silu_packed_kernel(const uint16_t* __restrict__ gu, uint16_t* __restrict__ out, int64_t n,
                                    int64_t dim) {
+    pdl_launch_dependents();
+    pdl_wait();
     const int64_t per_row = dim / W;
     const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx >= n * per_row) return;
@@ -105,9 +115,9 @@ __global__ void silu_packed_kernel(const uint16_t* __restrict__ gu, uint16_t* __
 
 }  // namespace
 
-void rope_and_cache_packed(bf16_t* qkv, bf16_t* q_out, const DeviceBatch& batch, const float* inv_freq,
-                           int rotary_dim, float attention_factor, bool neox, int num_heads, int num_kv_heads,
-                           int head_dim, bf16_t* k_cache, bf16_t* v_cache, cudaStream_t stream) {
+void rope_and_cache_packed(bf16_t* qkv, bf16_t* q_out, const DeviceBatch& batch, const float* inv_freq, int rotary_dim,
+                           float attention_factor, bool neox, int num_heads, int num_kv_heads, int head_dim,
+                           bf16_t* k_cache, bf16_t* v_cache, cudaStream_t stream) {
     const int n = batch.num_tokens;
     if (n <= 0) return;
     if (rotary_dim < 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim)
@@ -117,27 +127,25 @@ void rope_and_cache_packed(bf16_t* qkv, bf16_t* q_out, const DeviceBatch& batch,
     const int threads = std::clamp((pairs + 31) / 32 * 32, 64, 512);
     const size_t smem = sizeof(float) * 2 * half;
     if (neox)
-        rope_packed_kernel<true><<<n, threads, smem, stream>>>(qkv, q_out, batch.positions, batch.slot_mapping,
-                                                               inv_freq, rotary_dim, attention_factor, num_heads,
-                                                               num_kv_heads, head_dim, k_cache, v_cache);
+        launch_pdl(rope_packed_kernel<true>, n, threads, smem, stream, qkv, q_out, batch.positions, batch.slot_mapping,
+                   inv_freq, rotary_dim, attention_factor, num_heads, num_kv_heads, head_dim, k_cache, v_cache);
     else
-        rope_packed_kernel<false><<<n, threads, smem, stream>>>(qkv, q_out, batch.positions, batch.slot_mapping,
-                                                                inv_freq, rotary_dim, attention_factor, num_heads,
-                                                                num_kv_heads, head_dim, k_cache, v_cache);
+        launch_pdl(rope_packed_kernel<false>, n, threads, smem, stream, qkv, q_out, batch.positions, batch.slot_mapping,
+                   inv_freq, rotary_dim, attention_factor, num_heads, num_kv_heads, head_dim, k_cache, v_cache);
     check_launch("rope_and_cache_packed");
 }
 
 void silu_mul_packed(const bf16_t* gate_up, bf16_t* out, int64_t n, int64_t dim, cudaStream_t stream) {
     if (n <= 0 || dim <= 0) return;
-    const bool vec = dim % 8 == 0 && reinterpret_cast<uintptr_t>(gate_up) % 16 == 0 &&
-                     reinterpret_cast<uintptr_t>(out) % 16 == 0;
+    const bool vec =
+        dim % 8 == 0 && reinterpret_cast<uintptr_t>(gate_up) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
     const int64_t items = n * (vec ? dim / 8 : dim);
     const int threads = 256;
     const unsigned blocks = static_cast<unsigned>((items + threads - 1) / threads);
     if (vec)
-        silu_packed_kernel<8><<<blocks, threads, 0, stream>>>(gate_up, out, n, dim);
+        launch_pdl(silu_packed_kernel<8>, blocks, threads, 0, stream, gate_up, out, n, dim);
     else
-        silu_packed_kernel<1><<<blocks, threads, 0, stream>>>(gate_up, out, n, dim);
+        launch_pdl(silu_packed_kernel<1>, blocks, threads, 0, stream, gate_up, out, n, dim);
     check_launch("silu_mul_packed");
 }
 

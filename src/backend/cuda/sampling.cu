@@ -21,15 +21,24 @@
 // (massive ties), an 8-pass radix select over the row resolves it.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace peregrine::cuda {
 
 namespace {
+
+constexpr int kArgmaxChunks = 32;  // CTAs per row in greedy_argmax (<= 32: one warp folds them)
+struct ArgmaxPartial {
+    float value;
+    int index;
+};
 
 using u64 = unsigned long long;
 
@@ -702,12 +711,69 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 constexpr size_t kSmemBytes = sizeof(Smem);
 
+// ---- greedy fast path ----------------------------------------------------------------------
+// A row's argmax over kArgmaxChunks CTAs (one CTA per row would read 128K logits alone: ~40 us
+// at batch 1), then one warp per row folds the partials in chunk order. Same rule as the greedy
+// path of sample_kernel: the largest value, the lowest id on ties, NaN never chosen.
+__device__ __forceinline__ bool argmax_better(float v, int i, float bv, int bi) {
+    return v > bv || (v == bv && i < bi);  // false for NaN v
+}
+
+__global__ void __launch_bounds__(256)
+    argmax_partial_kernel(const float* __restrict__ logits, int vocab, ArgmaxPartial* __restrict__ partials) {
+    pdl_launch_dependents();
+    pdl_wait();
+    const int row = blockIdx.y, chunk = blockIdx.x;
+    const int per = (vocab + kArgmaxChunks - 1) / kArgmaxChunks;
+    const int begin = chunk * per, end = min(vocab, begin + per);
+    const float* l = logits + static_cast<int64_t>(row) * vocab;
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+#pragma unroll 4
+    for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        const float v = __ldg(l + i);
+        if (argmax_better(v, i, bv, bi)) bv = v, bi = i;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (argmax_better(ov, oi, bv, bi)) bv = ov, bi = oi;
+    }
+    __shared__ ArgmaxPartial warp_best[8];
+    if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = {bv, bi};
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        ArgmaxPartial b = warp_best[0];
+        for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w)
+            if (argmax_better(warp_best[w].value, warp_best[w].index, b.value, b.index)) b = warp_best[w];
+        partials[static_cast<int64_t>(row) * kArgmaxChunks + chunk] = b;
+    }
+}
+
+// One warp per row (kArgmaxChunks <= 32 partials, one per lane).
+__global__ void argmax_final_kernel(const ArgmaxPartial* __restrict__ partials, int n, int32_t* __restrict__ out) {
+    pdl_launch_dependents();
+    pdl_wait();
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    ArgmaxPartial b{-INFINITY, INT_MAX};
+    if (lane < kArgmaxChunks) b = partials[static_cast<int64_t>(row) * kArgmaxChunks + lane];
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+        const float ov = __shfl_xor_sync(0xffffffffu, b.value, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, b.index, o);
+        if (argmax_better(ov, oi, b.value, b.index)) b.value = ov, b.index = oi;
+    }
+    if (lane == 0) out[row] = b.index == INT_MAX ? 0 : b.index;  // a row of NaN only: token 0
+}
+
 }  // namespace
 
 size_t sample_workspace_bytes(int n, int vocab) {
-    (void)n;
     (void)vocab;
-    return 0;  // all scratch lives in shared memory
+    // sample() keeps its scratch in shared memory; greedy_argmax needs its partials here.
+    return static_cast<size_t>(std::max(n, 0)) * kArgmaxChunks * sizeof(ArgmaxPartial);
 }
 
 void sample(float* logits, int n, int vocab, const SamplingRow* rows, const PenaltyArgs& penalties, int32_t* out_tokens,
@@ -728,6 +794,18 @@ void sample(float* logits, int n, int vocab, const SamplingRow* rows, const Pena
     sample_kernel<<<n, kThreads, kSmemBytes, stream>>>(logits, vocab, rows, penalties, out_tokens, out_logprob, top_ids,
                                                        top_logprobs);
     check_launch("sample");
+}
+
+void greedy_argmax(const float* logits, int n, int vocab, int32_t* out_tokens, void* workspace, cudaStream_t stream) {
+    if (n <= 0) return;
+    if (vocab <= 0) fail("greedy_argmax: vocab ", vocab);
+    auto* partials = static_cast<ArgmaxPartial*>(workspace);
+    launch_pdl(argmax_partial_kernel, dim3(kArgmaxChunks, static_cast<unsigned>(n)), dim3(256), 0, stream, logits,
+               vocab, partials);
+    check_launch("greedy_argmax");
+    launch_pdl(argmax_final_kernel, dim3(static_cast<unsigned>((n + 3) / 4)), dim3(128), 0, stream,
+               static_cast<const ArgmaxPartial*>(partials), n, out_tokens);
+    check_launch("greedy_argmax");
 }
 
 }  // namespace peregrine::cuda

@@ -1,0 +1,109 @@
+// The FlashAttention-2 inner step both tensor-core attention kernels share (attention_prefill.cu
+// and attention_invariant.cu): one tile of BN keys against a warp's 16 query rows, on mma.sync.
+// CUDA-only: include from .cu files after attention_internal.cuh.
+#pragma once
+
+#include "backend/cuda/attention_internal.cuh"
+
+namespace peregrine::cuda::attn {
+
+// Shared-memory element offset of 16-byte chunk `c` of row `r` in a [rows, D] bf16 tile (rows
+// XOR-swizzled in 16-byte chunks so ldmatrix is conflict-free).
+template <int D>
+__device__ __forceinline__ int swz(int r, int c) {
+    return r * D + ((c ^ (r & 7)) << 3);
+}
+
+// One tile step for this warp's rows (mma C layout: this lane holds rows lane/4 and lane/4 + 8,
+// i = 0 and 1): S = Q·Kᵀ in log2 units, keys outside [first[i], last[i]] masked when need_mask,
+// the online softmax update of m (running max, log2 units), l (sum of exps) and o (unnormalised
+// output), then O += P·V. qf: the rows' A fragments; kb, vb: the tile's K and V in shared memory
+// ([BN][D], swizzled); kt: key position of the tile's first row.
+template <int D, int BN>
+__device__ __forceinline__ void flash_tile_step(const uint32_t (&qf)[D / 16][4], const __nv_bfloat16* kb,
+                                                const __nv_bfloat16* vb, int kt, bool need_mask, const int (&first)[2],
+                                                const int (&last)[2], float scale_log2, float (&m)[2], float (&l)[2],
+                                                float (&o)[D / 8][4]) {
+    constexpr int KT = D / 16;  // k-steps of Q·Kᵀ
+    constexpr int NT = BN / 8;  // n-tiles of S (8 keys each)
+    constexpr int DT = D / 8;   // n-tiles of O (8 dims each)
+    const int lane = threadIdx.x & 31;
+
+    // S = Q·Kᵀ: 16 rows x BN keys per warp.
+    float sc[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KT; ++kk) {
+#pragma unroll
+        for (int nb = 0; nb < NT / 2; ++nb) {
+            const int r = nb * 16 + (lane & 7) + ((lane >> 4) << 3);
+            const int c = 2 * kk + ((lane >> 3) & 1);
+            uint32_t b0, b1, b2, b3;
+            ldmatrix_x4(smem_addr(kb + swz<D>(r, c)), b0, b1, b2, b3);
+            mma_bf16_16816(sc[2 * nb], qf[kk], b0, b1);
+            mma_bf16_16816(sc[2 * nb + 1], qf[kk], b2, b3);
+        }
+    }
+    // Scale to log2 units; mask when the tile is not inside every row's range.
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float v = sc[n][e] * scale_log2;
+            if (need_mask) {
+                const int key = kt + n * 8 + 2 * (lane & 3) + (e & 1);
+                const int i = e >> 1;
+                if (key < first[i] || key > last[i]) v = -INFINITY;
+            }
+            sc[n][e] = v;
+        }
+    }
+    // Online softmax (each row lives in 4 lanes: lane&3 = column pair).
+    float alpha[2], m_use[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(sc[n][2 * i], sc[n][2 * i + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[i], mx);
+        m_use[i] = m_new == -INFINITY ? 0.0f : m_new;  // row masked so far: stays zero
+        alpha[i] = exp2f(m[i] - m_use[i]);
+        m[i] = m_new;
+    }
+    float rs[2] = {0.0f, 0.0f};
+    uint32_t pa[BN / 16][4];  // P as A fragments (bf16), k = keys
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        const float p0 = exp2f(sc[n][0] - m_use[0]), p1 = exp2f(sc[n][1] - m_use[0]);
+        const float p2 = exp2f(sc[n][2] - m_use[1]), p3 = exp2f(sc[n][3] - m_use[1]);
+        rs[0] += p0 + p1;
+        rs[1] += p2 + p3;
+        pa[n >> 1][(n & 1) * 2 + 0] = pack_bf16x2(p0, p1);
+        pa[n >> 1][(n & 1) * 2 + 1] = pack_bf16x2(p2, p3);
+    }
+    l[0] = l[0] * alpha[0] + rs[0];
+    l[1] = l[1] * alpha[1] + rs[1];
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+        o[d][0] *= alpha[0], o[d][1] *= alpha[0];
+        o[d][2] *= alpha[1], o[d][3] *= alpha[1];
+    }
+    // O += P·V.
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ++ks) {
+#pragma unroll
+        for (int db = 0; db < DT / 2; ++db) {
+            const int r = ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+            const int c = 2 * db + (lane >> 4);
+            uint32_t b0, b1, b2, b3;
+            ldmatrix_x4_trans(smem_addr(vb + swz<D>(r, c)), b0, b1, b2, b3);
+            mma_bf16_16816(o[2 * db], pa[ks], b0, b1);
+            mma_bf16_16816(o[2 * db + 1], pa[ks], b2, b3);
+        }
+    }
+}
+
+}  // namespace peregrine::cuda::attn
