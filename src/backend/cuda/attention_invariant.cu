@@ -195,45 +195,15 @@ __global__ void __launch_bounds__(kThreads)
                 first[i] = 0, last[i] = -1;
             }
         }
-        // Union [kmin, kmax] of the rows' non-empty ranges; intersection [max_first, min_last] of
-        // all valid rows' ranges (a tile inside it needs no mask).
-        int kmin = INT_MAX, kmax = -1, max_first = INT_MIN, min_last = INT_MAX;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            if (valid[i]) {
-                max_first = max(max_first, first[i]);
-                min_last = min(min_last, last[i]);
-                if (last[i] >= first[i]) kmin = min(kmin, first[i]), kmax = max(kmax, last[i]);
-            }
-        }
-        kmin = __reduce_min_sync(0xffffffffu, kmin);
-        kmax = __reduce_max_sync(0xffffffffu, kmax);
-        max_first = __reduce_max_sync(0xffffffffu, max_first);
-        min_last = __reduce_min_sync(0xffffffffu, min_last);
-        const int warp_kmin = kmin, warp_kmax = kmax;
-        if (lane == 0) red[warp][0] = kmin, red[warp][1] = kmax, red[warp][2] = max_first, red[warp][3] = min_last;
-        __syncthreads();
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-            kmin = min(kmin, red[w][0]), kmax = max(kmax, red[w][1]);
-            max_first = max(max_first, red[w][2]), min_last = min(min_last, red[w][3]);
-        }
+        const KeySpan span = reduce_key_span<kWarps>(first, last, valid, red);
+        const int kmin = span.kmin, kmax = span.kmax, max_first = span.max_first, min_last = span.min_last;
+        const int warp_kmin = span.warp_kmin, warp_kmax = span.warp_kmax;
         const int kt0 = kmin == INT_MAX ? 0 : (kmin / BN) * BN;
         const int ntiles = kmax < kmin ? 0 : (kmax - kt0) / BN + 1;
 
         auto load_kv = [&](int buf, int kt) {
-            const uint32_t k_sm = smem_addr(sk + buf * BN * D), v_sm = smem_addr(sv + buf * BN * D);
-#pragma unroll
-            for (int i = 0; i < BN * CPR / kThreads; ++i) {
-                const int idx = tid + i * kThreads;
-                const int r = idx / CPR, c = idx % CPR;
-                const int key = kt + r;
-                const bool ok = key >= kmin && key <= kmax;
-                const int64_t off = ok ? cache_offset(p, table, key, kvh) + c * 8 : 0;
-                const uint32_t dst = static_cast<uint32_t>(swz<D>(r, c) * 2);
-                cp_async16(k_sm + dst, p.k_cache + off, ok ? 16 : 0);
-                cp_async16(v_sm + dst, p.v_cache + off, ok ? 16 : 0);
-            }
+            load_kv_tile<D, BN, kThreads>(p, table, kvh, kmin, kmax, kt, smem_addr(sk + buf * BN * D),
+                                          smem_addr(sv + buf * BN * D));
         };
 
         // Partition state (m, l: this lane's share of the row sum, o) and the fold (M, L, A in sa).

@@ -116,57 +116,28 @@ __global__ void __launch_bounds__(kThreads)
 
         // This thread's two rows (mma C layout): r0 = warp*16 + lane/4, r1 = r0 + 8.
         int first[2], last[2];
+        bool valid[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const int r = warp * 16 + (lane >> 2) + 8 * i;
-            if (r < rows) {
+            valid[i] = r < rows;
+            if (valid[i]) {
                 key_range(p, p.positions[t0 + r], ctx, first[i], last[i]);
             } else {
-                first[i] = 0, last[i] = -1;  // no output; excluded from the reductions below
+                first[i] = 0, last[i] = -1;  // no output; excluded from the reductions
             }
         }
-        // Reductions over rows: union [kmin, kmax] of non-empty ranges; the intersection
-        // [max_first, min_last] of every valid row's range (a tile inside it needs no mask).
-        int kmin = INT_MAX, kmax = -1, max_first = INT_MIN, min_last = INT_MAX;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int r = warp * 16 + (lane >> 2) + 8 * i;
-            if (r < rows) {
-                max_first = max(max_first, first[i]);
-                min_last = min(min_last, last[i]);
-                if (last[i] >= first[i]) kmin = min(kmin, first[i]), kmax = max(kmax, last[i]);
-            }
-        }
-        kmin = __reduce_min_sync(0xffffffffu, kmin);
-        kmax = __reduce_max_sync(0xffffffffu, kmax);
-        max_first = __reduce_max_sync(0xffffffffu, max_first);
-        min_last = __reduce_min_sync(0xffffffffu, min_last);
-        const int warp_kmin = kmin, warp_kmax = kmax;  // keys this warp's rows see at all
-        if (lane == 0) red[warp][0] = kmin, red[warp][1] = kmax, red[warp][2] = max_first, red[warp][3] = min_last;
-        __syncthreads();
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-            kmin = min(kmin, red[w][0]), kmax = max(kmax, red[w][1]);
-            max_first = max(max_first, red[w][2]), min_last = min(min_last, red[w][3]);
-        }
+        const KeySpan span = reduce_key_span<kWarps>(first, last, valid, red);
+        const int kmin = span.kmin, kmax = span.kmax, max_first = span.max_first, min_last = span.min_last;
+        const int warp_kmin = span.warp_kmin, warp_kmax = span.warp_kmax;  // keys this warp's rows see at all
 
         const int kt0 = kmin == INT_MAX ? 0 : (kmin / BN) * BN;
         const int ntiles = kmax < kmin ? 0 : (kmax - kt0) / BN + 1;
 
         // K/V tile at key position kt into buffer `buf`; keys outside [kmin, kmax] zero-filled.
         auto load_kv = [&](int buf, int kt) {
-            const uint32_t k_sm = smem_addr(sk + buf * BN * D), v_sm = smem_addr(sv + buf * BN * D);
-#pragma unroll
-            for (int it = 0; it < BN * CPR / kThreads; ++it) {
-                const int idx = tid + it * kThreads;
-                const int r = idx / CPR, c = idx % CPR;
-                const int key = kt + r;
-                const bool ok = key >= kmin && key <= kmax;
-                const int64_t off = ok ? cache_offset(p, table, key, kvh) + c * 8 : 0;
-                const uint32_t dst = static_cast<uint32_t>(swz<D>(r, c) * 2);
-                cp_async16(k_sm + dst, p.k_cache + off, ok ? 16 : 0);
-                cp_async16(v_sm + dst, p.v_cache + off, ok ? 16 : 0);
-            }
+            load_kv_tile<D, BN, kThreads>(p, table, kvh, kmin, kmax, kt, smem_addr(sk + buf * BN * D),
+                                          smem_addr(sv + buf * BN * D));
         };
 
         float o[DT][4];

@@ -3,6 +3,8 @@
 // CUDA-only: include from .cu files after attention_internal.cuh.
 #pragma once
 
+#include <climits>
+
 #include "backend/cuda/attention_internal.cuh"
 
 namespace peregrine::cuda::attn {
@@ -12,6 +14,65 @@ namespace peregrine::cuda::attn {
 template <int D>
 __device__ __forceinline__ int swz(int r, int c) {
     return r * D + ((c ^ (r & 7)) << 3);
+}
+
+// Key ranges of a CTA's query rows (4 warps x 16 rows; this lane's rows i = 0, 1 with
+// [first[i], last[i]], valid[i] false for rows without output): the union [kmin, kmax] of the
+// non-empty ranges over the CTA and over this warp, and the intersection [max_first, min_last]
+// of every valid row's range over the CTA (a tile inside it needs no mask). `red`: [warps][4]
+// shared scratch; the call synchronises the CTA.
+struct KeySpan {
+    int kmin, kmax;            // CTA union (kmin == INT_MAX: no key at all)
+    int warp_kmin, warp_kmax;  // this warp's union
+    int max_first, min_last;   // CTA intersection
+};
+template <int kWarps>
+__device__ __forceinline__ KeySpan reduce_key_span(const int (&first)[2], const int (&last)[2], const bool (&valid)[2],
+                                                   int (*red)[4]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int kmin = INT_MAX, kmax = -1, max_first = INT_MIN, min_last = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        if (valid[i]) {
+            max_first = max(max_first, first[i]);
+            min_last = min(min_last, last[i]);
+            if (last[i] >= first[i]) kmin = min(kmin, first[i]), kmax = max(kmax, last[i]);
+        }
+    }
+    KeySpan k;
+    k.warp_kmin = kmin = __reduce_min_sync(0xffffffffu, kmin);
+    k.warp_kmax = kmax = __reduce_max_sync(0xffffffffu, kmax);
+    max_first = __reduce_max_sync(0xffffffffu, max_first);
+    min_last = __reduce_min_sync(0xffffffffu, min_last);
+    if (lane == 0) red[warp][0] = kmin, red[warp][1] = kmax, red[warp][2] = max_first, red[warp][3] = min_last;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+        kmin = min(kmin, red[w][0]), kmax = max(kmax, red[w][1]);
+        max_first = max(max_first, red[w][2]), min_last = min(min_last, red[w][3]);
+    }
+    k.kmin = kmin, k.kmax = kmax, k.max_first = max_first, k.min_last = min_last;
+    return k;
+}
+
+// Issues the cp.async copies of the K and V tile at key position kt (BN keys of kv head kvh,
+// through the sequence's block table) into k_sm / v_sm ([BN][D], swizzled); keys outside
+// [kmin, kmax] are zero-filled, never read. Every thread of the CTA (kThreads) calls it.
+template <int D, int BN, int kThreads>
+__device__ __forceinline__ void load_kv_tile(const Params& p, const int32_t* table, int kvh, int kmin, int kmax, int kt,
+                                             uint32_t k_sm, uint32_t v_sm) {
+    constexpr int CPR = D / 8;  // 16-byte chunks per row
+#pragma unroll
+    for (int i = 0; i < BN * CPR / kThreads; ++i) {
+        const int idx = threadIdx.x + i * kThreads;
+        const int r = idx / CPR, c = idx % CPR;
+        const int key = kt + r;
+        const bool ok = key >= kmin && key <= kmax;
+        const int64_t off = ok ? cache_offset(p, table, key, kvh) + c * 8 : 0;
+        const uint32_t dst = static_cast<uint32_t>(swz<D>(r, c) * 2);
+        cp_async16(k_sm + dst, p.k_cache + off, ok ? 16 : 0);
+        cp_async16(v_sm + dst, p.v_cache + off, ok ? 16 : 0);
+    }
 }
 
 // One tile step for this warp's rows (mma C layout: this lane holds rows lane/4 and lane/4 + 8,
