@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "engine/engine_core.h"
 #include "engine/model_runner.h"
+#include "golden/engine_runs.h"
 #include "golden/golden_util.h"
 
 namespace peregrine::testing {
@@ -121,25 +122,6 @@ TEST(GpuModel, StoriesGreedyMatchesTransformers) {
     }
 }
 
-std::map<std::string, std::vector<int32_t>> run_engine(GpuModel& g, const std::vector<Request>& reqs, int budget,
-                                                       int blocks, uint32_t arrival_seed) {
-    LlamaExecutor ex(*g.model, *g.backend, blocks, 16);
-    EngineConfig cfg;
-    cfg.scheduler.max_num_batched_tokens = budget;
-    cfg.eos_token_ids = g.loaded->config.eos_token_ids;
-    EngineCore core(cfg, ex, nullptr);
-    std::mt19937 rng(arrival_seed);
-    std::map<std::string, std::vector<int32_t>> got;
-    size_t next = 0;
-    while (next < reqs.size() || core.has_unfinished()) {
-        for (int k = rng() % 4; k > 0 && next < reqs.size(); --k) core.add_request(reqs[next++]);
-        for (const RequestOutput& o : core.step())
-            got[o.request_id].insert(got[o.request_id].end(), o.token_ids.begin(), o.token_ids.end());
-    }
-    EXPECT_EQ(core.block_manager().num_used(), 0);
-    return got;
-}
-
 // Issue #7's criterion, in batch-invariant mode (asserted); the default kernels' count is printed
 // for comparison (their products and attention depend on the batch shape).
 TEST(GpuEngine, CrowdOf64MatchesAlone) {
@@ -148,18 +130,10 @@ TEST(GpuEngine, CrowdOf64MatchesAlone) {
         for (bool graphs : {true, false}) {
             GpuModel g(models_dir() + "/stories260K", graphs, invariant);
             const std::vector<Request> reqs = random_greedy_requests(64, 99);
-            std::map<std::string, std::vector<int32_t>> solo;
-            for (const Request& r : reqs) {
-                LlamaExecutor ex(*g.model, *g.backend, 16, 16);
-                EngineCore core({}, ex, nullptr);
-                core.add_request(r);
-                while (core.has_unfinished())
-                    for (const RequestOutput& o : core.step())
-                        solo[r.id].insert(solo[r.id].end(), o.token_ids.begin(), o.token_ids.end());
-            }
+            const TokensById solo = run_alone(g, reqs);
             int differ = 0;
             for (int budget : {2048, 32}) {
-                const auto got = run_engine(g, reqs, budget, 512, 5);
+                const auto got = run_crowd(g, reqs, budget, 512, 5);
                 for (const Request& r : reqs) {
                     differ += got.at(r.id) != solo.at(r.id);
                     if (invariant) {

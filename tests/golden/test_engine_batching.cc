@@ -6,6 +6,7 @@
 #include <random>
 
 #include "engine/engine_core.h"
+#include "golden/engine_runs.h"
 #include "golden/golden_util.h"
 
 namespace peregrine::testing {
@@ -16,46 +17,18 @@ struct Crowd {
     int num_blocks;
 };
 
-std::map<std::string, std::vector<int32_t>> run(TestModel& m, const std::vector<Request>& reqs, const Crowd& c,
-                                                uint32_t arrival_seed, EngineStats* stats) {
-    LlamaExecutor ex(*m.model, *m.backend, c.num_blocks, 16);
-    EngineConfig cfg;
-    cfg.scheduler.max_num_batched_tokens = c.budget;
-    cfg.eos_token_ids = m.loaded->config.eos_token_ids;
-    EngineCore core(cfg, ex, nullptr);
-    std::mt19937 rng(arrival_seed);
-    std::map<std::string, std::vector<int32_t>> got;
-    size_t next = 0;
-    while (next < reqs.size() || core.has_unfinished()) {
-        for (int k = rng() % 4; k > 0 && next < reqs.size(); --k) core.add_request(reqs[next++]);
-        for (const RequestOutput& o : core.step())
-            got[o.request_id].insert(got[o.request_id].end(), o.token_ids.begin(), o.token_ids.end());
-    }
-    if (stats) *stats = core.stats();
-    EXPECT_EQ(core.block_manager().num_used(), 0);
-    return got;
-}
-
 TEST(EngineBatching, CrowdMatchesAloneBitwise) {
     TestModel m(models_dir() + "/stories260K");
     const std::vector<Request> reqs = random_greedy_requests(64, 99);
-    std::map<std::string, std::vector<int32_t>> solo;
-    for (const Request& r : reqs) {
-        LlamaExecutor ex(*m.model, *m.backend, 16, 16);
-        EngineCore core({}, ex, nullptr);
-        core.add_request(r);
-        while (core.has_unfinished())
-            for (const RequestOutput& o : core.step())
-                solo[r.id].insert(solo[r.id].end(), o.token_ids.begin(), o.token_ids.end());
-        ASSERT_EQ(static_cast<int>(solo[r.id].size()), r.sampling.max_tokens);
-    }
+    const TokensById solo = run_alone(m, reqs);
+    for (const Request& r : reqs) ASSERT_EQ(static_cast<int>(solo.at(r.id).size()), r.sampling.max_tokens);
     // Also the plain one-sequence path agrees on one of them.
     EXPECT_EQ(m.greedy(reqs[0].prompt_ids, reqs[0].sampling.max_tokens),
-              std::vector<int>(solo["r0"].begin(), solo["r0"].end()));
+              std::vector<int>(solo.at("r0").begin(), solo.at("r0").end()));
 
     for (const Crowd& c : {Crowd{2048, 512}, Crowd{32, 512}, Crowd{2048, 24}, Crowd{32, 24}}) {
         EngineStats st;
-        const auto got = run(m, reqs, c, 5, &st);
+        const auto got = run_crowd(m, reqs, c.budget, c.num_blocks, 5, &st);
         for (const Request& r : reqs)
             EXPECT_EQ(got.at(r.id), solo.at(r.id)) << r.id << " budget " << c.budget << " blocks " << c.num_blocks;
         if (c.num_blocks == 24) {

@@ -6,9 +6,6 @@
 // last CTA to finish was tried and cost 10-20% of decode speed on an H100: not kept.)
 #include <cuda_bf16.h>
 
-#include <cstdio>
-#include <cstdlib>
-#include <utility>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
@@ -25,11 +22,6 @@ constexpr int kThreads = kWarps * 32;
 int g_rows = 0, g_depth = 0;
 
 enum Epilogue { kPlain, kSilu };
-
-struct Epi {
-    void* out = nullptr;  // plain: [n, m] f32 or bf16; silu: [n, m / 2] bf16
-    bool out_f32 = false;
-};
 
 __device__ __forceinline__ void unpack8(const uint4& v, float f[8]) {
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -49,8 +41,8 @@ __device__ __forceinline__ uint16_t to_bf16(float v) {
 // loading the next group while it multiplies the current one; the four warps' partial sums
 // are added in a fixed order at the end.
 template <int N, int R, int D, int EPI>
-__global__ void __launch_bounds__(kThreads)
-    gemv_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ w, Epi epi, int m, int k) {
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ w,
+                                                        void* __restrict__ out, bool out_f32, int m, int k) {
     static_assert(EPI != kSilu || R == 2, "silu pairs a gate row with its up row");
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     auto row_of = [&](int r) {
@@ -134,7 +126,7 @@ __global__ void __launch_bounds__(kThreads)
         if (threadIdx.x < N && i < half) {
             const int j = threadIdx.x;
             const float g = total(0, j), u = total(1, j);
-            static_cast<uint16_t*>(epi.out)[static_cast<int64_t>(j) * half + i] = to_bf16(g / (1.0f + expf(-g)) * u);
+            static_cast<uint16_t*>(out)[static_cast<int64_t>(j) * half + i] = to_bf16(g / (1.0f + expf(-g)) * u);
         }
         return;
     }
@@ -144,61 +136,55 @@ __global__ void __launch_bounds__(kThreads)
         const int r = threadIdx.x % R, j = threadIdx.x / R;
         if (row_of(r) >= m) return;
         const int64_t idx = static_cast<int64_t>(j) * m + row_of(r);
-        if (epi.out_f32)
-            static_cast<float*>(epi.out)[idx] = total(r, j);
+        if (out_f32)
+            static_cast<float*>(out)[idx] = total(r, j);
         else
-            static_cast<uint16_t*>(epi.out)[idx] = to_bf16(total(r, j));
+            static_cast<uint16_t*>(out)[idx] = to_bf16(total(r, j));
         return;
     }
 }
 
 template <int N, int R, int D, int EPI>
-void launch_rd(const bf16_t* x, const bf16_t* w, const Epi& epi, int m, int k, cudaStream_t stream) {
+void launch_rd(const bf16_t* x, const bf16_t* w, void* out, bool out_f32, int m, int k, cudaStream_t stream) {
     const int blocks = EPI == kSilu ? m / 2 : (m + R - 1) / R;
-    launch_pdl(gemv_kernel<N, R, D, EPI>, static_cast<unsigned>(blocks), kThreads, 0, stream, x, w, epi, m, k);
+    launch_pdl(gemv_kernel<N, R, D, EPI>, static_cast<unsigned>(blocks), kThreads, 0, stream, x, w, out, out_f32, m, k);
 }
 
 // Chunks in flight per thread by k (measured on an H100 over the Llama 1B/8B shapes,
 // CudaGemvPerf.Report): rows up to 4096 long want two rows per CTA so there are enough loads
-// at once, longer rows one row with deeper groups. PEREGRINE_GEMV=rows,depth or set_gemv_config override.
+// at once, longer rows one row with deeper groups. set_gemv_config overrides it.
 template <int N, int EPI>
-void launch(const bf16_t* x, const bf16_t* w, const Epi& epi, int m, int k, cudaStream_t stream) {
-    static const std::pair<int, int> env = [] {
-        int r = 0, d = 0;
-        if (const char* v = std::getenv("PEREGRINE_GEMV")) std::sscanf(v, "%d,%d", &r, &d);
-        return std::pair{r, d};
-    }();
+void launch(const bf16_t* x, const bf16_t* w, void* out, bool out_f32, int m, int k, cudaStream_t stream) {
     int rows = k <= 4096 ? 2 : 1;
     int depth = k <= 2048 ? (N == 1 ? 2 : 1) : k <= 4096 ? 4 : 8;
-    if (env.first > 0) rows = env.first, depth = env.second;
     if (g_rows > 0) rows = g_rows, depth = g_depth;
     if constexpr (EPI == kSilu) {  // two rows per CTA by construction
-        if (depth <= 1) return launch_rd<N, 2, 1, EPI>(x, w, epi, m, k, stream);
-        if (depth == 2) return launch_rd<N, 2, 2, EPI>(x, w, epi, m, k, stream);
-        return launch_rd<N, 2, 4, EPI>(x, w, epi, m, k, stream);
+        if (depth <= 1) return launch_rd<N, 2, 1, EPI>(x, w, out, out_f32, m, k, stream);
+        if (depth == 2) return launch_rd<N, 2, 2, EPI>(x, w, out, out_f32, m, k, stream);
+        return launch_rd<N, 2, 4, EPI>(x, w, out, out_f32, m, k, stream);
     } else {
-        if (rows == 2 && depth == 2) return launch_rd<N, 2, 2, EPI>(x, w, epi, m, k, stream);
-        if (rows == 2 && depth == 4) return launch_rd<N, 2, 4, EPI>(x, w, epi, m, k, stream);
-        if (rows == 1 && depth == 4) return launch_rd<N, 1, 4, EPI>(x, w, epi, m, k, stream);
-        if (rows == 1 && depth == 8) return launch_rd<N, 1, 8, EPI>(x, w, epi, m, k, stream);
-        return launch_rd<N, 2, 1, EPI>(x, w, epi, m, k, stream);
+        if (rows == 2 && depth == 2) return launch_rd<N, 2, 2, EPI>(x, w, out, out_f32, m, k, stream);
+        if (rows == 2 && depth == 4) return launch_rd<N, 2, 4, EPI>(x, w, out, out_f32, m, k, stream);
+        if (rows == 1 && depth == 4) return launch_rd<N, 1, 4, EPI>(x, w, out, out_f32, m, k, stream);
+        if (rows == 1 && depth == 8) return launch_rd<N, 1, 8, EPI>(x, w, out, out_f32, m, k, stream);
+        return launch_rd<N, 2, 1, EPI>(x, w, out, out_f32, m, k, stream);
     }
 }
 
 template <int EPI>
-void dispatch(const bf16_t* x, const bf16_t* w, const Epi& epi, int n, int m, int k, cudaStream_t stream) {
+void dispatch(const bf16_t* x, const bf16_t* w, void* out, bool out_f32, int n, int m, int k, cudaStream_t stream) {
     switch (n) {
         case 1:
-            launch<1, EPI>(x, w, epi, m, k, stream);
+            launch<1, EPI>(x, w, out, out_f32, m, k, stream);
             break;
         case 2:
-            launch<2, EPI>(x, w, epi, m, k, stream);
+            launch<2, EPI>(x, w, out, out_f32, m, k, stream);
             break;
         case 3:
-            launch<3, EPI>(x, w, epi, m, k, stream);
+            launch<3, EPI>(x, w, out, out_f32, m, k, stream);
             break;
         default:
-            launch<4, EPI>(x, w, epi, m, k, stream);
+            launch<4, EPI>(x, w, out, out_f32, m, k, stream);
             break;
     }
 }
@@ -222,10 +208,7 @@ bool gemv_supported(int n, int k, const void* x, const void* w) {
 void gemv(const bf16_t* x, const bf16_t* w, void* out, bool out_f32, int n, int m, int k, cudaStream_t stream) {
     if (m <= 0 || n <= 0) return;
     check_args("gemv", n, k, x, w);
-    Epi epi;
-    epi.out = out;
-    epi.out_f32 = out_f32;
-    dispatch<kPlain>(x, w, epi, n, m, k, stream);
+    dispatch<kPlain>(x, w, out, out_f32, n, m, k, stream);
     check_launch("gemv");
 }
 
@@ -233,9 +216,7 @@ void gemv_silu(const bf16_t* x, const bf16_t* w_gate_up, bf16_t* out, int n, int
     if (m <= 0 || n <= 0) return;
     check_args("gemv_silu", n, k, x, w_gate_up);
     if (m % 2 != 0) fail("gemv_silu: ", m, " rows is not gate | up");
-    Epi epi;
-    epi.out = out;
-    dispatch<kSilu>(x, w_gate_up, epi, n, m, k, stream);
+    dispatch<kSilu>(x, w_gate_up, out, false, n, m, k, stream);
     check_launch("gemv_silu");
 }
 
