@@ -50,4 +50,19 @@ void Backend::matmul_silu(const Tensor& x, const Tensor& w_gate_up, const Tensor
     silu_mul_packed(scratch, out);
 }
 
+void Backend::norm_matmul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w, const Tensor& bias,
+                          const Tensor& out, const Tensor& normed, bool exact) {
+    rms_norm(x, Tensor(), norm_weight, eps, normed);
+    matmul(normed, w, bias, out, exact);
+}
+void Backend::norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w_gate_up,
+                               const Tensor& out, const Tensor& normed, const Tensor& scratch) {
+    rms_norm(x, Tensor(), norm_weight, eps, normed);
+    matmul_silu(normed, w_gate_up, out, scratch);
+}
+void Backend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& residual, const Tensor& scratch) {
+    matmul(x, w, Tensor(), scratch);
+    add(scratch, residual);
+}
+
 }  // namespace peregrine

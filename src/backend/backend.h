@@ -124,6 +124,20 @@ class Backend {
     // scratch [n, 2 dim] holds the product where the steps run apart.
     virtual void matmul_silu(const Tensor& x, const Tensor& w_gate_up, const Tensor& out, const Tensor& scratch);
 
+    // The pre-norms and residual adds around the products, as fused steps (a backend may fold
+    // them into its product kernels; the defaults run the plain ops):
+    // out = (rms_norm(x) * norm_weight) · wᵀ (+ bias) for x [n, k] f32 (the residual stream);
+    // `normed` [n, k] (activation dtype) holds the normalised rows where the steps run apart.
+    virtual void norm_matmul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w,
+                             const Tensor& bias, const Tensor& out, const Tensor& normed, bool exact = false);
+    // The same before matmul_silu: out [n, dim] = silu(h · gateᵀ) * (h · upᵀ), h = rms_norm(x) * norm_weight.
+    virtual void norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w_gate_up,
+                                  const Tensor& out, const Tensor& normed, const Tensor& scratch);
+    // residual [n, m] f32 += x · wᵀ; `scratch` [n, m] f32 holds the product where the steps run apart.
+    virtual void matmul_add(const Tensor& x, const Tensor& w, const Tensor& residual, const Tensor& scratch);
+    // out += x, both f32 of one shape.
+    virtual void add(const Tensor& x, const Tensor& out) = 0;
+
     // Copies whole KV blocks (copy-on-write): cache[dst] = cache[src] for each pair.
     // cache: [num_blocks, block_size, num_kv_heads, head_dim].
     virtual void copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) = 0;

@@ -175,7 +175,7 @@ Tensor LlamaModel::run_ops(const BatchInput& batch, KvCache& cache) {
 
     const int64_t H = c.hidden_size, F = c.intermediate_size, D = c.head_dim;
     const Tensor residual = view(ws_.residual, n, H);  // the residual stream
-    const Tensor hidden = view(ws_.hidden, n, H);      // output of the last attention / MLP block
+    const Tensor hidden = view(ws_.hidden, n, H);      // an o / down product before its residual add
     const Tensor normed = view(ws_.normed, n, H);      // normalised input of the next block
     const Tensor q = view(ws_.q, n, c.q_dim());
     const Tensor attn = view(ws_.attn, n, c.q_dim());
@@ -189,14 +189,14 @@ Tensor LlamaModel::run_ops(const BatchInput& batch, KvCache& cache) {
     backend_.embedding(weights_.embed, batch.token_ids.data(), n, residual);
     for (int l = 0; l < c.num_layers; ++l) {
         const LayerWeights& w = weights_.layers[l];
-        // Attention block: pre-norm (adding the previous MLP output to the residual first).
-        backend_.rms_norm(l == 0 ? residual : hidden, l == 0 ? none : residual, w.attn_norm, c.rms_norm_eps, normed);
+        // Attention block: pre-norm, then q, k, v.
         if (!w.wqkv.empty()) {
             const Tensor qkv = view(ws_.k, n, c.q_dim() + 2 * c.kv_dim());
-            backend_.matmul(normed, w.wqkv, w.bqkv, qkv);
+            backend_.norm_matmul(residual, w.attn_norm, c.rms_norm_eps, w.wqkv, w.bqkv, qkv, normed);
             backend_.rope_and_cache_packed(qkv, q, batch, rope_, static_cast<int>(D), c.num_kv_heads, cache.k(l),
                                            cache.v(l));
         } else {
+            backend_.rms_norm(residual, none, w.attn_norm, c.rms_norm_eps, normed);
             backend_.matmul(normed, w.wq, w.bq, q);
             backend_.matmul(normed, w.wk, w.bk, k);
             backend_.matmul(normed, w.wv, w.bv, v);
@@ -210,24 +210,29 @@ Tensor LlamaModel::run_ops(const BatchInput& batch, KvCache& cache) {
         }
         backend_.attention(q, cache.k(l), cache.v(l), batch, c.num_heads, static_cast<int>(D), scale, c.layer_window[l],
                            attn);
-        backend_.matmul(attn, w.wo, none, hidden);
-        // MLP block: SwiGLU.
-        backend_.rms_norm(hidden, residual, w.ffn_norm, c.rms_norm_eps, normed);
+        backend_.matmul_add(attn, w.wo, residual, hidden);
+        // MLP block: pre-norm, SwiGLU, added to the residual.
         if (!w.w_gate_up.empty()) {
-            backend_.matmul_silu(normed, w.w_gate_up, gate, view(ws_.up, n, 2 * F));
+            backend_.norm_matmul_silu(residual, w.ffn_norm, c.rms_norm_eps, w.w_gate_up, gate, normed,
+                                      view(ws_.up, n, 2 * F));
         } else {
+            backend_.rms_norm(residual, none, w.ffn_norm, c.rms_norm_eps, normed);
             backend_.matmul(normed, w.w_gate, none, gate);
             backend_.matmul(normed, w.w_up, none, up);
             backend_.silu_mul(gate, up, gate);
         }
-        backend_.matmul(gate, w.w_down, none, hidden);
+        backend_.matmul_add(gate, w.w_down, residual, hidden);
     }
     if (num_logits == 0) return Tensor();
     // Final norm and LM head, only for the rows whose logits are wanted.
-    backend_.rms_norm(hidden, residual, weights_.final_norm, c.rms_norm_eps, normed);
-    const Tensor selected = view(ws_.selected, num_logits, H);
-    backend_.gather_rows(normed, batch.logits_indices, selected);
+    // (Not norm_matmul: folding the norm into the LM head's many CTAs cost more than the norm
+    // kernel on an H100.)
     const Tensor out = view(ws_.logits, num_logits, c.vocab_size);
+    backend_.rms_norm(residual, none, weights_.final_norm, c.rms_norm_eps, normed);
+    bool all_rows = num_logits == n;
+    for (int64_t i = 0; all_rows && i < n; ++i) all_rows = batch.logits_indices[i] == i;
+    const Tensor selected = all_rows ? normed : view(ws_.selected, num_logits, H);
+    if (!all_rows) backend_.gather_rows(normed, batch.logits_indices, selected);
     backend_.matmul(selected, weights_.lm_head, none, out, /*exact=*/true);
     return out;
 }

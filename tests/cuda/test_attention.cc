@@ -2,7 +2,8 @@
 // bf16-rounded inputs: decode batches (split-KV), tensor-core prefill, chunked prefill, mixed
 // batches, GQA ratios, head dims, sliding windows, block sizes, padding sequences, and a CUDA
 // graph replayed over new batch contents. Every case also runs the generic kernel and the
-// batch-invariant path (AttentionArgs::batch_invariant; its invariance: test_batch_invariant.cc).
+// batch-invariant path (AttentionArgs::batch_invariant; its invariance: test_batch_invariant.cc),
+// and batches of <= 4 sequences (decode: one cluster kernel) also the two-kernel split path.
 //
 // Traps: outputs start as NaN (every non-padding element must be written and finite); cache
 // slots that no query may read (unused blocks, the tail of each sequence's last block, blocks
@@ -189,8 +190,10 @@ struct DeviceInputs {
 };
 
 // Every token: finite; non-padding tokens within bf16 tolerance of the CPU (per token).
-void expect_matches(const Case& c, const Inputs& in, const std::vector<uint16_t>& got_bf, const std::string& what) {
-    const std::vector<float> ref = cpu_attention(c, in);
+// `ref`: cpu_attention(c, in), computed here when not given.
+void expect_matches(const Case& c, const Inputs& in, const std::vector<uint16_t>& got_bf, const std::string& what,
+                    const std::vector<float>* ref_in = nullptr) {
+    const std::vector<float> ref = ref_in != nullptr ? *ref_in : cpu_attention(c, in);
     const std::vector<float> got = cuda_test::from_bf16(got_bf);
     const size_t row = static_cast<size_t>(c.num_heads) * c.head_dim;
     int failures = 0;
@@ -211,19 +214,25 @@ void expect_matches(const Case& c, const Inputs& in, const std::vector<uint16_t>
     EXPECT_EQ(failures, 0) << what << " " << c.name();
 }
 
-// Runs the case through the automatic kernel choice, the generic kernel and the invariant path.
+// Runs the case through the automatic kernel choice, the generic kernel, the invariant path and,
+// for <= 4 sequences, the split + combine decode path the cluster kernel replaces there.
 void check_case(const Case& c, uint32_t seed) {
     std::mt19937 rng(seed);
     const Inputs in = make_inputs(c, rng);
     DeviceInputs dev(c, in);
-    for (int mode = 0; mode < 3; ++mode) {
-        const auto choice = mode == 1 ? cuda::AttentionKernelChoice::Generic : cuda::AttentionKernelChoice::Auto;
+    const std::vector<float> ref = cpu_attention(c, in);
+    for (int mode = 0; mode < 4; ++mode) {
+        if (mode == 3 && c.seqs.size() > 4) break;
+        const auto choice = mode == 1   ? cuda::AttentionKernelChoice::Generic
+                            : mode == 3 ? cuda::AttentionKernelChoice::SplitCombine
+                                        : cuda::AttentionKernelChoice::Auto;
         cuda::set_attention_kernel_choice(choice);
         dev.out.fill_bytes(0xff);
         cuda::paged_attention(dev.args(c, in, mode == 2), nullptr);
         const std::vector<uint16_t> got = dev.out.download();
         cuda::set_attention_kernel_choice(cuda::AttentionKernelChoice::Auto);
-        expect_matches(c, in, got, mode == 0 ? "auto" : mode == 1 ? "generic" : "invariant");
+        static const char* const kModes[] = {"auto", "generic", "invariant", "split-combine"};
+        expect_matches(c, in, got, kModes[mode], &ref);
     }
 }
 
@@ -252,6 +261,36 @@ TEST(CudaAttention, DecodeBatches) {
     }
 }
 
+// Batches of 1..4 sequences (the cluster kernel: one cluster of 2..8 split CTAs per sequence and
+// kv head) at contexts from one token (most splits empty) to several blocks per split, every
+// GQA group size (1, 4, 8) at head dims 64 / 128, and a split count of 2 (32 kv heads at 4 seqs).
+TEST(CudaAttention, DecodeSmallBatches) {
+    PG_SKIP_WITHOUT_CUDA();
+    const int ctxs[] = {1, 2, 15, 16, 17, 127, 129, 256, 257, 1000, 2048, 3000};
+    constexpr int kN = sizeof(ctxs) / sizeof(ctxs[0]);
+    struct Heads {
+        int h, kvh;
+    };
+    const Heads heads[] = {{8, 8}, {32, 32}, {32, 8}, {64, 8}, {16, 2}};
+    uint32_t seed = 2000;
+    for (const Heads& hd : heads)
+        for (int D : {64, 128})
+            for (int n = 1; n <= 4; ++n)
+                for (int i = 0; i < kN; i += n) {  // every context once per batch size
+                    std::vector<Seq> seqs;
+                    for (int j = 0; j < n; ++j) seqs.push_back({1, ctxs[(i + j) % kN]});
+                    SCOPED_TRACE("n " + std::to_string(n) + " first ctx " + std::to_string(ctxs[i]));
+                    check_case(make_case(hd.h, hd.kvh, D, seqs), ++seed);
+                }
+    // The other head dims once at batch 1 and 3 (D 256 with group 8: 4-warp cluster CTAs).
+    std::mt19937 rng(21);
+    for (int D : {8, 16, 32, 256})
+        for (int ratio : {1, 8}) {
+            check_case(make_case(2 * ratio, 2, D, {{1, 2000}}), ++seed);
+            check_case(make_case(2 * ratio, 2, D, decode_seqs(3, 2000, rng)), ++seed);
+        }
+}
+
 TEST(CudaAttention, DecodeShortContexts) {
     PG_SKIP_WITHOUT_CUDA();
     std::vector<Seq> seqs;
@@ -263,10 +302,12 @@ TEST(CudaAttention, DecodeShortContexts) {
 TEST(CudaAttention, DecodeHeadDimsAndGqa) {
     PG_SKIP_WITHOUT_CUDA();
     std::mt19937 rng(5);
-    for (int D : {8, 16, 32, 64, 80, 96, 128, 256}) {
-        for (int ratio : {1, 4, 8}) {
-            const int KVH = 2;
-            check_case(make_case(KVH * ratio, KVH, D, decode_seqs(5, 700, rng)), 1000 + D * 10 + ratio);
+    for (int n : {2, 5}) {  // cluster kernel, split + combine
+        for (int D : {8, 16, 32, 64, 80, 96, 128, 256}) {
+            for (int ratio : {1, 4, 8}) {
+                const int KVH = 2;
+                check_case(make_case(KVH * ratio, KVH, D, decode_seqs(n, 700, rng)), 1000 * n + D * 10 + ratio);
+            }
         }
     }
 }
@@ -285,7 +326,8 @@ TEST(CudaAttention, DecodeSlidingWindow) {
     std::mt19937 rng(7);
     for (int window : {16, 100})
         for (int D : {32, 64, 128})
-            check_case(make_case(16, 4, D, decode_seqs(9, 1500, rng), 16, window), 70 + D + window);
+            for (int n : {3, 9})
+                check_case(make_case(16, 4, D, decode_seqs(n, 1500, rng), 16, window), 70 + D + window + n);
 }
 
 TEST(CudaAttention, DecodeBlockSizes) {
@@ -300,7 +342,7 @@ TEST(CudaAttention, DecodeBlockSizes) {
 TEST(CudaAttention, DecodePaddingSequences) {
     PG_SKIP_WITHOUT_CUDA();
     std::mt19937 rng(9);
-    for (int n : {2, 40}) {  // split-KV (few sequences) and one CTA per sequence (many)
+    for (int n : {1, 2, 40}) {  // cluster (4 sequences), split + combine (5), one CTA per sequence
         std::vector<Seq> seqs = decode_seqs(n, 1200, rng);
         seqs.push_back({1, 0});
         seqs.insert(seqs.begin(), Seq{1, 0});
@@ -366,6 +408,15 @@ TEST(CudaAttention, MixedBatches) {
     }
 }
 
+// <= 4 sequences: the decode launch is the cluster kernel; the prefill sequences' clusters skip.
+TEST(CudaAttention, MixedSmallBatches) {
+    PG_SKIP_WITHOUT_CUDA();
+    for (int D : {64, 128}) {
+        check_case(make_case(32, 8, D, {{1, 700}, {100, 300}, {1, 2000}, {1, 1}}), 850 + D);
+        check_case(make_case(32, 8, D, {{130, 1000}, {1, 129}}, 16, 100), 851 + D);
+    }
+}
+
 TEST(CudaAttention, MixedManyDecodesOnePrompt) {
     PG_SKIP_WITHOUT_CUDA();
     std::mt19937 rng(12);
@@ -387,12 +438,12 @@ TEST(CudaAttention, PrefillPaddingSequence) {
 TEST(CudaAttention, DecodeGraphReplay) {
     PG_SKIP_WITHOUT_CUDA();
     for (const bool inv : {false, true})
-        for (int n : {4, 64}) {  // split-KV with a combine pass, and one CTA per (sequence, kv head)
+        for (int n : {1, 4, 16, 64}) {  // split-KV: clusters (1, 4), + combine (16); one CTA per unit (64)
             SCOPED_TRACE(inv ? "batch-invariant" : "default");
             std::mt19937 rng(1300 + n);
             const Case small = make_case(32, 8, 64, decode_seqs(n, 60, rng));
             Case big = make_case(32, 8, 64, decode_seqs(n, 3000, rng));
-            big.seqs[n / 2].ctx = 0;  // a padding sequence in the replay
+            if (n > 1) big.seqs[n / 2].ctx = 0;  // a padding sequence in the replay
             const Inputs in_big = make_inputs(big, rng);
             const Inputs in_small =
                 make_inputs(small, rng, in_big.num_blocks, in_big.batch.max_blocks_per_seq);  // same shapes
@@ -437,7 +488,7 @@ TEST(CudaAttention, DecodeGraphReplay) {
 TEST(CudaAttention, RejectsBadArguments) {
     PG_SKIP_WITHOUT_CUDA();
     std::mt19937 rng(14);
-    const Case c = make_case(32, 8, 64, decode_seqs(3, 100, rng));
+    const Case c = make_case(32, 8, 64, decode_seqs(5, 100, rng));
     const Inputs in = make_inputs(c, rng);
     DeviceInputs dev(c, in);
     cuda::AttentionArgs a = dev.args(c, in);
@@ -450,16 +501,31 @@ TEST(CudaAttention, RejectsBadArguments) {
     a.head_dim = 12;  // not a multiple of 8
     EXPECT_THROW(cuda::paged_attention(a, nullptr), Error);
     a = dev.args(c, in);
-    a.workspace_bytes = 16;  // 3 sequences split the keys: partials need more
+    a.workspace_bytes = 16;  // 5 sequences split the keys: partials need more
     EXPECT_THROW(cuda::paged_attention(a, nullptr), Error);
+}
+
+// Decode at <= 4 sequences merges its splits inside a cluster: no workspace at all.
+TEST(CudaAttention, SmallDecodeNeedsNoWorkspace) {
+    PG_SKIP_WITHOUT_CUDA();
+    std::mt19937 rng(15);
+    const Case c = make_case(32, 8, 64, decode_seqs(3, 2000, rng));
+    const Inputs in = make_inputs(c, rng);
+    DeviceInputs dev(c, in);
+    cuda::AttentionArgs a = dev.args(c, in);
+    a.workspace = nullptr;
+    a.workspace_bytes = 0;
+    cuda::paged_attention(a, nullptr);
+    expect_matches(c, in, dev.out.download(), "no workspace");
 }
 
 // ---- timing (prints only) -----------------------------------------------------------------
 
 // Llama-3.2-1B attention shapes (32 q heads, 8 kv heads, head_dim 64, blocks of 16): time per
-// call of paged_attention, default and batch-invariant, measured as a CUDA graph of 20 calls
-// (as decode steps run), with
-// the bandwidth of the K/V bytes a decode must read and the causal FLOP rate of a prefill.
+// call of paged_attention, default and batch-invariant (and for decode at <= 4 sequences the
+// split + combine path the cluster kernel replaced, "2-kernel"), measured as a CUDA graph of
+// 20 calls (as decode steps run), with the bandwidth of the K/V bytes a decode must read and
+// the causal FLOP rate of a prefill. Ratios (xN) are to "default".
 TEST(CudaAttentionPerf, Report) {
     PG_SKIP_WITHOUT_CUDA();
     constexpr int H = 32, KVH = 8, D = 64, bs = 16, kCalls = 20;
@@ -467,7 +533,9 @@ TEST(CudaAttentionPerf, Report) {
         const char* name;
         int seqs, qlen, ctx;
     };
-    const Shape shapes[] = {{"decode b=1 ctx=1024", 1, 1, 1024},   {"decode b=1 ctx=8192", 1, 1, 8192},
+    const Shape shapes[] = {{"decode b=1 ctx=128", 1, 1, 128},     {"decode b=1 ctx=256", 1, 1, 256},
+                            {"decode b=1 ctx=1024", 1, 1, 1024},   {"decode b=1 ctx=2048", 1, 1, 2048},
+                            {"decode b=1 ctx=8192", 1, 1, 8192},   {"decode b=4 ctx=1024", 4, 1, 1024},
                             {"decode b=32 ctx=1024", 32, 1, 1024}, {"decode b=256 ctx=1024", 256, 1, 1024},
                             {"decode b=64 ctx=4096", 64, 1, 4096}, {"prefill 1x512", 1, 512, 512},
                             {"prefill 8x512", 8, 512, 512},        {"prefill chunk 512 @ ctx 4096", 1, 512, 4096}};
@@ -499,8 +567,12 @@ TEST(CudaAttentionPerf, Report) {
         cudaStream_t stream;
         PG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
         double us_default = 0;
-        for (const bool inv : {false, true}) {
+        for (int variant = 0; variant < 3; ++variant) {  // default, invariant, 2-kernel
+            if (variant == 2 && !(sh.qlen == 1 && sh.seqs <= 4)) break;
+            const bool inv = variant == 1;
             a.batch_invariant = inv;
+            cuda::set_attention_kernel_choice(variant == 2 ? cuda::AttentionKernelChoice::SplitCombine
+                                                           : cuda::AttentionKernelChoice::Auto);
             cuda_test::sync();
             cuda::paged_attention(a, stream);  // warm-up
             PG_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -526,16 +598,18 @@ TEST(CudaAttentionPerf, Report) {
                 kv_bytes += 2.0 * sh.ctx * KVH * D * 2;
                 for (int i = 0; i < sh.qlen; ++i) flops += 4.0 * (sh.ctx - sh.qlen + i + 1) * H * D;
             }
-            if (!inv) us_default = us;
+            if (variant == 0) us_default = us;
+            static const char* const kVariants[] = {"default", "invariant", "2-kernel"};
             std::printf("[ perf ] %-30s %-9s %9.2f us/call  %7.1f GB/s (K/V)  %7.2f TFLOP/s%s\n", sh.name,
-                        inv ? "invariant" : "default", us, kv_bytes / (us * 1e3), flops / (us * 1e6),
-                        inv ? (" (x" + std::to_string(us / us_default).substr(0, 4) + ")").c_str() : "");
+                        kVariants[variant], us, kv_bytes / (us * 1e3), flops / (us * 1e6),
+                        variant > 0 ? (" (x" + std::to_string(us / us_default).substr(0, 4) + ")").c_str() : "");
             EXPECT_EQ(cuda_test::count_nonfinite(out.download()), 0u) << sh.name;
             PG_CUDA_CHECK(cudaEventDestroy(e0));
             PG_CUDA_CHECK(cudaEventDestroy(e1));
             PG_CUDA_CHECK(cudaGraphExecDestroy(exec));
             PG_CUDA_CHECK(cudaGraphDestroy(graph));
         }
+        cuda::set_attention_kernel_choice(cuda::AttentionKernelChoice::Auto);
         PG_CUDA_CHECK(cudaStreamDestroy(stream));
     }
 }

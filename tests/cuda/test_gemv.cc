@@ -117,6 +117,82 @@ TEST(CudaGemv, FusedSiluMatchesSeparateSteps) {
     }
 }
 
+// The norm prologue and residual-add epilogue of the decode products (norm_matmul,
+// norm_matmul_silu, matmul_add) against the same ops run apart (RMSNorm kernel + cuBLASLt +
+// add): the fused forms skip the bf16 rounding of the normalised x, so they agree to bf16
+// tolerance, not bitwise.
+TEST(CudaGemv, FusedNormAndResidualAddMatchSeparateSteps) {
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+    CudaOptions apart_opts;
+    apart_opts.gemv = false;
+    CudaBackend fused, apart(apart_opts);
+    std::mt19937 rng(13);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    auto rel_err = [](const std::vector<float>& a, const std::vector<float>& b) {
+        double e = 0, nrm = 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+            if (!std::isfinite(a[i])) return 1e9;
+            e += (a[i] - b[i]) * (a[i] - b[i]);
+            nrm += static_cast<double>(b[i]) * b[i];
+        }
+        return std::sqrt(e / nrm);
+    };
+    for (int n : {1, 2, 3, 4}) {
+        for (auto [m, k] : {std::pair{3072, 2048}, std::pair{16384, 2048}, std::pair{2048, 8192}, std::pair{130, 64}}) {
+            std::vector<float> x(static_cast<size_t>(n) * k), g(k), res(static_cast<size_t>(n) * m);
+            std::vector<uint16_t> w(static_cast<size_t>(m) * k), xa(static_cast<size_t>(n) * k);
+            for (auto& v : x) v = 3.0f * u(rng);  // the residual stream: not unit scale
+            for (auto& v : g) v = 1.0f + 0.5f * u(rng);
+            for (auto& v : res) v = u(rng);
+            for (auto& v : w) v = f32_to_bf16(u(rng) * 0.05f);
+            for (auto& v : xa) v = f32_to_bf16(u(rng));
+            // [backend][0 norm_matmul f32 out, 1 norm_matmul bf16 out, 2 norm_matmul_silu, 3 matmul_add]
+            std::vector<float> got[2][4];
+            int which = 0;
+            for (CudaBackend* b : {&fused, &apart}) {
+                Tensor dx = b->allocate(DType::F32, {n, k}), dg = b->allocate(DType::F32, {k});
+                Tensor dw = b->allocate(DType::BF16, {m, k}), dxa = b->allocate(DType::BF16, {n, k});
+                Tensor normed = b->allocate(DType::BF16, {n, k});
+                Tensor of = b->allocate(DType::F32, {n, m}), ob = b->allocate(DType::BF16, {n, m});
+                Tensor os = b->allocate(DType::BF16, {n, m / 2}), scratch = b->allocate(DType::BF16, {n, m});
+                Tensor dres = b->allocate(DType::F32, {n, m}), fscratch = b->allocate(DType::F32, {n, m});
+                b->upload(x.data(), dx);
+                b->upload(g.data(), dg);
+                b->upload(w.data(), dw);
+                b->upload(xa.data(), dxa);
+                b->upload(res.data(), dres);
+                b->norm_matmul(dx, dg, 1e-5f, dw, Tensor(), of, normed);
+                b->norm_matmul(dx, dg, 1e-5f, dw, Tensor(), ob, normed);
+                if (m % 2 == 0) b->norm_matmul_silu(dx, dg, 1e-5f, dw, os, normed, scratch);
+                b->matmul_add(dxa, dw, dres, fscratch);
+                std::vector<float>* o = got[which];
+                o[0].resize(static_cast<size_t>(n) * m);
+                b->download(of, o[0].data());
+                std::vector<uint16_t> h(static_cast<size_t>(n) * m);
+                b->download(ob, h.data());
+                for (uint16_t v : h) o[1].push_back(bf16_to_f32(v));
+                if (m % 2 == 0) {
+                    h.resize(static_cast<size_t>(n) * m / 2);
+                    b->download(os, h.data());
+                    for (uint16_t v : h) o[2].push_back(bf16_to_f32(v));
+                }
+                o[3].resize(static_cast<size_t>(n) * m);
+                b->download(dres, o[3].data());
+                for (Tensor* t : {&dx, &dg, &dw, &dxa, &normed, &of, &ob, &os, &scratch, &dres, &fscratch})
+                    b->release(*t);
+                ++which;
+            }
+            const char* names[] = {"norm_matmul f32", "norm_matmul bf16", "norm_matmul_silu", "matmul_add"};
+            // The apart path rounds the normalised x to bf16 (relative 2^-9 per element).
+            const double tol[] = {8e-3, 1e-2, 1.5e-2, 1e-5};
+            for (int i = 0; i < 4; ++i) {
+                if (got[1][i].empty()) continue;
+                EXPECT_LT(rel_err(got[0][i], got[1][i]), tol[i]) << names[i] << " n " << n << " m " << m << " k " << k;
+            }
+        }
+    }
+}
+
 // Decode-product speed on the Llama 1B / 8B shapes, n = 1: a chain of launches over rotating
 // weight copies (> 256 MB, so L2 holds none of them), as a decode step reads each weight once.
 TEST(CudaGemvPerf, Report) {

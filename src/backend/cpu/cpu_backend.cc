@@ -292,6 +292,21 @@ void CpuBackend::silu_mul(const Tensor& gate, const Tensor& up, const Tensor& ou
         total * 16);
 }
 
+void CpuBackend::add(const Tensor& x, const Tensor& out) {
+    check_f32(x, "add input");
+    check_f32(out, "add output");
+    const int64_t total = x.numel();
+    PG_CHECK(out.numel() == total, "add: ", x.shape_str(), " to ", out.shape_str());
+    const float* a = x.ptr<float>();
+    float* o = out.ptr<float>();
+    pool_->parallel_for(
+        total,
+        [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) o[i] += a[i];
+        },
+        64, total * 8);
+}
+
 void CpuBackend::copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) {
     const size_t block_bytes = cache.nbytes() / cache.dim(0);
     char* base = cache.ptr<char>();

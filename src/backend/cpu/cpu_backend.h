@@ -49,6 +49,7 @@ class CpuBackend final : public Backend {
     void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchInput& batch,
                    int num_heads, int head_dim, float scale, int window, const Tensor& out) override;
     void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+    void add(const Tensor& x, const Tensor& out) override;
     void copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
     void gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const Tensor& out) override;
 

@@ -1,6 +1,7 @@
 // paged_attention: picks the kernels for a batch and lays out their workspace.
 //
-//   max_query_len == 1, head_dim in {8..256, powers of two} → decode (split-KV) [+ combine]
+//   max_query_len == 1, head_dim in {8..256, powers of two} → decode (split-KV; <= 4 sequences:
+//                        one cluster kernel, more: + combine kernel)
 //   max_query_len > 1,  head_dim 64 / 128 → prefill tile list + tensor-core prefill for the
 //                        sequences with >= 2 query tokens, and decode for those with 1
 //   anything else (head_dim 80, 96, ...)   → generic kernel for every token
@@ -10,7 +11,8 @@
 // Workspace layout (offsets 256-byte aligned, sized by this batch's shape):
 //   [decode partials m,l: rows x 2 f32][decode partials acc: rows x head_dim f32]
 //   [tile count: int, padded to 256 B][tile list: tile_bound x int2]
-// with rows = num_seqs * splits * num_heads when splits > 1, else 0. Invariant mode:
+// with rows = num_seqs * splits * num_heads when splits > 1 and the decode does not merge in a
+// cluster, else 0. Invariant mode:
 //   [split: num_seqs x int2][item count: int, padded to 256 B][items: item_bound x int4]
 //   [partials m,l: pcap x num_heads x 2 f32][partials acc: pcap x num_heads x head_dim f32]
 // with pcap = 8 * SMs (decode-token partitions computed apart, see attention_invariant.cu).
@@ -137,7 +139,8 @@ void paged_attention(const AttentionArgs& args, cudaStream_t stream) {
     p.scale = args.scale;
     p.scale_log2 = args.scale * 1.4426950408889634f;
 
-    const bool generic_only = g_choice.load() == AttentionKernelChoice::Generic;
+    const AttentionKernelChoice choice = g_choice.load();
+    const bool generic_only = choice == AttentionKernelChoice::Generic;
     if (args.batch_invariant) {
         if (generic_only || !attn::invariant_supports(D, p.group)) {
             attn::launch_generic(p, stream);
@@ -170,8 +173,9 @@ void paged_attention(const AttentionArgs& args, cudaStream_t stream) {
     }
 
     const int sms = sm_count();
-    const attn::DecodeShape shape = attn::decode_shape(b.num_seqs, H, KVH, sms);
-    const int64_t rows = shape.splits > 1 ? static_cast<int64_t>(b.num_seqs) * shape.splits * H : 0;
+    const attn::DecodeShape shape =
+        attn::decode_shape(b.num_seqs, H, KVH, sms, choice != AttentionKernelChoice::SplitCombine);
+    const int64_t rows = shape.splits > 1 && !shape.cluster ? static_cast<int64_t>(b.num_seqs) * shape.splits * H : 0;
     const int64_t tile_bound = use_prefill ? attn::prefill_tile_bound(b.num_tokens, b.num_seqs, b.max_query_len) : 0;
     const Layout w = layout(rows, D, tile_bound);
     const bool need_ws = rows > 0 || tile_bound > 0;

@@ -1,19 +1,26 @@
 // Decode attention (one query token per sequence): split-KV flash-decoding with GQA grouping.
 //
-// Grid (splits, num_kv_heads * head_chunks, num_seqs), 128 threads. One CTA reads one kv
-// head's keys/values of one key range [kb, ke) of one sequence exactly once and serves up to
-// GM query heads of that kv head with them. Inside the CTA the 4 warps take interleaved
-// chunks of keys; inside a warp, L = D/8 lanes hold one key (16 bytes = 8 dims each), so one
-// 16-byte load per lane brings KPL = 32/L keys, and U such loads are in flight per lane.
-// Each KPL-lane group keeps its own online-softmax state (m, l, acc[8 dims] per head), merged
-// across groups by shuffles and across warps through shared memory at the end.
+// Grid (splits, num_kv_heads * head_chunks, num_seqs), W warps. One CTA reads one kv head's
+// keys/values of one key range [kb, ke) of one sequence exactly once and serves up to GM query
+// heads of that kv head with them. Inside the CTA the W warps take interleaved chunks of keys;
+// inside a warp, L = D/8 lanes hold one key (16 bytes = 8 dims each), so one 16-byte load per
+// lane brings KPL = 32/L keys, and U such loads are in flight per lane. Each KPL-lane group
+// keeps its own online-softmax state (m, l, acc[8 dims] per head), merged across groups by
+// shuffles and across warps through shared memory at the end.
 //
 // The key range of a CTA is its share of the sequence's [first, last] (read from device
 // memory), cut at whole KV blocks, so the launch shape never depends on context lengths and
-// can be captured in a CUDA graph. With splits > 1 each CTA writes (m, l, acc) partials and
-// decode_combine_kernel merges them; with splits == 1 the CTA writes the output itself.
+// can be captured in a CUDA graph. Three ways to finish:
+//   splits == 1: the CTA writes the output itself (4 warps).
+//   cluster (num_seqs <= 4): the splits CTAs of one (sequence, kv head, chunk) form a thread-
+//     block cluster (8 warps each); each pushes its partial (m, l per head, acc for the share of
+//     (head, dim) elements a rank owns) into the owner's shared memory, one cluster barrier, and
+//     each rank merges and writes its share. One kernel, no global partials.
+//   otherwise: each CTA (4 warps) writes (m, l, acc) partials and decode_combine_kernel merges.
 #include <algorithm>
 #include <cfloat>
+
+#include <cooperative_groups.h>
 
 #include "backend/cuda/attention_internal.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -22,62 +29,63 @@
 namespace peregrine::cuda::attn {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
+constexpr int kWarps = 4;  // per CTA, split-combine and splits == 1 paths
 constexpr int kMaxSplits = 32;
+constexpr int kClusterMaxSeqs = 4;    // the cluster path serves batches up to this size
+constexpr int kMaxClusterSplits = 8;  // portable cluster size
 
+// Warps per CTA of the cluster path: 8 (fewer serial key iterations at batch 1) unless the
+// per-warp merge buffer (W x GM x D f32) would pass 32 KB of static shared memory.
 template <int D, int GM>
-__global__ void __launch_bounds__(kThreads, GM >= 8 ? 2 : 4)
+constexpr int cluster_warps() {
+    return GM * D <= 1024 ? 8 : 4;
+}
+
+// Register budget: 128 per thread for GM < 8, 255 for GM == 8 (its q and acc are twice as large).
+template <int GM, int W>
+constexpr int min_ctas() {
+    return (GM >= 8 ? 8 : 16) / W;
+}
+
+template <int D, int GM, int W, bool CLUSTER>
+__global__ void __launch_bounds__(W * 32, min_ctas<GM, W>())
     decode_kernel(const Params p, const int splits, const int head_chunks, float* __restrict__ ws_ml,
                   float* __restrict__ ws_acc) {
+    constexpr int kThreads = W * 32;
     constexpr int L = D / 8;            // lanes per key
     constexpr int KPL = 32 / L;         // keys per warp-wide load
     constexpr int U = GM >= 8 ? 2 : 4;  // loads in flight per lane (registers bound it)
     constexpr int CH = KPL * U;         // keys per warp iteration
-    __shared__ float sm_m[kWarps][GM], sm_l[kWarps][GM];
-    __shared__ float sm_acc[kWarps][GM][D];
+    constexpr int RS = CLUSTER ? kMaxClusterSplits : 1;
+    __shared__ float sm_m[W][GM], sm_l[W][GM];
+    __shared__ float sm_acc[W][GM][D];
+    // Cluster path: what the cluster's CTAs push to this one, by source rank: (m, l) of every
+    // head, and acc of the `per` (head, dim) elements this rank owns at [src * per, +per).
+    // splits * per <= GM * D + splits - 1.
+    __shared__ float rx_m[RS][GM], rx_l[RS][GM];
+    __shared__ float rx_acc[CLUSTER ? GM * D + kMaxClusterSplits : 1];
     pdl_launch_dependents();
     pdl_wait();  // q, the cache and the batch arrays come from earlier work
 
-    const int split = blockIdx.x;
+    const int split = blockIdx.x;  // == rank in the cluster (cluster dims (splits, 1, 1))
     const int kvh = blockIdx.y / head_chunks;
     const int chunk = blockIdx.y - kvh * head_chunks;
     const int s = blockIdx.z;
     const int t = p.query_start[s];
-    if (p.query_start[s + 1] - t != 1) return;  // a prefill sequence of a mixed batch (or none)
+    const int ctx = p.context_lens[s];
+    if (p.query_start[s + 1] - t != 1) return;  // a prefill sequence of a mixed batch (or none): whole cluster
+    // Cluster path: "this CTA has started"; waited on before the first store to another CTA.
+    if constexpr (CLUSTER) __cluster_barrier_arrive_relaxed();
     const int h0 = kvh * p.group + chunk * GM;  // first query head of this CTA
     const int ng = min(GM, p.group - chunk * GM);
-    const int ctx = p.context_lens[s];
     const int pos = p.positions[t];
-    int first, last;
-    key_range(p, pos, ctx, first, last);
-
-    // This split's keys [kb, ke): an equal share of whole blocks.
-    int kb = 0, ke = 0;
-    if (last >= first) {
-        const int b0 = first >> p.block_shift, b1 = (last >> p.block_shift) + 1;
-        const int per = (b1 - b0 + splits - 1) / splits;
-        kb = max(first, (b0 + split * per) << p.block_shift);
-        ke = min(last + 1, (b0 + (split + 1) * per) << p.block_shift);
-    }
-    const int64_t row_stride = static_cast<int64_t>(p.num_heads) * D;
-    if (kb >= ke) {  // nothing to read: an empty partial, or zeros when this CTA is the output
-        if (splits == 1) {
-            for (int i = threadIdx.x; i < ng * D; i += kThreads)
-                p.out[t * row_stride + static_cast<int64_t>(h0) * D + i] = __float2bfloat16_rn(0.0f);
-        } else if (threadIdx.x < ng) {
-            const int64_t r = (static_cast<int64_t>(s) * p.num_heads + h0 + threadIdx.x) * splits + split;
-            ws_ml[2 * r] = -INFINITY;
-            ws_ml[2 * r + 1] = 0.0f;
-        }
-        return;
-    }
-
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gi = lane / L;  // key slot of this lane within a warp-wide load
     const int li = lane % L;  // which 8 dims of the key this lane holds
+    const int64_t row_stride = static_cast<int64_t>(p.num_heads) * D;
 
-    // q of the CTA's heads, this lane's 8 dims, pre-scaled into log2 units.
+    // q of the CTA's heads, this lane's 8 dims, pre-scaled into log2 units (loaded before the
+    // key range is known: it needs only t).
     float q[GM][8];
 #pragma unroll
     for (int g = 0; g < GM; ++g) {
@@ -90,6 +98,30 @@ __global__ void __launch_bounds__(kThreads, GM >= 8 ? 2 : 4)
 #pragma unroll
             for (int i = 0; i < 8; ++i) q[g][i] = 0.0f;
         }
+    }
+    int first, last;
+    key_range(p, pos, ctx, first, last);
+
+    // This split's keys [kb, ke): an equal share of whole blocks.
+    int kb = 0, ke = 0;
+    if (last >= first) {
+        const int b0 = first >> p.block_shift, b1 = (last >> p.block_shift) + 1;
+        const int per = (b1 - b0 + splits - 1) / splits;
+        kb = max(first, (b0 + split * per) << p.block_shift);
+        ke = min(last + 1, (b0 + (split + 1) * per) << p.block_shift);
+    }
+    // Nothing to read: an empty partial, or zeros when this CTA is the output. (A cluster CTA
+    // goes on with an empty key loop: its partial is m = -inf, l = 0, acc = 0.)
+    if (!CLUSTER && kb >= ke) {
+        if (splits == 1) {
+            for (int i = threadIdx.x; i < ng * D; i += kThreads)
+                p.out[t * row_stride + static_cast<int64_t>(h0) * D + i] = __float2bfloat16_rn(0.0f);
+        } else if (threadIdx.x < ng) {
+            const int64_t r = (static_cast<int64_t>(s) * p.num_heads + h0 + threadIdx.x) * splits + split;
+            ws_ml[2 * r] = -INFINITY;
+            ws_ml[2 * r + 1] = 0.0f;
+        }
+        return;
     }
 
     float m[GM], l[GM], acc[GM][8];
@@ -114,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, GM >= 8 ? 2 : 4)
         const int key = c0 + u * KPL + gi;
         blk[u] = key < ke ? __ldg(table + (key >> p.block_shift)) : 0;
     }
-    for (; c0 < ke; c0 += kWarps * CH) {
+    for (; c0 < ke; c0 += W * CH) {
         uint4 kr[U], vr[U];
         bool valid[U];
 #pragma unroll
@@ -125,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, GM >= 8 ? 2 : 4)
             kr[u] = valid[u] ? __ldg(reinterpret_cast<const uint4*>(kbase + off)) : make_uint4(0, 0, 0, 0);
             vr[u] = valid[u] ? __ldg(reinterpret_cast<const uint4*>(vbase + off)) : make_uint4(0, 0, 0, 0);
         }
-        const int cn = c0 + kWarps * CH;
+        const int cn = c0 + W * CH;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int key = cn + u * KPL + gi;
@@ -202,25 +234,78 @@ __global__ void __launch_bounds__(kThreads, GM >= 8 ? 2 : 4)
     }
     __syncthreads();
 
-    // Merge the warps: thread → (head g, dim d).
-    for (int idx = threadIdx.x; idx < ng * D; idx += kThreads) {
-        const int g = idx / D, d = idx - g * D;
-        float mm = -INFINITY;
+    if constexpr (!CLUSTER) {
+        // Merge the warps: thread → (head g, dim d).
+        for (int idx = threadIdx.x; idx < ng * D; idx += kThreads) {
+            const int g = idx / D, d = idx - g * D;
+            float mm = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, sm_m[w][g]);
-        float ll = 0.0f, a = 0.0f;
+            for (int w = 0; w < W; ++w) mm = fmaxf(mm, sm_m[w][g]);
+            float ll = 0.0f, a = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-            const float f = sm_m[w][g] == -INFINITY ? 0.0f : exp2f(sm_m[w][g] - mm);
-            ll += sm_l[w][g] * f;
-            a += sm_acc[w][g][d] * f;
+            for (int w = 0; w < W; ++w) {
+                const float f = sm_m[w][g] == -INFINITY ? 0.0f : exp2f(sm_m[w][g] - mm);
+                ll += sm_l[w][g] * f;
+                a += sm_acc[w][g][d] * f;
+            }
+            if (splits == 1) {
+                p.out[t * row_stride + (h0 + g) * D + d] = __float2bfloat16_rn(ll > 0.0f ? a / ll : 0.0f);
+            } else {
+                const int64_t r = (static_cast<int64_t>(s) * p.num_heads + h0 + g) * splits + split;
+                ws_acc[r * D + d] = a;
+                if (d == 0) ws_ml[2 * r] = mm, ws_ml[2 * r + 1] = ll;
+            }
         }
-        if (splits == 1) {
+    } else {
+        namespace cg = cooperative_groups;
+        const cg::cluster_group cluster = cg::this_cluster();
+        const int n = ng * D;                       // (head, dim) elements of the CTA
+        const int per = (n + splits - 1) / splits;  // rank r owns elements [r * per, (r + 1) * per)
+        __cluster_barrier_wait();                   // every CTA of the cluster has started
+        // Push this CTA's (m, l) of every head to every rank.
+        for (int i = threadIdx.x; i < splits * ng; i += kThreads) {
+            const int r = i / ng, g = i - r * ng;
+            float mm = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < W; ++w) mm = fmaxf(mm, sm_m[w][g]);
+            float ll = 0.0f;
+#pragma unroll
+            for (int w = 0; w < W; ++w) ll += sm_m[w][g] == -INFINITY ? 0.0f : sm_l[w][g] * exp2f(sm_m[w][g] - mm);
+            cluster.map_shared_rank(&rx_m[0][0], r)[split * GM + g] = mm;
+            cluster.map_shared_rank(&rx_l[0][0], r)[split * GM + g] = ll;
+        }
+        // Push this CTA's acc of each element to the element's owner.
+        for (int idx = threadIdx.x; idx < n; idx += kThreads) {
+            const int g = idx / D, d = idx - g * D;
+            float mm = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < W; ++w) mm = fmaxf(mm, sm_m[w][g]);
+            float a = 0.0f;
+#pragma unroll
+            for (int w = 0; w < W; ++w) a += sm_m[w][g] == -INFINITY ? 0.0f : sm_acc[w][g][d] * exp2f(sm_m[w][g] - mm);
+            const int r = idx / per;
+            cluster.map_shared_rank(rx_acc, r)[split * per + idx - r * per] = a;
+        }
+        __cluster_barrier_arrive();  // release: the pushes above
+        __cluster_barrier_wait();    // acquire: every rank's pushes here; no remote access after this
+        // Merge this rank's elements across the splits (as decode_combine_kernel does).
+        for (int j = threadIdx.x; j < per; j += kThreads) {
+            const int idx = split * per + j;
+            if (idx >= n) break;
+            const int g = idx / D, d = idx - g * D;
+            float mm = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < kMaxClusterSplits; ++i)
+                if (i < splits) mm = fmaxf(mm, rx_m[i][g]);
+            float ll = 0.0f, a = 0.0f;
+#pragma unroll
+            for (int i = 0; i < kMaxClusterSplits; ++i) {
+                if (i < splits) {
+                    const float wi = rx_m[i][g] == -INFINITY ? 0.0f : exp2f(rx_m[i][g] - mm);
+                    if (wi != 0.0f) ll = fmaf(rx_l[i][g], wi, ll), a = fmaf(wi, rx_acc[i * per + j], a);
+                }
+            }
             p.out[t * row_stride + (h0 + g) * D + d] = __float2bfloat16_rn(ll > 0.0f ? a / ll : 0.0f);
-        } else {
-            const int64_t r = (static_cast<int64_t>(s) * p.num_heads + h0 + g) * splits + split;
-            ws_acc[r * D + d] = a;
-            if (d == 0) ws_ml[2 * r] = mm, ws_ml[2 * r + 1] = ll;
         }
     }
 }
@@ -261,12 +346,19 @@ __global__ void __launch_bounds__(128)
 template <int D, int GM>
 void launch_dg(const Params& p, const DecodeShape& sh, float* ws_ml, float* ws_acc, cudaStream_t stream) {
     const dim3 grid(sh.splits, p.num_kv_heads * sh.head_chunks, p.num_seqs);
-    // Early (programmatic) launch pays off for the few CTAs of small batches; for larger grids
-    // the early CTAs land unevenly (b = 32, ctx 1024 on an H100: 38.6 us with it, 33.2 without).
-    if (p.num_seqs <= 4)
-        launch_pdl(decode_kernel<D, GM>, grid, dim3(kThreads), 0, stream, p, sh.splits, sh.head_chunks, ws_ml, ws_acc);
-    else
-        decode_kernel<D, GM><<<grid, kThreads, 0, stream>>>(p, sh.splits, sh.head_chunks, ws_ml, ws_acc);
+    if (sh.cluster) {
+        constexpr int W = cluster_warps<D, GM>();
+        launch_pdl_cluster(decode_kernel<D, GM, W, true>, grid, dim3(W * 32), dim3(sh.splits, 1, 1), 0, stream, p,
+                           sh.splits, sh.head_chunks, static_cast<float*>(nullptr), static_cast<float*>(nullptr));
+    } else if (p.num_seqs <= kClusterMaxSeqs) {
+        // Early (programmatic) launch pays off for the few CTAs of small batches; for larger grids
+        // the early CTAs land unevenly (b = 32, ctx 1024 on an H100: 38.6 us with it, 33.2 without).
+        launch_pdl(decode_kernel<D, GM, kWarps, false>, grid, dim3(kWarps * 32), 0, stream, p, sh.splits,
+                   sh.head_chunks, ws_ml, ws_acc);
+    } else {
+        decode_kernel<D, GM, kWarps, false>
+            <<<grid, kWarps * 32, 0, stream>>>(p, sh.splits, sh.head_chunks, ws_ml, ws_acc);
+    }
     check_launch("decode_attention");
 }
 
@@ -290,17 +382,24 @@ bool decode_supports(int head_dim) {
     return head_dim == 8 || head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
 }
 
-DecodeShape decode_shape(int num_seqs, int num_heads, int num_kv_heads, int sm_count) {
+DecodeShape decode_shape(int num_seqs, int num_heads, int num_kv_heads, int sm_count, bool allow_cluster) {
     DecodeShape sh;
     const int group = num_heads / num_kv_heads;
     sh.group_max = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
     sh.head_chunks = (group + sh.group_max - 1) / sh.group_max;
-    // About two CTAs per SM in total, at most 8 splits: at batch 1 and short contexts more splits
-    // only lengthen the combine (measured on an H200: 32 splits made the combine 8 us per layer).
-    const int64_t units = static_cast<int64_t>(num_seqs) * num_kv_heads * sh.head_chunks;
+    // About two 4-warp CTAs per SM in total, at most 8 splits: at batch 1 and short contexts more
+    // splits only lengthen the combine (measured on an H200: 32 splits made the combine 8 us per
+    // layer).
+    const int64_t units = std::max<int64_t>(1, static_cast<int64_t>(num_seqs) * num_kv_heads * sh.head_chunks);
     const int64_t target = 2 * static_cast<int64_t>(sm_count);
-    sh.splits = static_cast<int>(
-        std::max<int64_t>(1, std::min<int64_t>(std::min(kMaxSplits, 8), target / std::max<int64_t>(units, 1))));
+    sh.splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(std::min(kMaxSplits, 8), target / units)));
+    sh.cluster = false;
+    // Small batches split across a cluster instead: about one 8-warp CTA per SM (the same warps
+    // as above), 2..8 splits (Llama-3.2-1B: 8 at batch 1 and 2, 5 at 3, 4 at 4).
+    if (allow_cluster && num_seqs <= kClusterMaxSeqs && sh.splits > 1) {
+        sh.cluster = true;
+        sh.splits = static_cast<int>(std::clamp<int64_t>(sm_count / units, 2, kMaxClusterSplits));
+    }
     return sh;
 }
 
@@ -327,7 +426,7 @@ void launch_decode(const Params& p, const DecodeShape& sh, float* ws_ml, float* 
         default:
             fail("decode attention: unsupported head_dim ", p.head_dim);
     }
-    if (sh.splits > 1) {
+    if (sh.splits > 1 && !sh.cluster) {
         const int64_t warps = static_cast<int64_t>(p.num_seqs) * p.num_heads;
         launch_pdl(decode_combine_kernel, dim3(static_cast<unsigned>((warps + 3) / 4)), dim3(128), 0, stream, p,
                    sh.splits, static_cast<const float*>(ws_ml), static_cast<const float*>(ws_acc));

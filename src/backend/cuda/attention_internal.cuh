@@ -65,15 +65,20 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 
 // ---- launchers (each checks its launch and throws peregrine::Error) --------------------------
 // Decode: sequences whose query length is 1 (others are skipped, so the same launch serves the
-// decode part of a mixed batch). splits > 1 writes partials to ws_ml/ws_acc and combines.
+// decode part of a mixed batch). splits > 1 without `cluster` writes partials to ws_ml/ws_acc
+// and combines in a second kernel:
 // ws_ml: [num_seqs, num_heads, splits, 2] f32 (running max in log2 units, sum of exps);
 // ws_acc: [num_seqs, num_heads, splits, head_dim] f32 (unnormalised output).
+// With `cluster` (num_seqs <= 4, splits > 1) the splits merge through distributed shared memory
+// in the one kernel: no workspace (ws_ml / ws_acc may be null).
 struct DecodeShape {
     int group_max;    // query heads per CTA (1, 2, 4 or 8)
     int head_chunks;  // CTAs per kv head: ceil(group / group_max)
     int splits;       // CTAs per (sequence, kv head, chunk) along the keys
+    bool cluster;     // the splits of one (sequence, kv head, chunk) are one thread-block cluster
 };
-DecodeShape decode_shape(int num_seqs, int num_heads, int num_kv_heads, int sm_count);
+// allow_cluster = false: the two-kernel path at every batch size (for timing comparisons).
+DecodeShape decode_shape(int num_seqs, int num_heads, int num_kv_heads, int sm_count, bool allow_cluster = true);
 bool decode_supports(int head_dim);
 void launch_decode(const Params& p, const DecodeShape& shape, float* ws_ml, float* ws_acc, cudaStream_t stream);
 

@@ -449,7 +449,69 @@ void CudaBackend::matmul_silu(const Tensor& x, const Tensor& w_gate_up, const Te
                     stream_);
 }
 
-void CudaBackend::cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& out) {
+bool CudaBackend::use_gemv_norm(const Tensor& x, const Tensor& norm_weight, const Tensor& w) const {
+    return options_.gemv && !options_.batch_invariant && x.dtype == DType::F32 && w.dtype == DType::BF16 &&
+           norm_weight.dtype == DType::F32 && norm_weight.numel() == x.cols() &&
+           reinterpret_cast<uintptr_t>(norm_weight.data) % 16 == 0 &&
+           cuda::gemv_supported(static_cast<int>(x.rows()), static_cast<int>(x.cols()), x.data, w.data);
+}
+
+void CudaBackend::norm_matmul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w,
+                              const Tensor& bias, const Tensor& out, const Tensor& normed, bool exact) {
+    if (!use_gemv_norm(x, norm_weight, w)) {
+        Backend::norm_matmul(x, norm_weight, eps, w, bias, out, normed, exact);
+        return;
+    }
+    const int64_t n = x.rows(), k = x.cols(), m = w.rows();
+    PG_CHECK(w.cols() == k && out.rows() == n && out.cols() == m, "norm_matmul shapes: x ", x.shape_str(), " w ",
+             w.shape_str(), " out ", out.shape_str());
+    cuda::gemv_norm(x.ptr<float>(), norm_weight.ptr<float>(), eps, bf(w), out.data, out.dtype == DType::F32,
+                    static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), stream_);
+    if (!bias.empty()) {
+        PG_CHECK(out.dtype == DType::BF16 && bias.dtype == DType::F32 && bias.numel() == m);
+        cuda::add_bias(bf(out), bias.ptr<float>(), n, m, stream_);
+    }
+}
+
+void CudaBackend::norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w_gate_up,
+                                   const Tensor& out, const Tensor& normed, const Tensor& scratch) {
+    if (!use_gemv_norm(x, norm_weight, w_gate_up)) {
+        Backend::norm_matmul_silu(x, norm_weight, eps, w_gate_up, out, normed, scratch);
+        return;
+    }
+    const int64_t n = x.rows(), k = x.cols(), m = w_gate_up.rows();
+    PG_CHECK(w_gate_up.cols() == k && out.rows() == n && 2 * out.cols() == m && out.dtype == DType::BF16,
+             "norm_matmul_silu shapes: x ", x.shape_str(), " w ", w_gate_up.shape_str(), " out ", out.shape_str());
+    cuda::gemv_norm_silu(x.ptr<float>(), norm_weight.ptr<float>(), eps, bf(w_gate_up), bf(out), static_cast<int>(n),
+                         static_cast<int>(m), static_cast<int>(k), stream_);
+}
+
+void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& residual, const Tensor& scratch) {
+    const int64_t n = x.rows(), k = x.cols(), m = w.rows();
+    PG_CHECK(w.cols() == k && residual.rows() == n && residual.cols() == m && residual.dtype == DType::F32 &&
+                 x.dtype == DType::BF16 && w.dtype == DType::BF16,
+             "matmul_add shapes: x ", x.shape_str(), " w ", w.shape_str(), " residual ", residual.shape_str());
+    if (n == 0) return;
+    if (use_gemv(x, w)) {
+        cuda::gemv_add(bf(x), bf(w), residual.ptr<float>(), static_cast<int>(n), static_cast<int>(m),
+                       static_cast<int>(k), stream_);
+    } else if (!options_.batch_invariant) {
+        cublas_matmul(x, w, residual, 1.0f, scratch);  // cuBLASLt adds into D = C (beta 1)
+    } else {
+        Backend::matmul_add(x, w, residual, scratch);
+    }
+}
+
+void CudaBackend::add(const Tensor& x, const Tensor& out) {
+    PG_CHECK(x.dtype == DType::F32 && out.dtype == DType::F32 && x.numel() == out.numel(), "add: ", x.shape_str(),
+             " to ", out.shape_str());
+    cuda::add_f32(x.ptr<float>(), out.ptr<float>(), x.numel(), stream_);
+}
+
+void CudaBackend::cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& out, float beta,
+                                const Tensor& tune_out) {
+    const Tensor& tune = tune_out.empty() ? out : tune_out;
+    PG_CHECK(beta == 0.0f || !tune_out.empty(), "cublas_matmul: accumulating needs a scratch to time candidates in");
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
     const auto key = std::make_tuple(n, m, k, static_cast<int>(out.dtype));
     auto it = gemms_.find(key);
@@ -485,13 +547,13 @@ void CudaBackend::cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& 
             cudaEvent_t e0, e1;
             PG_CUDA_CHECK(cudaEventCreate(&e0));
             PG_CUDA_CHECK(cudaEventCreate(&e1));
-            const float alpha = 1.0f, beta = 0.0f;
+            const float alpha = 1.0f, zero = 0.0f;
             float best = 1e30f;
             for (int i = 0; i < found; ++i) {
                 auto run = [&] {
-                    return cublasLtMatmul(lt_handle(lt_), g->desc, &alpha, w.data, g->a, x.data, g->b, &beta, out.data,
-                                          g->d, out.data, g->d, &results[i].algo, lt_workspace_, lt_workspace_bytes_,
-                                          stream_);
+                    return cublasLtMatmul(lt_handle(lt_), g->desc, &alpha, w.data, g->a, x.data, g->b, &zero,
+                                          tune.data, g->d, tune.data, g->d, &results[i].algo, lt_workspace_,
+                                          lt_workspace_bytes_, stream_);
                 };
                 if (run() != CUBLAS_STATUS_SUCCESS) continue;
                 PG_CUDA_CHECK(cudaEventRecord(e0, stream_));
@@ -511,7 +573,7 @@ void CudaBackend::cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& 
         it = gemms_.emplace(key, std::move(g)).first;
     }
     const Gemm& g = *it->second;
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f;
     PG_LT_CHECK(cublasLtMatmul(lt_handle(lt_), g.desc, &alpha, w.data, g.a, x.data, g.b, &beta, out.data, g.d, out.data,
                                g.d, &g.algo, lt_workspace_, lt_workspace_bytes_, stream_));
 }

@@ -52,6 +52,12 @@ class CudaBackend final : public Backend {
                                int head_dim, int num_kv_heads, const Tensor& k_cache, const Tensor& v_cache) override;
     void silu_mul_packed(const Tensor& gate_up, const Tensor& out) override;
     void matmul_silu(const Tensor& x, const Tensor& w_gate_up, const Tensor& out, const Tensor& scratch) override;
+    void norm_matmul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w, const Tensor& bias,
+                     const Tensor& out, const Tensor& normed, bool exact = false) override;
+    void norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w_gate_up,
+                          const Tensor& out, const Tensor& normed, const Tensor& scratch) override;
+    void matmul_add(const Tensor& x, const Tensor& w, const Tensor& residual, const Tensor& scratch) override;
+    void add(const Tensor& x, const Tensor& out) override;
     void fill_random(const Tensor& t, uint64_t seed, float lo, float hi) override;
 
     void begin_step(const BatchInput& batch) override;
@@ -83,10 +89,15 @@ class CudaBackend final : public Backend {
     struct Graph;
     void ensure_meta(int tokens, int seqs, int stride);
     void allocate_weight(Tensor& t);  // device memory for a placed weight, owned until destruction
-    // out = x . w^T through cuBLASLt (a cached plan per shape).
-    void cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& out);
+    // out = x . w^T + beta * out through cuBLASLt (a cached plan per shape). The first use of a
+    // decode-sized shape times the candidates, writing into `tune_out` (default: out; give a
+    // scratch of out's shape when beta != 0, so out keeps what is accumulated into).
+    void cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& out, float beta = 0.0f,
+                       const Tensor& tune_out = Tensor());
     // Whether products of this x and w run through our decode kernel (and so may fuse epilogues).
     bool use_gemv(const Tensor& x, const Tensor& w) const;
+    // The same for a product whose x is the f32 residual stream normalised by `norm_weight`.
+    bool use_gemv_norm(const Tensor& x, const Tensor& norm_weight, const Tensor& w) const;
     void ensure_attention_workspace(size_t bytes);
     const float* rope_inv_freq(const RopeTable& rope);
     // Converts host rows [r0, r1) of `host` into `dst` (bf16 for matrices, else f32) on the device.

@@ -89,6 +89,17 @@ void gemv(const bf16_t* x, const bf16_t* w, void* out, bool out_f32, int n, int 
 // gemv with gate | up fused: w_gate_up [m, k] holds gate rows then up rows (m even);
 // out [n, m/2] bf16 = silu(x . gate^T) * (x . up^T), computed in f32.
 void gemv_silu(const bf16_t* x, const bf16_t* w_gate_up, bf16_t* out, int n, int m, int k, cudaStream_t stream);
+// The products of rms_norm(x) * norm for x f32 [n, k] (the residual stream), norm f32 [k]: the
+// norm folded into the product (x^2 summed in the same pass, the dot products scaled by
+// 1 / sqrt(mean(x^2) + eps)), so no normalised copy of x is written. norm 16-byte aligned.
+void gemv_norm(const float* x, const float* norm, float eps, const bf16_t* w, void* out, bool out_f32, int n, int m,
+               int k, cudaStream_t stream);
+void gemv_norm_silu(const float* x, const float* norm, float eps, const bf16_t* w_gate_up, bf16_t* out, int n, int m,
+                    int k, cudaStream_t stream);
+// out [n, m] f32 += x . w^T: the o / down products added straight into the residual stream.
+void gemv_add(const bf16_t* x, const bf16_t* w, float* out, int n, int m, int k, cudaStream_t stream);
+// out += x, both f32 with n elements.
+void add_f32(const float* x, float* out, int64_t n, cudaStream_t stream);
 // Test hook: rows per CTA and 16-byte chunks in flight per row and thread, one of 2x1, 2x2,
 // 2x4, 1x4, 1x8 (0, 0: chosen by k).
 void set_gemv_config(int rows, int depth);

@@ -455,6 +455,22 @@ __global__ void add_bias_kernel(uint16_t* __restrict__ x, const float* __restric
     }
 }
 
+// out += x, f32 seen as nvec vectors of V.
+template <int V>
+__global__ void add_f32_kernel(const float* __restrict__ x, float* __restrict__ out, int64_t nvec) {
+    pdl_launch_dependents();
+    pdl_wait();
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < nvec;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        float a[V], b[V];
+        load_n<V>(out + i * V, a);
+        load_n<V>(x + i * V, b);
+#pragma unroll
+        for (int e = 0; e < V; ++e) a[e] += b[e];
+        store_n<V>(out + i * V, a);
+    }
+}
+
 // The CPU backend's uniform_hash (backend.cc), bit for bit: splitmix64 of (seed, index), 24
 // bits, then lo + (hi - lo) * u with separately rounded f32 operations (no FMA), so dummy
 // weights on the GPU equal the CPU backend's.
@@ -634,6 +650,16 @@ void add_bias(bf16_t* x, const float* bias, int64_t n, int64_t m, cudaStream_t s
     else
         launch_pdl(add_bias_kernel<1>, grid_for(total, threads), threads, 0, stream, x, bias, m, total);
     check_launch("add_bias");
+}
+
+void add_f32(const float* x, float* out, int64_t n, cudaStream_t stream) {
+    if (n <= 0) return;
+    const int threads = 256;
+    if (n % 4 == 0 && aligned16(x) && aligned16(out))
+        launch_pdl(add_f32_kernel<4>, grid_for(n / 4, threads), threads, 0, stream, x, out, n / 4);
+    else
+        launch_pdl(add_f32_kernel<1>, grid_for(n, threads), threads, 0, stream, x, out, n);
+    check_launch("add_f32");
 }
 
 }  // namespace peregrine::cuda

@@ -1,9 +1,14 @@
 // Skinny products for decode: out[n, m] = x[n, k] . w[m, k]^T with n <= 4, bf16 in, f32
 // accumulate. Memory-bound: every weight byte is read once, 16 bytes per lane per load with
-// several loads in flight; the few x rows are read through L1/L2 (k <= 16K bf16 each).
-// The silu epilogue removes the SiLU·mul kernel after the gate | up product: a CTA takes rows i
-// and m/2 + i and writes silu(gate_i) * up_i. (A residual-add + RMSNorm epilogue done by the
-// last CTA to finish was tried and cost 10-20% of decode speed on an H100: not kept.)
+// several loads in flight; the few x rows are read through L1/L2 (k <= 16K elements each).
+// Epilogues remove the small kernels around a decode product:
+// - silu: after the gate | up product a CTA takes rows i and m/2 + i and writes silu(gate_i) * up_i;
+// - add: out (the f32 residual stream) += the product, the residual add of the o / down products;
+// - norm (a prologue, with plain or silu): x is the f32 residual stream and the product is that
+//   of rms_norm(x) * norm. Every CTA reads all of x anyway, so it sums x^2 in the same pass and
+//   scales its dot products by 1 / sqrt(mean(x^2) + eps) at the end: no normalised copy of x.
+// (A residual-add + RMSNorm epilogue done by the last CTA to finish was tried and cost 10-20% of
+// decode speed on an H100: not kept.)
 #include <cuda_bf16.h>
 
 
@@ -21,7 +26,17 @@ constexpr int kThreads = kWarps * 32;
 // Test hook (set_gemv_config): rows per CTA and chunks in flight (2x1, 2x2, 2x4, 1x4, 1x8); 0 = by k.
 int g_rows = 0, g_depth = 0;
 
-enum Epilogue { kPlain, kSilu };
+enum Epilogue { kPlain, kSilu, kAdd };
+
+struct Args {
+    const void* x;      // [n, k] bf16, or f32 with a norm
+    const float* norm;  // [k] RMSNorm weight (NORM) or nullptr
+    float eps;
+    const uint16_t* w;  // [m, k]
+    void* out;          // [n, m] (silu: [n, m/2] bf16; add: f32, accumulated into)
+    bool out_f32;
+    int m, k;
+};
 
 __device__ __forceinline__ void unpack8(const uint4& v, float f[8]) {
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -40,15 +55,17 @@ __device__ __forceinline__ uint16_t to_bf16(float v) {
 // chunks c = threadIdx.x + 128 j of every row and keeps D chunks per row in flight (a group),
 // loading the next group while it multiplies the current one; the four warps' partial sums
 // are added in a fixed order at the end.
-template <int N, int R, int D, int EPI>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ w,
-                                                        void* __restrict__ out, bool out_f32, int m, int k) {
+template <int N, int R, int D, int EPI, bool NORM>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
     static_assert(EPI != kSilu || R == 2, "silu pairs a gate row with its up row");
+    const uint16_t* __restrict__ w = a.w;
+    const int m = a.m, k = a.k;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     auto row_of = [&](int r) {
         return EPI == kSilu ? static_cast<int>(blockIdx.x) + r * (m / 2) : static_cast<int>(blockIdx.x) * R + r;
     };
     float acc[R][N] = {};
+    float ss[N] = {};  // NORM: sum of x^2 per token over this thread's chunks
     const int chunks = k / 8;  // 16-byte chunks per row
     auto load_group = [&](int base, uint4(&g)[D][R]) {
 #pragma unroll
@@ -76,6 +93,14 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const uint16_t* __restri
             asm volatile("prefetch.global.L2 [%0];" ::"l"(row + static_cast<int64_t>(i) * 128));
     }
     pdl_wait();
+    // add: the residual value this thread adds to (thread t < R * N: row t % R, token t / R),
+    // read now so its latency overlaps the weights' instead of ending the CTA.
+    float resid = 0.0f;
+    if constexpr (EPI == kAdd) {
+        const int r = threadIdx.x % R, j = threadIdx.x / R;
+        if (threadIdx.x < R * N && row_of(r) < m)
+            resid = static_cast<const float*>(a.out)[static_cast<int64_t>(j) * m + row_of(r)];
+    }
     for (int base = threadIdx.x; base < chunks; base += D * kThreads) {
         uint4 cur[D][R];
 #pragma unroll
@@ -89,9 +114,25 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const uint16_t* __restri
             if (c >= chunks) break;
 #pragma unroll
             for (int j = 0; j < N; ++j) {
-                float xf[8];
-                unpack8(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(j) * k)[c],
-                        xf);  // plain: written just before
+                float xf[8];  // x loads are plain: x was written by the kernel just before
+                if constexpr (NORM) {
+                    const float4* xr = reinterpret_cast<const float4*>(static_cast<const float*>(a.x) +
+                                                                       static_cast<int64_t>(j) * k) + 2 * c;
+                    const float4 x0 = xr[0], x1 = xr[1];
+                    const float4 g0 = __ldg(reinterpret_cast<const float4*>(a.norm) + 2 * c);
+                    const float4 g1 = __ldg(reinterpret_cast<const float4*>(a.norm) + 2 * c + 1);
+                    const float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+                    const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        ss[j] = fmaf(v[e], v[e], ss[j]);
+                        xf[e] = v[e] * g[e];
+                    }
+                } else {
+                    unpack8(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) +
+                                                           static_cast<int64_t>(j) * k)[c],
+                            xf);
+                }
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     float wf[8];
@@ -102,23 +143,27 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const uint16_t* __restri
             }
         }
     }
-    __shared__ float part[kWarps][R][N];
+    __shared__ float part[kWarps][R + NORM][N];  // NORM: row R holds the x^2 sums
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < R + NORM; ++r) {
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-            float v = acc[r][j];
+            float v = r < R ? acc[r][j] : ss[j];
 #pragma unroll
             for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
             if (lane == 0) part[warp][r][j] = v;
         }
     }
     __syncthreads();
-    auto total = [&](int r, int j) {
+    auto sum = [&](int r, int j) {
         float v = 0;
 #pragma unroll
         for (int q = 0; q < kWarps; ++q) v += part[q][r][j];
         return v;
+    };
+    auto total = [&](int r, int j) {  // the output value of row r, token j
+        if constexpr (NORM) return sum(r, j) / sqrtf(sum(R, j) / static_cast<float>(k) + a.eps);
+        return sum(r, j);
     };
 
     if constexpr (EPI == kSilu) {
@@ -126,66 +171,62 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const uint16_t* __restri
         if (threadIdx.x < N && i < half) {
             const int j = threadIdx.x;
             const float g = total(0, j), u = total(1, j);
-            static_cast<uint16_t*>(out)[static_cast<int64_t>(j) * half + i] = to_bf16(g / (1.0f + expf(-g)) * u);
+            static_cast<uint16_t*>(a.out)[static_cast<int64_t>(j) * half + i] = to_bf16(g / (1.0f + expf(-g)) * u);
         }
         return;
     }
-    if constexpr (EPI == kPlain) {
-        // Thread t < R * N writes output (row t % R, token t / R).
-        if (threadIdx.x >= R * N) return;
-        const int r = threadIdx.x % R, j = threadIdx.x / R;
-        if (row_of(r) >= m) return;
-        const int64_t idx = static_cast<int64_t>(j) * m + row_of(r);
-        if (out_f32)
-            static_cast<float*>(out)[idx] = total(r, j);
-        else
-            static_cast<uint16_t*>(out)[idx] = to_bf16(total(r, j));
-        return;
-    }
+    // Thread t < R * N writes output (row t % R, token t / R).
+    if (threadIdx.x >= R * N) return;
+    const int r = threadIdx.x % R, j = threadIdx.x / R;
+    if (row_of(r) >= m) return;
+    const int64_t idx = static_cast<int64_t>(j) * m + row_of(r);
+    if (EPI == kAdd)
+        static_cast<float*>(a.out)[idx] = resid + total(r, j);
+    else if (a.out_f32)
+        static_cast<float*>(a.out)[idx] = total(r, j);
+    else
+        static_cast<uint16_t*>(a.out)[idx] = to_bf16(total(r, j));
 }
 
-template <int N, int R, int D, int EPI>
-void launch_rd(const bf16_t* x, const bf16_t* w, void* out, bool out_f32, int m, int k, cudaStream_t stream) {
-    const int blocks = EPI == kSilu ? m / 2 : (m + R - 1) / R;
-    launch_pdl(gemv_kernel<N, R, D, EPI>, static_cast<unsigned>(blocks), kThreads, 0, stream, x, w, out, out_f32, m, k);
+template <int N, int R, int D, int EPI, bool NORM>
+void launch_rd(const Args& a, cudaStream_t stream) {
+    const int blocks = EPI == kSilu ? a.m / 2 : (a.m + R - 1) / R;
+    launch_pdl(gemv_kernel<N, R, D, EPI, NORM>, static_cast<unsigned>(blocks), kThreads, 0, stream, a);
 }
 
 // Chunks in flight per thread by k (measured on an H100 over the Llama 1B/8B shapes,
 // CudaGemvPerf.Report): rows up to 4096 long want two rows per CTA so there are enough loads
 // at once, longer rows one row with deeper groups. set_gemv_config overrides it.
-template <int N, int EPI>
-void launch(const bf16_t* x, const bf16_t* w, void* out, bool out_f32, int m, int k, cudaStream_t stream) {
+template <int N, int EPI, bool NORM>
+void launch(const Args& a, cudaStream_t stream) {
+    const int k = a.k;
     int rows = k <= 4096 ? 2 : 1;
     int depth = k <= 2048 ? (N == 1 ? 2 : 1) : k <= 4096 ? 4 : 8;
     if (g_rows > 0) rows = g_rows, depth = g_depth;
     if constexpr (EPI == kSilu) {  // two rows per CTA by construction
-        if (depth <= 1) return launch_rd<N, 2, 1, EPI>(x, w, out, out_f32, m, k, stream);
-        if (depth == 2) return launch_rd<N, 2, 2, EPI>(x, w, out, out_f32, m, k, stream);
-        return launch_rd<N, 2, 4, EPI>(x, w, out, out_f32, m, k, stream);
+        if (depth <= 1) return launch_rd<N, 2, 1, EPI, NORM>(a, stream);
+        if (depth == 2) return launch_rd<N, 2, 2, EPI, NORM>(a, stream);
+        return launch_rd<N, 2, 4, EPI, NORM>(a, stream);
     } else {
-        if (rows == 2 && depth == 2) return launch_rd<N, 2, 2, EPI>(x, w, out, out_f32, m, k, stream);
-        if (rows == 2 && depth == 4) return launch_rd<N, 2, 4, EPI>(x, w, out, out_f32, m, k, stream);
-        if (rows == 1 && depth == 4) return launch_rd<N, 1, 4, EPI>(x, w, out, out_f32, m, k, stream);
-        if (rows == 1 && depth == 8) return launch_rd<N, 1, 8, EPI>(x, w, out, out_f32, m, k, stream);
-        return launch_rd<N, 2, 1, EPI>(x, w, out, out_f32, m, k, stream);
+        if (rows == 2 && depth == 2) return launch_rd<N, 2, 2, EPI, NORM>(a, stream);
+        if (rows == 2 && depth == 4) return launch_rd<N, 2, 4, EPI, NORM>(a, stream);
+        if (rows == 1 && depth == 4) return launch_rd<N, 1, 4, EPI, NORM>(a, stream);
+        if (rows == 1 && depth == 8) return launch_rd<N, 1, 8, EPI, NORM>(a, stream);
+        return launch_rd<N, 2, 1, EPI, NORM>(a, stream);
     }
 }
 
-template <int EPI>
-void dispatch(const bf16_t* x, const bf16_t* w, void* out, bool out_f32, int n, int m, int k, cudaStream_t stream) {
+template <int EPI, bool NORM>
+void dispatch(const Args& a, int n, cudaStream_t stream) {
     switch (n) {
         case 1:
-            launch<1, EPI>(x, w, out, out_f32, m, k, stream);
-            break;
+            return launch<1, EPI, NORM>(a, stream);
         case 2:
-            launch<2, EPI>(x, w, out, out_f32, m, k, stream);
-            break;
+            return launch<2, EPI, NORM>(a, stream);
         case 3:
-            launch<3, EPI>(x, w, out, out_f32, m, k, stream);
-            break;
+            return launch<3, EPI, NORM>(a, stream);
         default:
-            launch<4, EPI>(x, w, out, out_f32, m, k, stream);
-            break;
+            return launch<4, EPI, NORM>(a, stream);
     }
 }
 
@@ -208,7 +249,7 @@ bool gemv_supported(int n, int k, const void* x, const void* w) {
 void gemv(const bf16_t* x, const bf16_t* w, void* out, bool out_f32, int n, int m, int k, cudaStream_t stream) {
     if (m <= 0 || n <= 0) return;
     check_args("gemv", n, k, x, w);
-    dispatch<kPlain>(x, w, out, out_f32, n, m, k, stream);
+    dispatch<kPlain, false>(Args{x, nullptr, 0.0f, w, out, out_f32, m, k}, n, stream);
     check_launch("gemv");
 }
 
@@ -216,8 +257,34 @@ void gemv_silu(const bf16_t* x, const bf16_t* w_gate_up, bf16_t* out, int n, int
     if (m <= 0 || n <= 0) return;
     check_args("gemv_silu", n, k, x, w_gate_up);
     if (m % 2 != 0) fail("gemv_silu: ", m, " rows is not gate | up");
-    dispatch<kSilu>(x, w_gate_up, out, false, n, m, k, stream);
+    dispatch<kSilu, false>(Args{x, nullptr, 0.0f, w_gate_up, out, false, m, k}, n, stream);
     check_launch("gemv_silu");
+}
+
+void gemv_norm(const float* x, const float* norm, float eps, const bf16_t* w, void* out, bool out_f32, int n, int m,
+               int k, cudaStream_t stream) {
+    if (m <= 0 || n <= 0) return;
+    check_args("gemv_norm", n, k, x, w);
+    check_args("gemv_norm", n, k, norm, w);
+    dispatch<kPlain, true>(Args{x, norm, eps, w, out, out_f32, m, k}, n, stream);
+    check_launch("gemv_norm");
+}
+
+void gemv_norm_silu(const float* x, const float* norm, float eps, const bf16_t* w_gate_up, bf16_t* out, int n, int m,
+                    int k, cudaStream_t stream) {
+    if (m <= 0 || n <= 0) return;
+    check_args("gemv_norm_silu", n, k, x, w_gate_up);
+    check_args("gemv_norm_silu", n, k, norm, w_gate_up);
+    if (m % 2 != 0) fail("gemv_norm_silu: ", m, " rows is not gate | up");
+    dispatch<kSilu, true>(Args{x, norm, eps, w_gate_up, out, false, m, k}, n, stream);
+    check_launch("gemv_norm_silu");
+}
+
+void gemv_add(const bf16_t* x, const bf16_t* w, float* out, int n, int m, int k, cudaStream_t stream) {
+    if (m <= 0 || n <= 0) return;
+    check_args("gemv_add", n, k, x, w);
+    dispatch<kAdd, false>(Args{x, nullptr, 0.0f, w, out, true, m, k}, n, stream);
+    check_launch("gemv_add");
 }
 
 }  // namespace peregrine::cuda

@@ -30,22 +30,47 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 // Whether launch_pdl sets the attribute (PEREGRINE_PDL=0 turns it off, for comparisons).
 bool pdl_enabled();
 
-// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization allowed.
-// The caller checks the launch (check_launch) as for <<<>>>.
+namespace detail {
+// cudaLaunchKernelEx with the PDL attribute (on or off per pdl_enabled) and, where `cluster` is
+// given, thread-block clusters of that shape (set whether or not PDL is on).
 template <typename... KernelArgs, typename... Args>
-void launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                Args&&... args) {
-    cudaLaunchAttribute attr[1];
+void launch_ex(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, const dim3* cluster, size_t smem,
+               cudaStream_t stream, Args&&... args) {
+    cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+    if (cluster != nullptr) {
+        attr[1].id = cudaLaunchAttributeClusterDimension;
+        attr[1].val.clusterDim.x = cluster->x;
+        attr[1].val.clusterDim.y = cluster->y;
+        attr[1].val.clusterDim.z = cluster->z;
+    }
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = cluster != nullptr ? 2 : 1;
     (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+}  // namespace detail
+
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization allowed.
+// The caller checks the launch (check_launch) as for <<<>>>.
+template <typename... KernelArgs, typename... Args>
+void launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                Args&&... args) {
+    detail::launch_ex(kernel, grid, block, nullptr, smem, stream, std::forward<Args>(args)...);
+}
+
+// launch_pdl with the CTAs grouped into thread-block clusters of `cluster` CTAs (each grid
+// dimension a multiple of it; at most 8 CTAs in all stays portable). The cluster shape applies
+// with PEREGRINE_PDL=0 too.
+template <typename... KernelArgs, typename... Args>
+void launch_pdl_cluster(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, dim3 cluster, size_t smem,
+                        cudaStream_t stream, Args&&... args) {
+    detail::launch_ex(kernel, grid, block, &cluster, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace peregrine::cuda
