@@ -45,6 +45,12 @@ void Backend::rope_and_cache_packed(const Tensor&, const Tensor&, const BatchInp
 void Backend::silu_mul_packed(const Tensor&, const Tensor&) {
     fail(name(), ": no packed projections");
 }
+void Backend::rope_cache_attention(const Tensor& qkv, const Tensor& q, const BatchInput& batch, const RopeTable& rope,
+                                   int head_dim, int num_kv_heads, const Tensor& k_cache, const Tensor& v_cache,
+                                   int num_heads, float scale, int window, const Tensor& out) {
+    rope_and_cache_packed(qkv, q, batch, rope, head_dim, num_kv_heads, k_cache, v_cache);
+    attention(q, k_cache, v_cache, batch, num_heads, head_dim, scale, window, out);
+}
 void Backend::matmul_silu(const Tensor& x, const Tensor& w_gate_up, const Tensor& out, const Tensor& scratch) {
     matmul(x, w_gate_up, Tensor(), scratch);
     silu_mul_packed(scratch, out);

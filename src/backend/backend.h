@@ -118,6 +118,13 @@ class Backend {
                                        const Tensor& v_cache);
     // gate_up [n, 2 dim] holds gate | up per row; out [n, dim] = silu(gate) * up.
     virtual void silu_mul_packed(const Tensor& gate_up, const Tensor& out);
+    // Fused step (a backend may do it in one kernel; the default is the two ops):
+    // rope_and_cache_packed(qkv, q, ...) then attention(q, ...) into out [n, num_heads * head_dim].
+    // `q` [n, num_heads * head_dim] holds the rotated q where the steps run apart; a fused form
+    // may leave it unwritten (attention is its only reader).
+    virtual void rope_cache_attention(const Tensor& qkv, const Tensor& q, const BatchInput& batch,
+                                      const RopeTable& rope, int head_dim, int num_kv_heads, const Tensor& k_cache,
+                                      const Tensor& v_cache, int num_heads, float scale, int window, const Tensor& out);
 
     // Fused step (a backend may do it in one kernel; the default is the two ops):
     // out [n, dim] = silu(x · gateᵀ) * (x · upᵀ) for w_gate_up [2 dim, k] (packs_projections);

@@ -193,8 +193,9 @@ Tensor LlamaModel::run_ops(const BatchInput& batch, KvCache& cache) {
         if (!w.wqkv.empty()) {
             const Tensor qkv = view(ws_.k, n, c.q_dim() + 2 * c.kv_dim());
             backend_.norm_matmul(residual, w.attn_norm, c.rms_norm_eps, w.wqkv, w.bqkv, qkv, normed);
-            backend_.rope_and_cache_packed(qkv, q, batch, rope_, static_cast<int>(D), c.num_kv_heads, cache.k(l),
-                                           cache.v(l));
+            // RoPE, the cache write and attention: one step (one kernel for small decode batches).
+            backend_.rope_cache_attention(qkv, q, batch, rope_, static_cast<int>(D), c.num_kv_heads, cache.k(l),
+                                          cache.v(l), c.num_heads, scale, c.layer_window[l], attn);
         } else {
             backend_.rms_norm(residual, none, w.attn_norm, c.rms_norm_eps, normed);
             backend_.matmul(normed, w.wq, w.bq, q);
@@ -207,9 +208,9 @@ Tensor LlamaModel::run_ops(const BatchInput& batch, KvCache& cache) {
                                   view(k, n * c.num_kv_heads, D));
             }
             backend_.rope_and_cache(q, k, v, batch, rope_, static_cast<int>(D), cache.k(l), cache.v(l));
+            backend_.attention(q, cache.k(l), cache.v(l), batch, c.num_heads, static_cast<int>(D), scale,
+                               c.layer_window[l], attn);
         }
-        backend_.attention(q, cache.k(l), cache.v(l), batch, c.num_heads, static_cast<int>(D), scale, c.layer_window[l],
-                           attn);
         backend_.matmul_add(attn, w.wo, residual, hidden);
         // MLP block: pre-norm, SwiGLU, added to the residual.
         if (!w.w_gate_up.empty()) {

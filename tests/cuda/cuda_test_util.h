@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -135,6 +136,36 @@ size_t count_nonfinite(const std::vector<T>& x) {
         if (!std::isfinite(f)) ++bad;
     }
     return bad;
+}
+
+// Microseconds per call of `call` (which launches on `stream`): one warm-up call, then
+// `calls` calls captured in one CUDA graph and the graph replayed 5 times between events, so
+// launch overhead and programmatic launch behave as in a recorded decode step.
+inline double graph_us_per_call(cudaStream_t stream, int calls, const std::function<void()>& call) {
+    sync();
+    call();
+    PG_CUDA_CHECK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    PG_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < calls; ++i) call();
+    PG_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    PG_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    PG_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    cudaEvent_t e0, e1;
+    PG_CUDA_CHECK(cudaEventCreate(&e0));
+    PG_CUDA_CHECK(cudaEventCreate(&e1));
+    PG_CUDA_CHECK(cudaEventRecord(e0, stream));
+    for (int r = 0; r < 5; ++r) PG_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    PG_CUDA_CHECK(cudaEventRecord(e1, stream));
+    PG_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    PG_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    PG_CUDA_CHECK(cudaEventDestroy(e0));
+    PG_CUDA_CHECK(cudaEventDestroy(e1));
+    PG_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    PG_CUDA_CHECK(cudaGraphDestroy(graph));
+    return 1000.0 * ms / (5 * calls);
 }
 
 }  // namespace peregrine::cuda_test

@@ -573,26 +573,7 @@ TEST(CudaAttentionPerf, Report) {
             a.batch_invariant = inv;
             cuda::set_attention_kernel_choice(variant == 2 ? cuda::AttentionKernelChoice::SplitCombine
                                                            : cuda::AttentionKernelChoice::Auto);
-            cuda_test::sync();
-            cuda::paged_attention(a, stream);  // warm-up
-            PG_CUDA_CHECK(cudaStreamSynchronize(stream));
-            cudaGraph_t graph;
-            cudaGraphExec_t exec;
-            PG_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-            for (int i = 0; i < kCalls; ++i) cuda::paged_attention(a, stream);
-            PG_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-            PG_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-            PG_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-            cudaEvent_t e0, e1;
-            PG_CUDA_CHECK(cudaEventCreate(&e0));
-            PG_CUDA_CHECK(cudaEventCreate(&e1));
-            PG_CUDA_CHECK(cudaEventRecord(e0, stream));
-            for (int r = 0; r < 5; ++r) PG_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-            PG_CUDA_CHECK(cudaEventRecord(e1, stream));
-            PG_CUDA_CHECK(cudaEventSynchronize(e1));
-            float ms = 0;
-            PG_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-            const double us = 1000.0 * ms / (5 * kCalls);
+            const double us = cuda_test::graph_us_per_call(stream, kCalls, [&] { cuda::paged_attention(a, stream); });
             double kv_bytes = 0, flops = 0;
             for (int s = 0; s < sh.seqs; ++s) {
                 kv_bytes += 2.0 * sh.ctx * KVH * D * 2;
@@ -604,10 +585,6 @@ TEST(CudaAttentionPerf, Report) {
                         kVariants[variant], us, kv_bytes / (us * 1e3), flops / (us * 1e6),
                         variant > 0 ? (" (x" + std::to_string(us / us_default).substr(0, 4) + ")").c_str() : "");
             EXPECT_EQ(cuda_test::count_nonfinite(out.download()), 0u) << sh.name;
-            PG_CUDA_CHECK(cudaEventDestroy(e0));
-            PG_CUDA_CHECK(cudaEventDestroy(e1));
-            PG_CUDA_CHECK(cudaGraphExecDestroy(exec));
-            PG_CUDA_CHECK(cudaGraphDestroy(graph));
         }
         cuda::set_attention_kernel_choice(cuda::AttentionKernelChoice::Auto);
         PG_CUDA_CHECK(cudaStreamDestroy(stream));

@@ -8,6 +8,10 @@
 //   args.batch_invariant: head_dim 64 / 128 → the invariant kernels (attention_invariant.cu) for
 //                        every sequence; other head dims → the generic kernel (invariant as is)
 //
+// rope_cache_attention: the decode step's RoPE + cache write + attention as one cluster kernel
+// (launch_decode_fused, attention_decode.cu) for pure-decode batches of <= 4 sequences; no
+// workspace.
+//
 // Workspace layout (offsets 256-byte aligned, sized by this batch's shape):
 //   [decode partials m,l: rows x 2 f32][decode partials acc: rows x head_dim f32]
 //   [tile count: int, padded to 256 B][tile list: tile_bound x int2]
@@ -85,6 +89,36 @@ bool is_pow2(int x) {
     return x > 0 && (x & (x - 1)) == 0;
 }
 
+bool aligned16(const void* p) {
+    return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+attn::Params make_params(const bf16_t* q, const bf16_t* k_cache, const bf16_t* v_cache, bf16_t* out,
+                         const DeviceBatch& b, int num_heads, int num_kv_heads, int head_dim, float scale, int window) {
+    attn::Params p{};
+    p.q = reinterpret_cast<const __nv_bfloat16*>(q);
+    p.k_cache = reinterpret_cast<const __nv_bfloat16*>(k_cache);
+    p.v_cache = reinterpret_cast<const __nv_bfloat16*>(v_cache);
+    p.out = reinterpret_cast<__nv_bfloat16*>(out);
+    p.positions = b.positions;
+    p.query_start = b.query_start;
+    p.context_lens = b.context_lens;
+    p.block_tables = b.block_tables;
+    p.num_tokens = b.num_tokens;
+    p.num_seqs = b.num_seqs;
+    p.block_stride = b.block_stride;
+    p.block_size = b.block_size;
+    p.block_shift = __builtin_ctz(static_cast<unsigned>(b.block_size));
+    p.num_heads = num_heads;
+    p.num_kv_heads = num_kv_heads;
+    p.group = num_heads / num_kv_heads;
+    p.head_dim = head_dim;
+    p.window = window;
+    p.scale = scale;
+    p.scale_log2 = scale * 1.4426950408889634f;
+    return p;
+}
+
 }  // namespace
 
 void set_attention_kernel_choice(AttentionKernelChoice choice) {
@@ -117,27 +151,8 @@ void paged_attention(const AttentionArgs& args, cudaStream_t stream) {
     if (!is_pow2(b.block_size)) fail("paged_attention: block_size ", b.block_size, " is not a power of two");
     if (b.num_tokens <= 0 || b.num_seqs <= 0) return;
 
-    attn::Params p{};
-    p.q = reinterpret_cast<const __nv_bfloat16*>(args.q);
-    p.k_cache = reinterpret_cast<const __nv_bfloat16*>(args.k_cache);
-    p.v_cache = reinterpret_cast<const __nv_bfloat16*>(args.v_cache);
-    p.out = reinterpret_cast<__nv_bfloat16*>(args.out);
-    p.positions = b.positions;
-    p.query_start = b.query_start;
-    p.context_lens = b.context_lens;
-    p.block_tables = b.block_tables;
-    p.num_tokens = b.num_tokens;
-    p.num_seqs = b.num_seqs;
-    p.block_stride = b.block_stride;
-    p.block_size = b.block_size;
-    p.block_shift = __builtin_ctz(static_cast<unsigned>(b.block_size));
-    p.num_heads = H;
-    p.num_kv_heads = KVH;
-    p.group = H / KVH;
-    p.head_dim = D;
-    p.window = args.window;
-    p.scale = args.scale;
-    p.scale_log2 = args.scale * 1.4426950408889634f;
+    const attn::Params p =
+        make_params(args.q, args.k_cache, args.v_cache, args.out, b, H, KVH, D, args.scale, args.window);
 
     const AttentionKernelChoice choice = g_choice.load();
     const bool generic_only = choice == AttentionKernelChoice::Generic;
@@ -192,6 +207,37 @@ void paged_attention(const AttentionArgs& args, cudaStream_t stream) {
         attn::launch_prefill(p, static_cast<int>(tile_bound), reinterpret_cast<int2*>(ws + w.tiles),
                              reinterpret_cast<int*>(ws + w.count), sms, stream);
     }
+}
+
+bool rope_cache_attention_supported(const RopeCacheAttentionArgs& a) {
+    const DeviceBatch& b = a.batch;
+    const int H = a.num_heads, KVH = a.num_kv_heads, D = a.head_dim;
+    if (g_choice.load() != AttentionKernelChoice::Auto) return false;
+    if (b.num_seqs < 1 || b.num_seqs > 4 || b.num_tokens != b.num_seqs || b.max_query_len != 1) return false;
+    if (H <= 0 || KVH <= 0 || H % KVH != 0 || !attn::fused_decode_supports(D) || !is_pow2(b.block_size)) return false;
+    if (a.rotary_dim < 0 || a.rotary_dim % 2 != 0 || a.rotary_dim > D) return false;
+    if (!aligned16(a.qkv) || !aligned16(a.k_cache) || !aligned16(a.v_cache) || !aligned16(a.out)) return false;
+    return attn::decode_shape(b.num_seqs, H, KVH, sm_count()).cluster;
+}
+
+void rope_cache_attention(const RopeCacheAttentionArgs& a, cudaStream_t stream) {
+    if (!rope_cache_attention_supported(a))
+        fail("rope_cache_attention: unsupported batch or shape (", a.batch.num_seqs, " sequences, ", a.batch.num_tokens,
+             " tokens, heads ", a.num_heads, "/", a.num_kv_heads, ", head_dim ", a.head_dim, ", rotary_dim ",
+             a.rotary_dim, ")");
+    const DeviceBatch& b = a.batch;
+    const attn::Params p = make_params(nullptr, a.k_cache, a.v_cache, a.out, b, a.num_heads, a.num_kv_heads, a.head_dim,
+                                       a.scale, a.window);
+    attn::RopeFuse r;
+    r.qkv = reinterpret_cast<const __nv_bfloat16*>(a.qkv);
+    r.slot_mapping = b.slot_mapping;
+    r.inv_freq = a.inv_freq;
+    r.k_cache = reinterpret_cast<__nv_bfloat16*>(a.k_cache);
+    r.v_cache = reinterpret_cast<__nv_bfloat16*>(a.v_cache);
+    r.rotary_dim = a.rotary_dim;
+    r.attention_factor = a.attention_factor;
+    r.neox = a.neox;
+    attn::launch_decode_fused(p, r, attn::decode_shape(b.num_seqs, a.num_heads, a.num_kv_heads, sm_count()), stream);
 }
 
 }  // namespace peregrine::cuda

@@ -17,6 +17,19 @@
 //     (head, dim) elements a rank owns) into the owner's shared memory, one cluster barrier, and
 //     each rank merges and writes its share. One kernel, no global partials.
 //   otherwise: each CTA (4 warps) writes (m, l, acc) partials and decode_combine_kernel merges.
+//
+// Fused (the cluster path of a pure-decode batch, launch_decode_fused): the same kernel starts
+// from the packed q | k | v product instead of a rotated q and a cache that already holds the
+// new token. Before pdl_wait it reads only what predates the step: context_lens[s],
+// positions[s] and slot_mapping[s] at once (pure decode: the token of sequence s is token s, no
+// query_start load), the cos/sin of the position (rope_angles), the key range, the block-table
+// entries and the K/V of the first iteration's keys, all but the new token's, which is the only
+// slot of this layer's cache written during the step. After the wait: the CTA rotates its q
+// heads and its kv head's k (same arithmetic as rope_packed_kernel, so the same bf16 bits) into
+// shared memory with v; the CTA of split 0, head chunk 0 writes k and v to the cache slot
+// (exactly one writer per (token, kv head); none for slot < 0); and every CTA whose key range
+// holds the new position takes that key's k / v from its own shared memory, never from the
+// cache, so no CTA depends on another's cache write.
 #include <algorithm>
 #include <cfloat>
 
@@ -25,6 +38,7 @@
 #include "backend/cuda/attention_internal.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/rope_angles.cuh"
 
 namespace peregrine::cuda::attn {
 namespace {
@@ -47,10 +61,12 @@ constexpr int min_ctas() {
     return (GM >= 8 ? 8 : 16) / W;
 }
 
-template <int D, int GM, int W, bool CLUSTER>
+// FUSED (CLUSTER only): RoPE + cache write from RopeFuse r (see the top of the file).
+template <int D, int GM, int W, bool CLUSTER, bool FUSED>
 __global__ void __launch_bounds__(W * 32, min_ctas<GM, W>())
-    decode_kernel(const Params p, const int splits, const int head_chunks, float* __restrict__ ws_ml,
+    decode_kernel(const Params p, const RopeFuse r, const int splits, const int head_chunks, float* __restrict__ ws_ml,
                   float* __restrict__ ws_acc) {
+    static_assert(!FUSED || CLUSTER, "the fused kernel merges its splits in a cluster");
     constexpr int kThreads = W * 32;
     constexpr int L = D / 8;            // lanes per key
     constexpr int KPL = 32 / L;         // keys per warp-wide load
@@ -64,41 +80,60 @@ __global__ void __launch_bounds__(W * 32, min_ctas<GM, W>())
     // splits * per <= GM * D + splits - 1.
     __shared__ float rx_m[RS][GM], rx_l[RS][GM];
     __shared__ float rx_acc[CLUSTER ? GM * D + kMaxClusterSplits : 1];
+    // Fused: the rotated q of the CTA's heads, the new token's rotated k and its v (bf16, as the
+    // unfused path stores them), cos | sin of the token's angles.
+    __shared__ __align__(16) __nv_bfloat16 sm_q[FUSED ? GM : 1][FUSED ? D : 8];
+    __shared__ __align__(16) __nv_bfloat16 sm_kv[FUSED ? 2 : 1][FUSED ? D : 8];
+    __shared__ float sm_cs[FUSED ? D : 1];
     pdl_launch_dependents();
-    pdl_wait();  // q, the cache and the batch arrays come from earlier work
+    // Unfused: q, the cache and the batch arrays come from earlier work. (Fused: see below.)
+    if constexpr (!FUSED) pdl_wait();
 
     const int split = blockIdx.x;  // == rank in the cluster (cluster dims (splits, 1, 1))
     const int kvh = blockIdx.y / head_chunks;
     const int chunk = blockIdx.y - kvh * head_chunks;
     const int s = blockIdx.z;
-    const int t = p.query_start[s];
-    const int ctx = p.context_lens[s];
-    if (p.query_start[s + 1] - t != 1) return;  // a prefill sequence of a mixed batch (or none): whole cluster
+    int t, ctx, pos, slot = -1;
+    if constexpr (FUSED) {
+        // Pure decode: sequence s's token is token s. The batch arrays were written before the
+        // step, so these three independent loads need no wait.
+        t = s;
+        ctx = p.context_lens[s];
+        pos = p.positions[s];
+        slot = r.slot_mapping[s];
+    } else {
+        t = p.query_start[s];
+        ctx = p.context_lens[s];
+        if (p.query_start[s + 1] - t != 1) return;  // a prefill sequence of a mixed batch (or none): whole cluster
+    }
     // Cluster path: "this CTA has started"; waited on before the first store to another CTA.
     if constexpr (CLUSTER) __cluster_barrier_arrive_relaxed();
     const int h0 = kvh * p.group + chunk * GM;  // first query head of this CTA
     const int ng = min(GM, p.group - chunk * GM);
-    const int pos = p.positions[t];
+    if constexpr (!FUSED) pos = p.positions[t];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gi = lane / L;  // key slot of this lane within a warp-wide load
     const int li = lane % L;  // which 8 dims of the key this lane holds
     const int64_t row_stride = static_cast<int64_t>(p.num_heads) * D;
 
     // q of the CTA's heads, this lane's 8 dims, pre-scaled into log2 units (loaded before the
-    // key range is known: it needs only t).
+    // key range is known: it needs only t). Fused: after the wait, from sm_q.
     float q[GM][8];
+    if constexpr (!FUSED) {
 #pragma unroll
-    for (int g = 0; g < GM; ++g) {
-        if (g < ng) {
-            const uint4 w = __ldg(reinterpret_cast<const uint4*>(p.q + t * row_stride + (h0 + g) * D + li * 8));
-            unpack8(w, q[g]);
+        for (int g = 0; g < GM; ++g) {
+            if (g < ng) {
+                const uint4 w = __ldg(reinterpret_cast<const uint4*>(p.q + t * row_stride + (h0 + g) * D + li * 8));
+                unpack8(w, q[g]);
 #pragma unroll
-            for (int i = 0; i < 8; ++i) q[g][i] *= p.scale_log2;
-        } else {
+                for (int i = 0; i < 8; ++i) q[g][i] *= p.scale_log2;
+            } else {
 #pragma unroll
-            for (int i = 0; i < 8; ++i) q[g][i] = 0.0f;
+                for (int i = 0; i < 8; ++i) q[g][i] = 0.0f;
+            }
         }
     }
+    if constexpr (FUSED) rope_angles(sm_cs, static_cast<float>(pos), r.inv_freq, r.rotary_dim >> 1, r.attention_factor);
     int first, last;
     key_range(p, pos, ctx, first, last);
 
@@ -146,16 +181,105 @@ __global__ void __launch_bounds__(W * 32, min_ctas<GM, W>())
         const int key = c0 + u * KPL + gi;
         blk[u] = key < ke ? __ldg(table + (key >> p.block_shift)) : 0;
     }
-    for (; c0 < ke; c0 += W * CH) {
-        uint4 kr[U], vr[U];
-        bool valid[U];
+    // Fused: the new token's key (written by this step) comes from sm_kv, never from the cache.
+    const int fresh_key = FUSED && slot >= 0 ? pos : -1;
+    uint4 kr[U], vr[U];
+    bool valid[U];
+    // K/V of the keys [c, c + CH) of this warp (zeros past ke and for the fresh key).
+    auto load_kv = [&](int c) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int key = c0 + u * KPL + gi;
+            const int key = c + u * KPL + gi;
             valid[u] = key < ke;
+            const bool ld = valid[u] && (!FUSED || key != fresh_key);
             const int64_t off = ((static_cast<int64_t>(blk[u]) << p.block_shift) + (key & bmask)) * slot_stride;
-            kr[u] = valid[u] ? __ldg(reinterpret_cast<const uint4*>(kbase + off)) : make_uint4(0, 0, 0, 0);
-            vr[u] = valid[u] ? __ldg(reinterpret_cast<const uint4*>(vbase + off)) : make_uint4(0, 0, 0, 0);
+            kr[u] = ld ? __ldg(reinterpret_cast<const uint4*>(kbase + off)) : make_uint4(0, 0, 0, 0);
+            vr[u] = ld ? __ldg(reinterpret_cast<const uint4*>(vbase + off)) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    if constexpr (FUSED) {
+        // The first iteration's keys are older than the step: loaded before the wait.
+        load_kv(c0);
+        __syncthreads();  // sm_cs
+        pdl_wait();       // qkv comes from the product before
+        // Rotate the CTA's q heads (units 0..ng-1) and the kv head's k (unit ng); copy v (unit
+        // ng + 1); 8 dims per item. The writer puts k and v into the cache slot.
+        const int half = r.rotary_dim >> 1;
+        const bool writer = slot >= 0 && split == 0 && chunk == 0;
+        const __nv_bfloat16* row = r.qkv + static_cast<int64_t>(s) * (p.num_heads + 2 * p.num_kv_heads) * D;
+        const int64_t dst = static_cast<int64_t>(slot) * slot_stride + kvh * D;
+        constexpr int C = D / 8;
+        for (int i = threadIdx.x; i < (ng + 2) * C; i += kThreads) {
+            const int u = i / C, d0 = (i - u * C) * 8;
+            const int col = u < ng ? (h0 + u) * D : (p.num_heads + (u - ng) * p.num_kv_heads + kvh) * D;
+            const __nv_bfloat16* src = row + col;
+            uint4 w = *reinterpret_cast<const uint4*>(src + d0);
+            if (u <= ng && d0 < r.rotary_dim) {
+                float x[8], y[8];
+                unpack8(w, x);
+                if (!r.neox) {  // pairs (2i, 2i + 1): inside these 8 dims
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        const int d = d0 + j, ip = d >> 1;
+                        y[j] = d < r.rotary_dim ? rope_rotate(x[j], x[j ^ 1], sm_cs[ip], sm_cs[half + ip], (j & 1) == 0)
+                                                : x[j];
+                    }
+                } else if (half % 8 == 0) {  // pairs (i, i + half): the partner's 8 dims in one load
+                    const bool lo = d0 < half;
+                    float xp[8];
+                    unpack8(*reinterpret_cast<const uint4*>(src + (lo ? d0 + half : d0 - half)), xp);
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        const int ip = (lo ? d0 : d0 - half) + j;
+                        y[j] = rope_rotate(x[j], xp[j], sm_cs[ip], sm_cs[half + ip], lo);
+                    }
+                } else {  // pairs (i, i + half) across 8-dim groups: the partners one by one
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        const int d = d0 + j;
+                        const bool lo = d < half;
+                        const int ip = lo ? d : d - half;
+                        if (d < r.rotary_dim) {
+                            const float partner = __bfloat162float(src[lo ? d + half : d - half]);
+                            y[j] = rope_rotate(x[j], partner, sm_cs[ip], sm_cs[half + ip], lo);
+                        } else {
+                            y[j] = x[j];
+                        }
+                    }
+                }
+                w = make_uint4(pack_bf16x2(y[0], y[1]), pack_bf16x2(y[2], y[3]), pack_bf16x2(y[4], y[5]),
+                               pack_bf16x2(y[6], y[7]));
+            }
+            if (u < ng) {
+                *reinterpret_cast<uint4*>(&sm_q[u][d0]) = w;
+            } else {
+                *reinterpret_cast<uint4*>(&sm_kv[u - ng][d0]) = w;
+                if (writer) *reinterpret_cast<uint4*>((u == ng ? r.k_cache : r.v_cache) + dst + d0) = w;
+            }
+        }
+        __syncthreads();  // sm_q, sm_kv
+#pragma unroll
+        for (int g = 0; g < GM; ++g) {
+            if (g < ng) {
+                unpack8(*reinterpret_cast<const uint4*>(&sm_q[g][li * 8]), q[g]);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) q[g][i] *= p.scale_log2;
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) q[g][i] = 0.0f;
+            }
+        }
+    }
+    // One iteration over the keys [c0, c0 + CH) of this warp, whose K/V are in kr / vr.
+    auto iteration = [&]() {
+        if constexpr (FUSED) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (valid[u] && c0 + u * KPL + gi == fresh_key) {
+                    kr[u] = *reinterpret_cast<const uint4*>(&sm_kv[0][li * 8]);
+                    vr[u] = *reinterpret_cast<const uint4*>(&sm_kv[1][li * 8]);
+                }
+            }
         }
         const int cn = c0 + W * CH;
 #pragma unroll
@@ -203,6 +327,18 @@ __global__ void __launch_bounds__(W * 32, min_ctas<GM, W>())
             }
             m[g] = m_new;
         }
+    };
+    // Fused: the first iteration apart (its keys were loaded before the wait; a loop that skipped
+    // the first load would carry kr / vr across iterations and spill).
+    if constexpr (FUSED) {
+        if (c0 < ke) {
+            iteration();
+            c0 += W * CH;
+        }
+    }
+    for (; c0 < ke; c0 += W * CH) {
+        load_kv(c0);
+        iteration();
     }
 
     // Merge the KPL lane groups of the warp (lanes with the same li hold the same dims).
@@ -346,20 +482,45 @@ __global__ void __launch_bounds__(128)
 template <int D, int GM>
 void launch_dg(const Params& p, const DecodeShape& sh, float* ws_ml, float* ws_acc, cudaStream_t stream) {
     const dim3 grid(sh.splits, p.num_kv_heads * sh.head_chunks, p.num_seqs);
+    const RopeFuse none{};
     if (sh.cluster) {
         constexpr int W = cluster_warps<D, GM>();
-        launch_pdl_cluster(decode_kernel<D, GM, W, true>, grid, dim3(W * 32), dim3(sh.splits, 1, 1), 0, stream, p,
-                           sh.splits, sh.head_chunks, static_cast<float*>(nullptr), static_cast<float*>(nullptr));
+        launch_pdl_cluster(decode_kernel<D, GM, W, true, false>, grid, dim3(W * 32), dim3(sh.splits, 1, 1), 0, stream,
+                           p, none, sh.splits, sh.head_chunks, static_cast<float*>(nullptr),
+                           static_cast<float*>(nullptr));
     } else if (p.num_seqs <= kClusterMaxSeqs) {
         // Early (programmatic) launch pays off for the few CTAs of small batches; for larger grids
         // the early CTAs land unevenly (b = 32, ctx 1024 on an H100: 38.6 us with it, 33.2 without).
-        launch_pdl(decode_kernel<D, GM, kWarps, false>, grid, dim3(kWarps * 32), 0, stream, p, sh.splits,
+        launch_pdl(decode_kernel<D, GM, kWarps, false, false>, grid, dim3(kWarps * 32), 0, stream, p, none, sh.splits,
                    sh.head_chunks, ws_ml, ws_acc);
     } else {
-        decode_kernel<D, GM, kWarps, false>
-            <<<grid, kWarps * 32, 0, stream>>>(p, sh.splits, sh.head_chunks, ws_ml, ws_acc);
+        decode_kernel<D, GM, kWarps, false, false>
+            <<<grid, kWarps * 32, 0, stream>>>(p, none, sh.splits, sh.head_chunks, ws_ml, ws_acc);
     }
     check_launch("decode_attention");
+}
+
+template <int D, int GM>
+void launch_fused_dg(const Params& p, const RopeFuse& r, const DecodeShape& sh, cudaStream_t stream) {
+    const dim3 grid(sh.splits, p.num_kv_heads * sh.head_chunks, p.num_seqs);
+    constexpr int W = cluster_warps<D, GM>();
+    launch_pdl_cluster(decode_kernel<D, GM, W, true, true>, grid, dim3(W * 32), dim3(sh.splits, 1, 1), 0, stream, p, r,
+                       sh.splits, sh.head_chunks, static_cast<float*>(nullptr), static_cast<float*>(nullptr));
+    check_launch("rope_cache_attention");
+}
+
+template <int D>
+void launch_fused_d(const Params& p, const RopeFuse& r, const DecodeShape& sh, cudaStream_t stream) {
+    switch (sh.group_max) {
+        case 1:
+            return launch_fused_dg<D, 1>(p, r, sh, stream);
+        case 2:
+            return launch_fused_dg<D, 2>(p, r, sh, stream);
+        case 4:
+            return launch_fused_dg<D, 4>(p, r, sh, stream);
+        default:
+            return launch_fused_dg<D, 8>(p, r, sh, stream);
+    }
 }
 
 template <int D>
@@ -401,6 +562,24 @@ DecodeShape decode_shape(int num_seqs, int num_heads, int num_kv_heads, int sm_c
         sh.splits = static_cast<int>(std::clamp<int64_t>(sm_count / units, 2, kMaxClusterSplits));
     }
     return sh;
+}
+
+bool fused_decode_supports(int head_dim) {
+    return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+void launch_decode_fused(const Params& p, const RopeFuse& r, const DecodeShape& sh, cudaStream_t stream) {
+    if (!sh.cluster) fail("rope_cache_attention: the fused kernel needs the cluster shape");
+    switch (p.head_dim) {
+        case 64:
+            return launch_fused_d<64>(p, r, sh, stream);
+        case 128:
+            return launch_fused_d<128>(p, r, sh, stream);
+        case 256:
+            return launch_fused_d<256>(p, r, sh, stream);
+        default:
+            fail("rope_cache_attention: unsupported head_dim ", p.head_dim);
+    }
 }
 
 void launch_decode(const Params& p, const DecodeShape& sh, float* ws_ml, float* ws_acc, cudaStream_t stream) {

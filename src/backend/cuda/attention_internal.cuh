@@ -82,6 +82,25 @@ DecodeShape decode_shape(int num_seqs, int num_heads, int num_kv_heads, int sm_c
 bool decode_supports(int head_dim);
 void launch_decode(const Params& p, const DecodeShape& shape, float* ws_ml, float* ws_acc, cudaStream_t stream);
 
+// The fused decode step (RoPE + KV-cache write + attention, attention_decode.cu): what the
+// cluster kernel needs beyond Params to start from the packed q | k | v product instead of a
+// rotated q whose k/v are already cached. Params::q is unused; Params::k_cache / v_cache are
+// the same caches as k_cache / v_cache here (read for the older keys, written at the new slot).
+struct RopeFuse {
+    const __nv_bfloat16* qkv = nullptr;     // [num_seqs, (num_heads + 2 num_kv_heads) * head_dim]
+    const int32_t* slot_mapping = nullptr;  // [num_seqs]; < 0: padding (no cache write)
+    const float* inv_freq = nullptr;        // [rotary_dim / 2]
+    __nv_bfloat16* k_cache = nullptr;       // [num_blocks, block_size, num_kv_heads, head_dim]
+    __nv_bfloat16* v_cache = nullptr;       // same
+    int rotary_dim = 0;                     // even, <= head_dim
+    float attention_factor = 1.0f;
+    bool neox = true;  // pairs (i, i + rotary_dim / 2), else (2i, 2i + 1)
+};
+// Batches whose every sequence has one query token at token index s (query_start[s] == s) with
+// the cluster shape (shape.cluster); head dims fused_decode_supports.
+bool fused_decode_supports(int head_dim);
+void launch_decode_fused(const Params& p, const RopeFuse& r, const DecodeShape& shape, cudaStream_t stream);
+
 // Prefill: sequences whose query length is >= 2, tiles of kPrefillTileM query tokens on tensor
 // cores. `tiles`/`num_tiles` is workspace the launcher fills on the device first.
 constexpr int kPrefillTileM = 64;

@@ -611,6 +611,38 @@ void CudaBackend::rope_and_cache_packed(const Tensor& qkv, const Tensor& q_out, 
                                 bf(v_cache), stream_);
 }
 
+void CudaBackend::rope_cache_attention(const Tensor& qkv, const Tensor& q, const BatchInput& batch,
+                                       const RopeTable& rope, int head_dim, int num_kv_heads, const Tensor& k_cache,
+                                       const Tensor& v_cache, int num_heads, float scale, int window,
+                                       const Tensor& out) {
+    PG_CHECK(&batch == step_, "CUDA backend: rope_cache_attention outside the step given to begin_step");
+    PG_CHECK(qkv.cols() == static_cast<int64_t>(num_heads + 2 * num_kv_heads) * head_dim);
+    PG_CHECK(k_cache.dtype == DType::BF16 && k_cache.dim(2) == num_kv_heads && k_cache.cols() == head_dim);
+    cuda::RopeCacheAttentionArgs a;
+    a.qkv = bf(qkv);
+    a.k_cache = bf(k_cache);
+    a.v_cache = bf(v_cache);
+    a.out = bf(out);
+    a.batch = dbatch_;
+    a.batch.block_size = static_cast<int>(k_cache.dim(1));
+    a.num_heads = num_heads;
+    a.num_kv_heads = num_kv_heads;
+    a.head_dim = head_dim;
+    a.scale = scale;
+    a.window = window;
+    a.rotary_dim = rope.rotary_dim;
+    a.attention_factor = rope.attention_factor;
+    a.neox = rope.style == RopeStyle::Neox;
+    // (The choice depends only on the batch's shape, fixed for a recorded decode bucket.)
+    if (options_.batch_invariant || !cuda::rope_cache_attention_supported(a)) {
+        Backend::rope_cache_attention(qkv, q, batch, rope, head_dim, num_kv_heads, k_cache, v_cache, num_heads, scale,
+                                      window, out);
+        return;
+    }
+    a.inv_freq = rope_inv_freq(rope);
+    cuda::rope_cache_attention(a, stream_);
+}
+
 void CudaBackend::silu_mul_packed(const Tensor& gate_up, const Tensor& out) {
     PG_CHECK(gate_up.cols() == 2 * out.cols() && gate_up.rows() == out.rows());
     cuda::silu_mul_packed(bf(gate_up), bf(out), out.rows(), out.cols(), stream_);

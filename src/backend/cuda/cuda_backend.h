@@ -51,6 +51,11 @@ class CudaBackend final : public Backend {
     void rope_and_cache_packed(const Tensor& qkv, const Tensor& q_out, const BatchInput& batch, const RopeTable& rope,
                                int head_dim, int num_kv_heads, const Tensor& k_cache, const Tensor& v_cache) override;
     void silu_mul_packed(const Tensor& gate_up, const Tensor& out) override;
+    // One kernel (cuda::rope_cache_attention) for pure-decode batches of <= 4 sequences outside
+    // batch-invariant mode; otherwise the two ops.
+    void rope_cache_attention(const Tensor& qkv, const Tensor& q, const BatchInput& batch, const RopeTable& rope,
+                              int head_dim, int num_kv_heads, const Tensor& k_cache, const Tensor& v_cache,
+                              int num_heads, float scale, int window, const Tensor& out) override;
     void matmul_silu(const Tensor& x, const Tensor& w_gate_up, const Tensor& out, const Tensor& scratch) override;
     void norm_matmul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w, const Tensor& bias,
                      const Tensor& out, const Tensor& normed, bool exact = false) override;

@@ -166,6 +166,36 @@ size_t attention_workspace_bytes(int max_tokens, int num_heads, int head_dim, bo
 // head_dim: any of 8, 16, 32, 64, 80, 96, 128, 256 (tensor cores for 64 and 128).
 void paged_attention(const AttentionArgs& args, cudaStream_t stream);
 
+// The decode step's RoPE + KV-cache write + attention in one kernel, for a pure-decode batch of
+// a few sequences (rope_cache_attention_supported): what rope_and_cache_packed followed by
+// paged_attention compute, minus the rotated q (q_out), which nothing else reads. qkv
+// [num_seqs, (num_heads + 2 num_kv_heads) * head_dim] as rope_and_cache_packed takes it (the
+// rope parameters too); k (rotated) and v of token s go to the cache slot slot_mapping[s]
+// (skipped when < 0), bit for bit as rope_and_cache_packed writes them; out as paged_attention.
+// Graph-safe like paged_attention (the launch shape depends on num_seqs and the head shape).
+struct RopeCacheAttentionArgs {
+    const bf16_t* qkv = nullptr;  // [num_seqs, (num_heads + 2 num_kv_heads) * head_dim]
+    bf16_t* k_cache = nullptr;    // [num_blocks, block_size, num_kv_heads, head_dim]
+    bf16_t* v_cache = nullptr;    // same
+    bf16_t* out = nullptr;        // [num_seqs, num_heads * head_dim]
+    DeviceBatch batch;            // slot_mapping included
+    int num_heads = 0, num_kv_heads = 0, head_dim = 0;
+    float scale = 1.0f;               // softmax scale applied to q·k
+    int window = 0;                   // > 0: query at position p sees keys in (p - window, p]
+    const float* inv_freq = nullptr;  // [rotary_dim / 2] f32
+    int rotary_dim = 0;
+    float attention_factor = 1.0f;
+    bool neox = true;
+};
+// Whether rope_cache_attention takes this batch and shape: every sequence one query token
+// (num_tokens == num_seqs, max_query_len == 1), 1..4 sequences, head_dim 64 / 128 / 256,
+// num_heads a multiple of num_kv_heads with few enough (sequence, kv head) units that the
+// attention's splits merge in a thread-block cluster, rotary_dim even and <= head_dim, block_size
+// a power of two, qkv and the caches 16-byte aligned, and the attention kernel choice Auto.
+// Otherwise run rope_and_cache_packed and paged_attention.
+bool rope_cache_attention_supported(const RopeCacheAttentionArgs& args);
+void rope_cache_attention(const RopeCacheAttentionArgs& args, cudaStream_t stream);
+
 // ---- sampling ------------------------------------------------------------------------------
 // One row's sampling parameters, in vLLM's order: penalties, temperature, top-k, top-p, min-p.
 struct SamplingRow {

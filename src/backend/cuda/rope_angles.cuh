@@ -1,4 +1,4 @@
-// The per-token cos/sin table both RoPE kernels start from.
+// The per-token cos/sin table the RoPE kernels start from, and the rotation of one element.
 #pragma once
 
 // cs[0, half) = cos, cs[half, 2 half) = sin of position * inv_freq[i], times attention_factor,
@@ -13,4 +13,12 @@ __device__ __forceinline__ void rope_angles(float* cs, float position, const flo
         cs[i] = __fmul_rn(static_cast<float>(c), attention_factor);
         cs[half + i] = __fmul_rn(static_cast<float>(s), attention_factor);
     }
+}
+
+// One rotated element of a pair, as the RoPE kernels compute it (separately rounded, no FMA, so
+// every kernel writes the same bits): the pair's first element is own·c - partner·s, its second
+// own·c + partner·s (own: this element's value, partner: the other element of the pair).
+__device__ __forceinline__ float rope_rotate(float own, float partner, float c, float s, bool first) {
+    return first ? __fsub_rn(__fmul_rn(own, c), __fmul_rn(partner, s))
+                 : __fadd_rn(__fmul_rn(own, c), __fmul_rn(partner, s));
 }
