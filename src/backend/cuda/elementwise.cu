@@ -343,8 +343,8 @@ __global__ void rope_cache_kernel(uint16_t* __restrict__ q, uint16_t* __restrict
             for (int j = 0; j < P; ++j) {
                 const float c = cs[i0 + j], s = cs[half + i0 + j];
                 const float x0 = a[j], x1 = b[j];
-                a[j] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-                b[j] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+                a[j] = rope_rotate(x0, x1, c, s, true);
+                b[j] = rope_rotate(x1, x0, c, s, false);
             }
             store_n<P>(head + i0, a);
             store_n<P>(head + i0 + half, b);
@@ -359,8 +359,8 @@ __global__ void rope_cache_kernel(uint16_t* __restrict__ q, uint16_t* __restrict
             for (int j = 0; j < P; ++j) {
                 const float c = cs[i0 + j], s = cs[half + i0 + j];
                 const float x0 = a[2 * j], x1 = a[2 * j + 1];
-                a[2 * j] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-                a[2 * j + 1] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+                a[2 * j] = rope_rotate(x0, x1, c, s, true);
+                a[2 * j + 1] = rope_rotate(x1, x0, c, s, false);
             }
             store_n<2 * P>(head + 2 * i0, a);
             if (cached) store_n<2 * P>(cached + 2 * i0, a);

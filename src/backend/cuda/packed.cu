@@ -58,8 +58,8 @@ __global__ void rope_packed_kernel(uint16_t* __restrict__ qkv, uint16_t* __restr
         else
             dst += static_cast<int64_t>(h) * head_dim;
         const float x0 = ld(src + a), x1 = ld(src + b), c = cs[i], s = cs[half + i];
-        dst[a] = to_bf16(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
-        dst[b] = to_bf16(__fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)));
+        dst[a] = to_bf16(rope_rotate(x0, x1, c, s, true));
+        dst[b] = to_bf16(rope_rotate(x1, x0, c, s, false));
     }
     // Unrotated dims: q's into q_out, k's into the cache; all of v into the cache.
     const int rest = head_dim - rotary_dim;
