@@ -287,8 +287,8 @@ void CudaBackend::ensure_meta(int tokens, int seqs, int stride) {
     stride_cap_ = std::max({stride, stride_cap_, 64});
     if (meta_dev_) cudaFree(meta_dev_);
     if (meta_host_) cudaFreeHost(meta_host_);
-    meta_ints_ =
-        static_cast<size_t>(tok_cap_) * 4 + (seq_cap_ + 1) + seq_cap_ + static_cast<size_t>(seq_cap_) * stride_cap_;
+    meta_ints_ = static_cast<size_t>(tok_cap_) * 4 + 2 * static_cast<size_t>(seq_cap_ + 1) +
+                 static_cast<size_t>(seq_cap_) * stride_cap_;
     PG_CUDA_CHECK(cudaMalloc(&meta_dev_, meta_ints_ * sizeof(int32_t)));
     PG_CUDA_CHECK(cudaMallocHost(&meta_host_, meta_ints_ * sizeof(int32_t)));
 }
@@ -305,7 +305,7 @@ void CudaBackend::begin_step(const BatchInput& b) {
     int32_t* lidx = h + 3 * tok_cap_;
     int32_t* qs = h + 4 * tok_cap_;
     int32_t* ctx = qs + seq_cap_ + 1;
-    int32_t* tables = ctx + seq_cap_;
+    int32_t* tables = ctx + seq_cap_ + 1;
     std::copy(b.token_ids.begin(), b.token_ids.end(), tok);
     std::copy(b.positions.begin(), b.positions.end(), pos);
     std::copy(b.slot_mapping.begin(), b.slot_mapping.end(), slot);
@@ -322,11 +322,19 @@ void CudaBackend::begin_step(const BatchInput& b) {
         std::copy(src, src + b.max_blocks_per_seq, dst);
         std::fill(dst + b.max_blocks_per_seq, dst + stride_cap_, -1);
     }
-    // Only the used prefix of each region travels: one copy of the whole buffer is simpler
-    // and the regions are small next to a step (a few hundred KB at most).
-    const size_t used =
-        static_cast<size_t>(4) * tok_cap_ + (seq_cap_ + 1) + seq_cap_ + static_cast<size_t>(s) * stride_cap_;
-    PG_CUDA_CHECK(cudaMemcpyAsync(meta_dev_, meta_host_, used * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    // Only the used prefix of each region travels (three copies: the four per-token regions as
+    // rows of one 2-D copy, the two per-sequence ones likewise, then the tables), not the
+    // capacity-sized span (about 130 KB at 8,192 tokens of capacity, for a batch-1 decode too).
+    constexpr size_t I = sizeof(int32_t);
+    if (n > 0)
+        PG_CUDA_CHECK(cudaMemcpy2DAsync(meta_dev_, tok_cap_ * I, meta_host_, tok_cap_ * I, n * I, 4,
+                                        cudaMemcpyHostToDevice, stream_));
+    const size_t seq_pitch = static_cast<size_t>(seq_cap_ + 1) * I;
+    PG_CUDA_CHECK(cudaMemcpy2DAsync(meta_dev_ + 4 * tok_cap_, seq_pitch, qs, seq_pitch, (s + 1) * I, 2,
+                                    cudaMemcpyHostToDevice, stream_));
+    if (s > 0)
+        PG_CUDA_CHECK(cudaMemcpyAsync(meta_dev_ + (tables - h), tables, static_cast<size_t>(s) * stride_cap_ * I,
+                                      cudaMemcpyHostToDevice, stream_));
 
     int32_t* d = meta_dev_;
     dbatch_.num_tokens = n;
@@ -340,7 +348,7 @@ void CudaBackend::begin_step(const BatchInput& b) {
     d_logits_indices_ = d + 3 * tok_cap_;
     dbatch_.query_start = d + 4 * tok_cap_;
     dbatch_.context_lens = d + 4 * tok_cap_ + seq_cap_ + 1;
-    dbatch_.block_tables = d + 4 * tok_cap_ + 2 * seq_cap_ + 1;
+    dbatch_.block_tables = d + 4 * tok_cap_ + 2 * (seq_cap_ + 1);
     step_ = &b;
 }
 
