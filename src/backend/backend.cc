@@ -57,9 +57,9 @@ void Backend::matmul_silu(const Tensor& x, const Tensor& w_gate_up, const Tensor
 }
 
 void Backend::norm_matmul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w, const Tensor& bias,
-                          const Tensor& out, const Tensor& normed, bool exact) {
+                          const Tensor& out, const Tensor& normed) {
     rms_norm(x, Tensor(), norm_weight, eps, normed);
-    matmul(normed, w, bias, out, exact);
+    matmul(normed, w, bias, out);
 }
 void Backend::norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w_gate_up,
                                const Tensor& out, const Tensor& normed, const Tensor& scratch) {

@@ -136,7 +136,7 @@ class Backend {
     // out = (rms_norm(x) * norm_weight) · wᵀ (+ bias) for x [n, k] f32 (the residual stream);
     // `normed` [n, k] (activation dtype) holds the normalised rows where the steps run apart.
     virtual void norm_matmul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w,
-                             const Tensor& bias, const Tensor& out, const Tensor& normed, bool exact = false);
+                             const Tensor& bias, const Tensor& out, const Tensor& normed);
     // The same before matmul_silu: out [n, dim] = silu(h · gateᵀ) * (h · upᵀ), h = rms_norm(x) * norm_weight.
     virtual void norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w_gate_up,
                                   const Tensor& out, const Tensor& normed, const Tensor& scratch);

@@ -19,6 +19,13 @@ struct BatchInput {
 
     int num_tokens() const { return static_cast<int>(token_ids.size()); }
     int num_seqs() const { return static_cast<int>(context_lens.size()); }
+    // Whether the step returns the logits of every token, in order (logits_indices = 0..n-1).
+    bool logits_of_every_token() const {
+        if (logits_indices.size() != token_ids.size()) return false;
+        for (size_t i = 0; i < logits_indices.size(); ++i)
+            if (logits_indices[i] != static_cast<int32_t>(i)) return false;
+        return true;
+    }
 };
 
 }  // namespace peregrine

@@ -130,8 +130,7 @@ Tensor LlamaModel::forward_device(const BatchInput& batch, KvCache& cache) {
 
     // A decode-only step (one token per sequence, every one sampled in order) may be replayed
     // from a recording made for its padded size.
-    bool decode = n == batch.num_seqs() && num_logits == n;
-    for (int64_t i = 0; decode && i < n; ++i) decode = batch.logits_indices[i] == i;
+    const bool decode = n == batch.num_seqs() && batch.logits_of_every_token();
     const int bucket = decode ? backend_.step_bucket(batch.num_seqs()) : -1;
     const BatchInput* run = &batch;
     if (bucket > 0) {
@@ -230,8 +229,7 @@ Tensor LlamaModel::run_ops(const BatchInput& batch, KvCache& cache) {
     // kernel on an H100.)
     const Tensor out = view(ws_.logits, num_logits, c.vocab_size);
     backend_.rms_norm(residual, none, weights_.final_norm, c.rms_norm_eps, normed);
-    bool all_rows = num_logits == n;
-    for (int64_t i = 0; all_rows && i < n; ++i) all_rows = batch.logits_indices[i] == i;
+    const bool all_rows = batch.logits_of_every_token();
     const Tensor selected = all_rows ? normed : view(ws_.selected, num_logits, H);
     if (!all_rows) backend_.gather_rows(normed, batch.logits_indices, selected);
     backend_.matmul(selected, weights_.lm_head, none, out, /*exact=*/true);

@@ -180,22 +180,26 @@ struct DeviceState {
         return b;
     }
     float scale(const FusedCase& c) const { return 1.0f / std::sqrt(static_cast<float>(c.head_dim)); }
-    // Path 0: rope_and_cache_packed, then paged_attention.
-    void run_apart(const FusedCase& c, cudaStream_t stream) {
-        const cuda::DeviceBatch b = batch(c);
-        cuda::rope_and_cache_packed(qkv[0].get(), q_out.get(), b, inv_freq.get(), c.rotary(), c.attention_factor,
-                                    c.neox, c.num_heads, c.num_kv_heads, c.head_dim, k[0].get(), v[0].get(), stream);
+    // The attention's arguments of path i (no q, no workspace).
+    cuda::AttentionArgs attention_args(const FusedCase& c, int i) const {
         cuda::AttentionArgs a;
-        a.q = q_out.get();
-        a.k_cache = k[0].get();
-        a.v_cache = v[0].get();
-        a.out = out[0].get();
-        a.batch = b;
+        a.k_cache = k[i].get();
+        a.v_cache = v[i].get();
+        a.out = out[i].get();
+        a.batch = batch(c);
         a.num_heads = c.num_heads;
         a.num_kv_heads = c.num_kv_heads;
         a.head_dim = c.head_dim;
         a.scale = scale(c);
         a.window = c.window;
+        return a;
+    }
+    // Path 0: rope_and_cache_packed, then paged_attention.
+    void run_apart(const FusedCase& c, cudaStream_t stream) {
+        cuda::AttentionArgs a = attention_args(c, 0);
+        cuda::rope_and_cache_packed(qkv[0].get(), q_out.get(), a.batch, inv_freq.get(), c.rotary(), c.attention_factor,
+                                    c.neox, c.num_heads, c.num_kv_heads, c.head_dim, k[0].get(), v[0].get(), stream);
+        a.q = q_out.get();
         a.workspace = workspace.get();
         a.workspace_bytes = workspace.size();
         cuda::paged_attention(a, stream);
@@ -203,16 +207,8 @@ struct DeviceState {
     // Path 1: the fused op.
     cuda::RopeCacheAttentionArgs fused_args(const FusedCase& c) const {
         cuda::RopeCacheAttentionArgs a;
+        a.attn = attention_args(c, 1);
         a.qkv = qkv[1].get();
-        a.k_cache = k[1].get();
-        a.v_cache = v[1].get();
-        a.out = out[1].get();
-        a.batch = batch(c);
-        a.num_heads = c.num_heads;
-        a.num_kv_heads = c.num_kv_heads;
-        a.head_dim = c.head_dim;
-        a.scale = scale(c);
-        a.window = c.window;
         a.inv_freq = inv_freq.get();
         a.rotary_dim = c.rotary();
         a.attention_factor = c.attention_factor;
@@ -392,7 +388,7 @@ TEST(CudaRopeAttention, Declines) {
     const HostBatch h = make_batch(c, rng);
     DeviceState d(c, h);
     cuda::RopeCacheAttentionArgs a = d.fused_args(c);
-    a.batch.max_query_len = 2;
+    a.attn.batch.max_query_len = 2;
     EXPECT_FALSE(cuda::rope_cache_attention_supported(a));
     EXPECT_THROW(cuda::rope_cache_attention(a, nullptr), Error);
     a = d.fused_args(c);

@@ -93,13 +93,13 @@ bool aligned16(const void* p) {
     return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
-attn::Params make_params(const bf16_t* q, const bf16_t* k_cache, const bf16_t* v_cache, bf16_t* out,
-                         const DeviceBatch& b, int num_heads, int num_kv_heads, int head_dim, float scale, int window) {
+attn::Params make_params(const AttentionArgs& a) {
+    const DeviceBatch& b = a.batch;
     attn::Params p{};
-    p.q = reinterpret_cast<const __nv_bfloat16*>(q);
-    p.k_cache = reinterpret_cast<const __nv_bfloat16*>(k_cache);
-    p.v_cache = reinterpret_cast<const __nv_bfloat16*>(v_cache);
-    p.out = reinterpret_cast<__nv_bfloat16*>(out);
+    p.q = reinterpret_cast<const __nv_bfloat16*>(a.q);
+    p.k_cache = reinterpret_cast<const __nv_bfloat16*>(a.k_cache);
+    p.v_cache = reinterpret_cast<const __nv_bfloat16*>(a.v_cache);
+    p.out = reinterpret_cast<__nv_bfloat16*>(a.out);
     p.positions = b.positions;
     p.query_start = b.query_start;
     p.context_lens = b.context_lens;
@@ -109,13 +109,13 @@ attn::Params make_params(const bf16_t* q, const bf16_t* k_cache, const bf16_t* v
     p.block_stride = b.block_stride;
     p.block_size = b.block_size;
     p.block_shift = __builtin_ctz(static_cast<unsigned>(b.block_size));
-    p.num_heads = num_heads;
-    p.num_kv_heads = num_kv_heads;
-    p.group = num_heads / num_kv_heads;
-    p.head_dim = head_dim;
-    p.window = window;
-    p.scale = scale;
-    p.scale_log2 = scale * 1.4426950408889634f;
+    p.num_heads = a.num_heads;
+    p.num_kv_heads = a.num_kv_heads;
+    p.group = a.num_heads / a.num_kv_heads;
+    p.head_dim = a.head_dim;
+    p.window = a.window;
+    p.scale = a.scale;
+    p.scale_log2 = a.scale * 1.4426950408889634f;
     return p;
 }
 
@@ -151,8 +151,7 @@ void paged_attention(const AttentionArgs& args, cudaStream_t stream) {
     if (!is_pow2(b.block_size)) fail("paged_attention: block_size ", b.block_size, " is not a power of two");
     if (b.num_tokens <= 0 || b.num_seqs <= 0) return;
 
-    const attn::Params p =
-        make_params(args.q, args.k_cache, args.v_cache, args.out, b, H, KVH, D, args.scale, args.window);
+    const attn::Params p = make_params(args);
 
     const AttentionKernelChoice choice = g_choice.load();
     const bool generic_only = choice == AttentionKernelChoice::Generic;
@@ -210,34 +209,37 @@ void paged_attention(const AttentionArgs& args, cudaStream_t stream) {
 }
 
 bool rope_cache_attention_supported(const RopeCacheAttentionArgs& a) {
-    const DeviceBatch& b = a.batch;
-    const int H = a.num_heads, KVH = a.num_kv_heads, D = a.head_dim;
+    const DeviceBatch& b = a.attn.batch;
+    const int H = a.attn.num_heads, KVH = a.attn.num_kv_heads, D = a.attn.head_dim;
     if (g_choice.load() != AttentionKernelChoice::Auto) return false;
     if (b.num_seqs < 1 || b.num_seqs > 4 || b.num_tokens != b.num_seqs || b.max_query_len != 1) return false;
     if (H <= 0 || KVH <= 0 || H % KVH != 0 || !attn::fused_decode_supports(D) || !is_pow2(b.block_size)) return false;
     if (a.rotary_dim < 0 || a.rotary_dim % 2 != 0 || a.rotary_dim > D) return false;
-    if (!aligned16(a.qkv) || !aligned16(a.k_cache) || !aligned16(a.v_cache) || !aligned16(a.out)) return false;
+    if (!aligned16(a.qkv) || !aligned16(a.attn.k_cache) || !aligned16(a.attn.v_cache) || !aligned16(a.attn.out))
+        return false;
     return attn::decode_shape(b.num_seqs, H, KVH, sm_count()).cluster;
 }
 
 void rope_cache_attention(const RopeCacheAttentionArgs& a, cudaStream_t stream) {
+    const DeviceBatch& b = a.attn.batch;
     if (!rope_cache_attention_supported(a))
-        fail("rope_cache_attention: unsupported batch or shape (", a.batch.num_seqs, " sequences, ", a.batch.num_tokens,
-             " tokens, heads ", a.num_heads, "/", a.num_kv_heads, ", head_dim ", a.head_dim, ", rotary_dim ",
-             a.rotary_dim, ")");
-    const DeviceBatch& b = a.batch;
-    const attn::Params p = make_params(nullptr, a.k_cache, a.v_cache, a.out, b, a.num_heads, a.num_kv_heads, a.head_dim,
-                                       a.scale, a.window);
+        fail("rope_cache_attention: unsupported batch or shape (", b.num_seqs, " sequences, ", b.num_tokens,
+             " tokens, heads ", a.attn.num_heads, "/", a.attn.num_kv_heads, ", head_dim ", a.attn.head_dim,
+             ", rotary_dim ", a.rotary_dim, ")");
     attn::RopeFuse r;
     r.qkv = reinterpret_cast<const __nv_bfloat16*>(a.qkv);
     r.slot_mapping = b.slot_mapping;
     r.inv_freq = a.inv_freq;
-    r.k_cache = reinterpret_cast<__nv_bfloat16*>(a.k_cache);
-    r.v_cache = reinterpret_cast<__nv_bfloat16*>(a.v_cache);
+    // The caches attention reads are also the ones this step writes (AttentionArgs holds them
+    // read-only for paged_attention).
+    r.k_cache = reinterpret_cast<__nv_bfloat16*>(const_cast<bf16_t*>(a.attn.k_cache));
+    r.v_cache = reinterpret_cast<__nv_bfloat16*>(const_cast<bf16_t*>(a.attn.v_cache));
     r.rotary_dim = a.rotary_dim;
     r.attention_factor = a.attention_factor;
     r.neox = a.neox;
-    attn::launch_decode_fused(p, r, attn::decode_shape(b.num_seqs, a.num_heads, a.num_kv_heads, sm_count()), stream);
+    attn::launch_decode_fused(make_params(a.attn), r,
+                              attn::decode_shape(b.num_seqs, a.attn.num_heads, a.attn.num_kv_heads, sm_count()),
+                              stream);
 }
 
 }  // namespace peregrine::cuda

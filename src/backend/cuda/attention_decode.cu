@@ -479,12 +479,19 @@ __global__ void __launch_bounds__(128)
     }
 }
 
+// fuse != nullptr: the fused kernel (head dims fused_decode_supports, cluster shape).
 template <int D, int GM>
-void launch_dg(const Params& p, const DecodeShape& sh, float* ws_ml, float* ws_acc, cudaStream_t stream) {
+void launch_dg(const Params& p, const RopeFuse* fuse, const DecodeShape& sh, float* ws_ml, float* ws_acc,
+               cudaStream_t stream) {
     const dim3 grid(sh.splits, p.num_kv_heads * sh.head_chunks, p.num_seqs);
+    constexpr int W = cluster_warps<D, GM>();
     const RopeFuse none{};
-    if (sh.cluster) {
-        constexpr int W = cluster_warps<D, GM>();
+    if (fuse != nullptr) {
+        if constexpr (D >= 64)
+            launch_pdl_cluster(decode_kernel<D, GM, W, true, true>, grid, dim3(W * 32), dim3(sh.splits, 1, 1), 0,
+                               stream, p, *fuse, sh.splits, sh.head_chunks, static_cast<float*>(nullptr),
+                               static_cast<float*>(nullptr));
+    } else if (sh.cluster) {
         launch_pdl_cluster(decode_kernel<D, GM, W, true, false>, grid, dim3(W * 32), dim3(sh.splits, 1, 1), 0, stream,
                            p, none, sh.splits, sh.head_chunks, static_cast<float*>(nullptr),
                            static_cast<float*>(nullptr));
@@ -497,43 +504,42 @@ void launch_dg(const Params& p, const DecodeShape& sh, float* ws_ml, float* ws_a
         decode_kernel<D, GM, kWarps, false, false>
             <<<grid, kWarps * 32, 0, stream>>>(p, none, sh.splits, sh.head_chunks, ws_ml, ws_acc);
     }
-    check_launch("decode_attention");
-}
-
-template <int D, int GM>
-void launch_fused_dg(const Params& p, const RopeFuse& r, const DecodeShape& sh, cudaStream_t stream) {
-    const dim3 grid(sh.splits, p.num_kv_heads * sh.head_chunks, p.num_seqs);
-    constexpr int W = cluster_warps<D, GM>();
-    launch_pdl_cluster(decode_kernel<D, GM, W, true, true>, grid, dim3(W * 32), dim3(sh.splits, 1, 1), 0, stream, p, r,
-                       sh.splits, sh.head_chunks, static_cast<float*>(nullptr), static_cast<float*>(nullptr));
-    check_launch("rope_cache_attention");
+    check_launch(fuse != nullptr ? "rope_cache_attention" : "decode_attention");
 }
 
 template <int D>
-void launch_fused_d(const Params& p, const RopeFuse& r, const DecodeShape& sh, cudaStream_t stream) {
+void launch_d(const Params& p, const RopeFuse* fuse, const DecodeShape& sh, float* ws_ml, float* ws_acc,
+              cudaStream_t stream) {
     switch (sh.group_max) {
         case 1:
-            return launch_fused_dg<D, 1>(p, r, sh, stream);
+            return launch_dg<D, 1>(p, fuse, sh, ws_ml, ws_acc, stream);
         case 2:
-            return launch_fused_dg<D, 2>(p, r, sh, stream);
+            return launch_dg<D, 2>(p, fuse, sh, ws_ml, ws_acc, stream);
         case 4:
-            return launch_fused_dg<D, 4>(p, r, sh, stream);
+            return launch_dg<D, 4>(p, fuse, sh, ws_ml, ws_acc, stream);
         default:
-            return launch_fused_dg<D, 8>(p, r, sh, stream);
+            return launch_dg<D, 8>(p, fuse, sh, ws_ml, ws_acc, stream);
     }
 }
 
-template <int D>
-void launch_d(const Params& p, const DecodeShape& sh, float* ws_ml, float* ws_acc, cudaStream_t stream) {
-    switch (sh.group_max) {
-        case 1:
-            return launch_dg<D, 1>(p, sh, ws_ml, ws_acc, stream);
-        case 2:
-            return launch_dg<D, 2>(p, sh, ws_ml, ws_acc, stream);
-        case 4:
-            return launch_dg<D, 4>(p, sh, ws_ml, ws_acc, stream);
+// The decode kernel for p.head_dim (fuse: the fused kernel).
+void launch_by_head_dim(const Params& p, const RopeFuse* fuse, const DecodeShape& sh, float* ws_ml, float* ws_acc,
+                        cudaStream_t stream) {
+    switch (p.head_dim) {
+        case 8:
+            return launch_d<8>(p, fuse, sh, ws_ml, ws_acc, stream);
+        case 16:
+            return launch_d<16>(p, fuse, sh, ws_ml, ws_acc, stream);
+        case 32:
+            return launch_d<32>(p, fuse, sh, ws_ml, ws_acc, stream);
+        case 64:
+            return launch_d<64>(p, fuse, sh, ws_ml, ws_acc, stream);
+        case 128:
+            return launch_d<128>(p, fuse, sh, ws_ml, ws_acc, stream);
+        case 256:
+            return launch_d<256>(p, fuse, sh, ws_ml, ws_acc, stream);
         default:
-            return launch_dg<D, 8>(p, sh, ws_ml, ws_acc, stream);
+            fail("decode attention: unsupported head_dim ", p.head_dim);
     }
 }
 
@@ -569,42 +575,14 @@ bool fused_decode_supports(int head_dim) {
 }
 
 void launch_decode_fused(const Params& p, const RopeFuse& r, const DecodeShape& sh, cudaStream_t stream) {
-    if (!sh.cluster) fail("rope_cache_attention: the fused kernel needs the cluster shape");
-    switch (p.head_dim) {
-        case 64:
-            return launch_fused_d<64>(p, r, sh, stream);
-        case 128:
-            return launch_fused_d<128>(p, r, sh, stream);
-        case 256:
-            return launch_fused_d<256>(p, r, sh, stream);
-        default:
-            fail("rope_cache_attention: unsupported head_dim ", p.head_dim);
-    }
+    if (!sh.cluster || !fused_decode_supports(p.head_dim))
+        fail("rope_cache_attention: the fused kernel needs the cluster shape and head_dim 64 / 128 / 256, not ",
+             p.head_dim);
+    launch_by_head_dim(p, &r, sh, nullptr, nullptr, stream);
 }
 
 void launch_decode(const Params& p, const DecodeShape& sh, float* ws_ml, float* ws_acc, cudaStream_t stream) {
-    switch (p.head_dim) {
-        case 8:
-            launch_d<8>(p, sh, ws_ml, ws_acc, stream);
-            break;
-        case 16:
-            launch_d<16>(p, sh, ws_ml, ws_acc, stream);
-            break;
-        case 32:
-            launch_d<32>(p, sh, ws_ml, ws_acc, stream);
-            break;
-        case 64:
-            launch_d<64>(p, sh, ws_ml, ws_acc, stream);
-            break;
-        case 128:
-            launch_d<128>(p, sh, ws_ml, ws_acc, stream);
-            break;
-        case 256:
-            launch_d<256>(p, sh, ws_ml, ws_acc, stream);
-            break;
-        default:
-            fail("decode attention: unsupported head_dim ", p.head_dim);
-    }
+    launch_by_head_dim(p, nullptr, sh, ws_ml, ws_acc, stream);
     if (sh.splits > 1 && !sh.cluster) {
         const int64_t warps = static_cast<int64_t>(p.num_seqs) * p.num_heads;
         launch_pdl(decode_combine_kernel, dim3(static_cast<unsigned>((warps + 3) / 4)), dim3(128), 0, stream, p,

@@ -465,9 +465,9 @@ bool CudaBackend::use_gemv_norm(const Tensor& x, const Tensor& norm_weight, cons
 }
 
 void CudaBackend::norm_matmul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w,
-                              const Tensor& bias, const Tensor& out, const Tensor& normed, bool exact) {
+                              const Tensor& bias, const Tensor& out, const Tensor& normed) {
     if (!use_gemv_norm(x, norm_weight, w)) {
-        Backend::norm_matmul(x, norm_weight, eps, w, bias, out, normed, exact);
+        Backend::norm_matmul(x, norm_weight, eps, w, bias, out, normed);
         return;
     }
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
@@ -619,6 +619,22 @@ void CudaBackend::rope_and_cache_packed(const Tensor& qkv, const Tensor& q_out, 
                                 bf(v_cache), stream_);
 }
 
+cuda::AttentionArgs CudaBackend::attention_args(const Tensor& k_cache, const Tensor& v_cache, int num_heads,
+                                                int head_dim, float scale, int window, const Tensor& out) const {
+    cuda::AttentionArgs a;
+    a.k_cache = bf(k_cache);
+    a.v_cache = bf(v_cache);
+    a.out = bf(out);
+    a.batch = dbatch_;
+    a.batch.block_size = static_cast<int>(k_cache.dim(1));
+    a.num_heads = num_heads;
+    a.num_kv_heads = static_cast<int>(k_cache.dim(2));
+    a.head_dim = head_dim;
+    a.scale = scale;
+    a.window = window;
+    return a;
+}
+
 void CudaBackend::rope_cache_attention(const Tensor& qkv, const Tensor& q, const BatchInput& batch,
                                        const RopeTable& rope, int head_dim, int num_kv_heads, const Tensor& k_cache,
                                        const Tensor& v_cache, int num_heads, float scale, int window,
@@ -627,17 +643,8 @@ void CudaBackend::rope_cache_attention(const Tensor& qkv, const Tensor& q, const
     PG_CHECK(qkv.cols() == static_cast<int64_t>(num_heads + 2 * num_kv_heads) * head_dim);
     PG_CHECK(k_cache.dtype == DType::BF16 && k_cache.dim(2) == num_kv_heads && k_cache.cols() == head_dim);
     cuda::RopeCacheAttentionArgs a;
+    a.attn = attention_args(k_cache, v_cache, num_heads, head_dim, scale, window, out);
     a.qkv = bf(qkv);
-    a.k_cache = bf(k_cache);
-    a.v_cache = bf(v_cache);
-    a.out = bf(out);
-    a.batch = dbatch_;
-    a.batch.block_size = static_cast<int>(k_cache.dim(1));
-    a.num_heads = num_heads;
-    a.num_kv_heads = num_kv_heads;
-    a.head_dim = head_dim;
-    a.scale = scale;
-    a.window = window;
     a.rotary_dim = rope.rotary_dim;
     a.attention_factor = rope.attention_factor;
     a.neox = rope.style == RopeStyle::Neox;
@@ -671,18 +678,8 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
     // Sized for the metadata capacity, so every batch up to it (and its recordings) fits.
     ensure_attention_workspace(
         cuda::attention_workspace_bytes(tok_cap_, num_heads, head_dim, options_.batch_invariant));
-    cuda::AttentionArgs a;
+    cuda::AttentionArgs a = attention_args(k_cache, v_cache, num_heads, head_dim, scale, window, out);
     a.q = bf(q);
-    a.k_cache = bf(k_cache);
-    a.v_cache = bf(v_cache);
-    a.out = bf(out);
-    a.batch = dbatch_;
-    a.batch.block_size = static_cast<int>(k_cache.dim(1));
-    a.num_heads = num_heads;
-    a.num_kv_heads = static_cast<int>(k_cache.dim(2));
-    a.head_dim = head_dim;
-    a.scale = scale;
-    a.window = window;
     a.workspace = attn_ws_;
     a.workspace_bytes = attn_ws_bytes_;
     a.batch_invariant = options_.batch_invariant;

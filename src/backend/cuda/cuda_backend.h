@@ -58,7 +58,7 @@ class CudaBackend final : public Backend {
                               int num_heads, float scale, int window, const Tensor& out) override;
     void matmul_silu(const Tensor& x, const Tensor& w_gate_up, const Tensor& out, const Tensor& scratch) override;
     void norm_matmul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w, const Tensor& bias,
-                     const Tensor& out, const Tensor& normed, bool exact = false) override;
+                     const Tensor& out, const Tensor& normed) override;
     void norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w_gate_up,
                           const Tensor& out, const Tensor& normed, const Tensor& scratch) override;
     void matmul_add(const Tensor& x, const Tensor& w, const Tensor& residual, const Tensor& scratch) override;
@@ -104,6 +104,9 @@ class CudaBackend final : public Backend {
     // The same for a product whose x is the f32 residual stream normalised by `norm_weight`.
     bool use_gemv_norm(const Tensor& x, const Tensor& norm_weight, const Tensor& w) const;
     void ensure_attention_workspace(size_t bytes);
+    // The attention arguments of this step's batch over one layer's caches (no q, no workspace).
+    cuda::AttentionArgs attention_args(const Tensor& k_cache, const Tensor& v_cache, int num_heads, int head_dim,
+                                       float scale, int window, const Tensor& out) const;
     const float* rope_inv_freq(const RopeTable& rope);
     // Converts host rows [r0, r1) of `host` into `dst` (bf16 for matrices, else f32) on the device.
     void convert_rows_into(const Tensor& host, DType out_type, void* dst);

@@ -174,14 +174,11 @@ void paged_attention(const AttentionArgs& args, cudaStream_t stream);
 // (skipped when < 0), bit for bit as rope_and_cache_packed writes them; out as paged_attention.
 // Graph-safe like paged_attention (the launch shape depends on num_seqs and the head shape).
 struct RopeCacheAttentionArgs {
-    const bf16_t* qkv = nullptr;  // [num_seqs, (num_heads + 2 num_kv_heads) * head_dim]
-    bf16_t* k_cache = nullptr;    // [num_blocks, block_size, num_kv_heads, head_dim]
-    bf16_t* v_cache = nullptr;    // same
-    bf16_t* out = nullptr;        // [num_seqs, num_heads * head_dim]
-    DeviceBatch batch;            // slot_mapping included
-    int num_heads = 0, num_kv_heads = 0, head_dim = 0;
-    float scale = 1.0f;               // softmax scale applied to q·k
-    int window = 0;                   // > 0: query at position p sees keys in (p - window, p]
+    // The attention's arguments as paged_attention takes them, except: attn.q is not read (q
+    // comes rotated from qkv), no workspace is needed, and the caches are also written (at the
+    // new slot). attn.batch.slot_mapping is read.
+    AttentionArgs attn;
+    const bf16_t* qkv = nullptr;      // [num_seqs, (num_heads + 2 num_kv_heads) * head_dim]
     const float* inv_freq = nullptr;  // [rotary_dim / 2] f32
     int rotary_dim = 0;
     float attention_factor = 1.0f;
@@ -209,6 +206,13 @@ struct SamplingRow {
     uint64_t seed = 0;          // Philox key: the request's seed (or a per-request random one)
     uint64_t offset = 0;        // Philox counter: the number of tokens this sequence sampled before
     int32_t num_logprobs = -1;  // -1: none; k >= 0: sampled token's raw logprob + top k (k <= 20)
+
+    // The sampler's rules, shared by the host (which picks the greedy fast path and sends the
+    // penalty lists) and the kernels.
+    constexpr bool greedy() const { return !(temperature >= 1e-5f) || top_k == 1; }
+    constexpr bool penalised() const {
+        return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
+    }
 };
 
 // Penalty inputs of row r: tokens pen_tokens[pen_offsets[r] .. pen_offsets[r+1]) with their

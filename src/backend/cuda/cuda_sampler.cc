@@ -128,9 +128,7 @@ void CudaSampler::sample(const Tensor& logits, const std::vector<SampleSpec>& sp
         r.offset = static_cast<uint64_t>(seq.num_output());
         r.num_logprobs = specs[i].logprobs ? std::min(p.logprobs, cuda::kMaxSampleLogprobs) : -1;
         any_logprobs |= specs[i].logprobs;
-        const bool penalised =
-            p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-        if (penalised) {
+        if (r.penalised()) {
             any_penalty = true;
             count.clear();
             const bool all_tokens = p.repetition_penalty != 1.0f;
@@ -149,7 +147,7 @@ void CudaSampler::sample(const Tensor& logits, const std::vector<SampleSpec>& sp
     // Greedy rows without penalties or logprobs take the argmax fast path (no parameters to send).
     bool all_greedy = !any_penalty && !any_logprobs;
     for (int i = 0; all_greedy && i < n; ++i)
-        all_greedy = !(b_->rows_host[i].temperature >= 1e-5f) || b_->rows_host[i].top_k == 1;  // sample()'s rule
+        all_greedy = b_->rows_host[i].greedy();
     if (!all_greedy)
         PG_CUDA_CHECK(cudaMemcpyAsync(b_->rows_dev, b_->rows_host, n * sizeof(cuda::SamplingRow),
                                       cudaMemcpyHostToDevice, stream));

@@ -557,8 +557,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     const SamplingRow p = rows[r];
     const bool want_lp = p.num_logprobs >= 0 && out_logprob != nullptr;
     const int num_top = want_lp && top_ids != nullptr ? min(p.num_logprobs, kMaxSampleLogprobs) : 0;
-    const bool greedy = !(p.temperature >= 1e-5f) || p.top_k == 1;
-    const bool pen_active = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+    const bool greedy = p.greedy();
+    const bool pen_active = p.penalised();
     const int pen_begin = pen.offsets && pen_active ? pen.offsets[r] : 0;
     const int pen_end = pen.offsets && pen_active ? pen.offsets[r + 1] : 0;
     const bool has_pen = pen_end > pen_begin;
