@@ -62,6 +62,9 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
                     "Share of GPU memory for weights, activations and the KV cache (default 0.9)")
         ->check(CLI::Range(0.05, 1.0));
     cmd->add_flag("--enforce-eager", o.enforce_eager, "CUDA: run every step eagerly (no CUDA graphs)");
+    cmd->add_flag("--no-async-scheduling", o.no_async_scheduling,
+                  "CUDA: wait for each step's tokens before queueing the next (default: the next step is "
+                  "queued first, taking the tokens on the device)");
     cmd->add_flag("--batch-invariant", o.batch_invariant,
                   "CUDA: batch-invariant kernels: a request's tokens do not depend on what else is in the batch "
                   "or on how its prompt was chunked (greedy output as when run alone; slower)");
@@ -213,6 +216,7 @@ EngineStack build_engine_stack(const EngineOptions& o) {
     s.config.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
     s.config.eviction = eviction_policy_from_name(o.kv_eviction);
     s.config.prefix_caching = !o.no_prefix_caching;
+    s.config.async_scheduling = !o.no_async_scheduling;
     s.config.eos_token_ids = c.eos_token_ids;
 #ifdef PG_WITH_CUDA
     if (cuda) s.sampler = std::make_unique<CudaSampler>(*cuda, o.max_num_seqs, c.vocab_size);

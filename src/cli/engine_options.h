@@ -28,6 +28,7 @@ struct EngineOptions {
     std::string load_format = "auto";  // auto | dummy
     double gpu_memory_utilization = 0.9;
     bool enforce_eager = false;    // no CUDA graphs
+    bool no_async_scheduling = false;
     bool batch_invariant = false;  // CUDA: results independent of the batch (slower)
     uint64_t dummy_seed = 0;
 };

@@ -189,91 +189,167 @@ void EngineCore::fork_choices(RequestState& r, Sequence& parent) {
     }
 }
 
-std::vector<RequestOutput> EngineCore::step() {
-    std::vector<RequestOutput> outputs = std::move(pending_);
-    pending_.clear();
+// Whether a sequence's next draw can be made on the device without the host knowing its
+// previous token: no CPU-only sampling features and no penalties (their token lists are built
+// on the host).
+static bool drawable_blind(const Sequence& q) {
+    const SamplingParams& p = *q.sampling;
+    return p.logit_bias.empty() && q.num_output() >= p.min_tokens && p.repetition_penalty == 1.0f &&
+           p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
+}
+
+bool EngineCore::can_overlap(const Launch& l) const {
+    if (!config_.async_scheduling || !l.on_device || l.specs.empty() ||
+        static_cast<int>(l.specs.size()) > executor_.max_fed_draws())
+        return false;
+    for (const auto& [id, r] : requests_)
+        for (const auto& s : r->seqs)
+            if (s->status != SeqStatus::Finished && !drawable_blind(*s)) return false;
+    return true;
+}
+
+// Schedules and queues one model step. `overlapped`: the in-flight step's draws are not back
+// yet; each of its sequences that may go on gets a placeholder token (-1 - draw index) that
+// the device replaces with the draw, and that collect() replaces on the host.
+std::optional<EngineCore::Launch> EngineCore::launch(bool overlapped) {
     const Clock::time_point t0 = Clock::now();
-    const SchedulerOutput sched = scheduler_.schedule();
-    if (sched.empty()) return outputs;
+    if (overlapped) {
+        for (size_t i = 0; i < inflight_->draws.size(); ++i) {
+            Launch::Draw& d = inflight_->draws[i];
+            const auto it = requests_.find(d.request_id);
+            if (it == requests_.end() || it->second->finished[d.index]) continue;
+            Sequence& seq = *it->second->seqs[d.index];
+            if (seq.num_output() + 1 >= seq.max_tokens) continue;  // this draw ends it
+            d.token_at = seq.num_tokens();
+            seq.tokens.push_back(-1 - static_cast<int32_t>(i));
+        }
+    }
+    Launch l;
+    l.sched = scheduler_.schedule();
+    if (l.sched.empty()) return std::nullopt;
     ++totals_.steps;
-    const Clock::time_point now = t0;
-    for (const ScheduledSeq& s : sched.seqs) {
+    for (const ScheduledSeq& s : l.sched.seqs) {
         RequestState& r = *requests_.at(s.seq->request_id);
         if (!r.was_scheduled) {
             r.was_scheduled = true;
-            r.scheduled = now;
+            r.scheduled = t0;
         }
     }
-    build_batch(sched, executor_.block_size(), batch_);
+    build_batch(l.sched, executor_.block_size(), batch_);
     // Sampling happens on the device when the executor can and no sequence needs what only
     // the CPU sampler does (logit_bias, min_tokens masking); then only token ids come back.
-    bool on_device = executor_.samples_on_device();
-    for (size_t i = 0; on_device && i < sched.seqs.size(); ++i) {
-        const Sequence& q = *sched.seqs[i].seq;
-        on_device = !sched.seqs[i].sample || (q.sampling->logit_bias.empty() && q.num_output() >= q.sampling->min_tokens);
+    // (An overlapped launch was allowed only when every live sequence qualifies.)
+    l.on_device = executor_.samples_on_device();
+    for (size_t i = 0; l.on_device && i < l.sched.seqs.size(); ++i) {
+        const Sequence& q = *l.sched.seqs[i].seq;
+        l.on_device = !l.sched.seqs[i].sample ||
+                      (q.sampling->logit_bias.empty() && q.num_output() >= q.sampling->min_tokens);
     }
+    PG_CHECK(l.on_device || !overlapped, "an overlapped step must sample on the device");
     const Clock::time_point t1 = Clock::now();
-    executor_.copy_blocks(sched.block_copies);
-    if (on_device)
+    executor_.copy_blocks(l.sched.block_copies);
+    if (l.on_device)
         executor_.execute_on_device(batch_);
     else
         executor_.execute(batch_, logits_);
     const Clock::time_point t2 = Clock::now();
-    scheduler_.commit(sched);
     totals_.schedule_seconds += std::chrono::duration<double>(t1 - t0).count();
     totals_.execute_seconds += std::chrono::duration<double>(t2 - t1).count();
 
     // Who samples from which logits row: each sampling sequence, and right after a prompt
     // with n > 1 the other n-1 choices too, each drawing its own first token from that row.
-    struct Group {
-        RequestState* r;
-        size_t first, count;  // its entries in specs
-    };
-    std::vector<Group> groups;
-    std::vector<SampleSpec>& specs = specs_;
-    specs.clear();
     int row = 0;
-    for (const ScheduledSeq& s : sched.seqs) {
+    for (const ScheduledSeq& s : l.sched.seqs) {
         if (!s.sample) continue;
         Sequence& first = *s.seq;
         RequestState& r = *requests_.at(first.request_id);
         const bool want_lp = r.req.sampling.logprobs >= 0;
-        Group g{&r, specs.size(), 1};
-        specs.push_back({row, &first, want_lp});
+        l.specs.push_back({row, &first, want_lp});
+        l.draws.push_back({r.req.id, first.index, -1});
         if (!r.forked && r.req.sampling.n > 1 && first.index == 0 && first.num_output() == 0) {
             fork_choices(r, first);
-            for (size_t i = 1; i < r.seqs.size(); ++i) specs.push_back({row, r.seqs[i].get(), want_lp});
-            g.count = r.seqs.size();
+            for (size_t i = 1; i < r.seqs.size(); ++i) {
+                l.specs.push_back({row, r.seqs[i].get(), want_lp});
+                l.draws.push_back({r.req.id, static_cast<int>(i), -1});
+            }
         }
-        groups.push_back(g);
         ++row;
     }
+    if (!overlapped) start_sampling(l, {});
+    return l;
+}
+
+// Commits the step's tokens to the cache bookkeeping and queues its draws, leaving out the
+// sequences that ended since it was scheduled (their results are dropped).
+void EngineCore::start_sampling(Launch& l, const std::vector<const Sequence*>& ended) {
+    auto gone = [&](const Sequence* s) { return std::find(ended.begin(), ended.end(), s) != ended.end(); };
+    if (!ended.empty()) {
+        std::erase_if(l.sched.seqs, [&](const ScheduledSeq& s) { return gone(s.seq); });
+        size_t kept = 0;
+        for (size_t i = 0; i < l.specs.size(); ++i) {
+            if (gone(l.specs[i].seq)) continue;
+            if (kept != i) {
+                l.specs[kept] = l.specs[i];
+                l.draws[kept] = std::move(l.draws[i]);
+            }
+            ++kept;
+        }
+        l.specs.resize(kept);
+        l.draws.resize(kept);
+    }
+    scheduler_.commit(l.sched);
+    if (l.on_device && !l.specs.empty()) executor_.launch_sampling(l.specs);
+}
+
+// Takes the step's draws: tokens into their sequences (over placeholders where a later step
+// was queued), stop checks, outputs. Draws of sequences that ended meanwhile are dropped;
+// sequences ending now are added to `ended` (their memory may be gone after this).
+void EngineCore::collect(Launch& l, std::vector<RequestOutput>& outputs, std::vector<const Sequence*>& ended) {
+    const Clock::time_point t0 = Clock::now();
     std::vector<int32_t>& tokens = sampled_;
     std::vector<TokenLogprob>& lps = sampled_lps_;
-    if (on_device) {
-        executor_.sample_on_device(specs, tokens, lps);
-    } else {
+    if (l.specs.empty()) {
+        tokens.clear();
+    } else if (l.on_device) {
+        executor_.collect_samples(tokens, lps);
+    } else {  // sampled here, right after the step (never overlapped)
         const int vocab = executor_.vocab_size();
-        tokens.resize(specs.size());
-        lps.resize(specs.size());
-        for (size_t i = 0; i < specs.size(); ++i) {
-            const float* logits = logits_.data() + static_cast<size_t>(specs[i].row) * vocab;
-            tokens[i] = sampler_.sample(logits, vocab, *specs[i].seq, specs[i].logprobs ? &lps[i] : nullptr);
+        tokens.resize(l.specs.size());
+        lps.resize(l.specs.size());
+        for (size_t i = 0; i < l.specs.size(); ++i) {
+            const float* logits = logits_.data() + static_cast<size_t>(l.specs[i].row) * vocab;
+            tokens[i] = sampler_.sample(logits, vocab, *l.specs[i].seq, l.specs[i].logprobs ? &lps[i] : nullptr);
         }
     }
+    PG_CHECK(tokens.size() == l.specs.size());
 
-    for (const Group& g : groups) {
-        RequestState& r = *g.r;
-        for (size_t i = g.first; i < g.first + g.count; ++i) {
-            Sequence* seq = specs[i].seq;
+    // The draws of one request are consecutive (a sequence, or a prompt's n choices).
+    for (size_t g = 0; g < l.draws.size();) {
+        size_t end = g + 1;
+        while (end < l.draws.size() && l.draws[end].request_id == l.draws[g].request_id) ++end;
+        const auto it = requests_.find(l.draws[g].request_id);
+        if (it == requests_.end()) {  // aborted while the step ran
+            g = end;
+            continue;
+        }
+        RequestState& r = *it->second;
+        bool any = false;
+        for (size_t i = g; i < end; ++i) {
+            const Launch::Draw& d = l.draws[i];
+            if (r.finished[d.index]) continue;
+            Sequence* seq = r.seqs[d.index].get();
+            any = true;
             RequestOutput out;
             out.request_id = r.req.id;
             out.index = seq->index;
             const int32_t tok = tokens[i];
-            seq->tokens.push_back(tok);
+            if (d.token_at >= 0)
+                seq->tokens[d.token_at] = tok;
+            else
+                seq->tokens.push_back(tok);
             ++totals_.generation_tokens;
             out.token_ids.push_back(tok);
-            if (specs[i].logprobs) out.logprobs.push_back(std::move(lps[i]));
+            if (l.specs[i].logprobs) out.logprobs.push_back(std::move(lps[i]));
 
             const SamplingParams& p = r.req.sampling;
             const bool is_eos = std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), tok) !=
@@ -290,15 +366,38 @@ std::vector<RequestOutput> EngineCore::step() {
                 else if (seq->num_output() >= seq->max_tokens)
                     finish_choice(r, *seq, FinishReason::Length, "", out);
             }
+            if (seq->status == SeqStatus::Finished) ended.push_back(seq);
             outputs.push_back(std::move(out));
         }
+        g = end;
+        if (!any) continue;
         if (!r.has_token) {
             r.has_token = true;
             r.first_token = Clock::now();
         }
         if (r.num_finished == r.req.sampling.n) finish_request(r, outputs.back());
     }
-    totals_.postprocess_seconds += std::chrono::duration<double>(Clock::now() - t2).count();
+    totals_.postprocess_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::vector<RequestOutput> EngineCore::step() {
+    std::vector<RequestOutput> outputs = std::move(pending_);
+    pending_.clear();
+    if (!inflight_) {
+        inflight_ = launch(false);
+        if (!inflight_) return outputs;
+    }
+    // Queue the next step before waiting for this one when its inputs can come from the
+    // device: the host's scheduling and enqueueing then overlap the device's work.
+    std::optional<Launch> next;
+    if (can_overlap(*inflight_)) next = launch(true);
+    std::vector<const Sequence*> ended;
+    collect(*inflight_, outputs, ended);
+    inflight_.reset();
+    if (next) {
+        start_sampling(*next, ended);
+        inflight_ = std::move(next);
+    }
     return outputs;
 }
 

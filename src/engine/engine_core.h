@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -22,6 +23,9 @@ struct EngineConfig {
     EvictionPolicy eviction = EvictionPolicy::Lru;
     bool prefix_caching = true;
     std::vector<int32_t> eos_token_ids;
+    // With device sampling, queue step N+1 before step N's tokens come back (its sequences take
+    // N's draws as input tokens on the device), so the host's work overlaps the device's.
+    bool async_scheduling = true;
 };
 
 struct EngineStats {
@@ -58,9 +62,10 @@ class EngineCore {
     // blocks; the outputs come with the next `step()`. Unknown ids are ignored.
     void abort_request(const std::string& id);
 
-    // One iteration. Returns what it produced (and any pending abort outputs).
+    // One iteration: the outputs of one model step (and any pending abort outputs). Under
+    // async scheduling the next step is already queued when it returns.
     std::vector<RequestOutput> step();
-    bool has_unfinished() const { return !requests_.empty(); }
+    bool has_unfinished() const { return !requests_.empty() || inflight_.has_value(); }
     EngineStats stats() const;
 
     const BlockManager& block_manager() const { return blocks_; }
@@ -70,6 +75,22 @@ class EngineCore {
 
   private:
     struct RequestState;
+    // A queued model step and who draws from its logits.
+    struct Launch {
+        SchedulerOutput sched;
+        std::vector<SampleSpec> specs;  // their sequence pointers are checked through `draws` later
+        struct Draw {
+            std::string request_id;
+            int index = 0;      // choice index in the request
+            int token_at = -1;  // >= 0: the slot in the sequence's tokens holding this draw's placeholder
+        };
+        std::vector<Draw> draws;  // one per spec
+        bool on_device = false;
+    };
+    std::optional<Launch> launch(bool overlapped);
+    bool can_overlap(const Launch& l) const;
+    void collect(Launch& l, std::vector<RequestOutput>& outputs, std::vector<const Sequence*>& ended);
+    void start_sampling(Launch& l, const std::vector<const Sequence*>& ended);
     void finish_choice(RequestState& r, Sequence& seq, FinishReason reason, std::string stop, RequestOutput& out);
     void finish_request(RequestState& r, RequestOutput& last);
     void fork_choices(RequestState& r, Sequence& parent);
@@ -86,9 +107,9 @@ class EngineCore {
     uint64_t next_arrival_ = 1;
     BatchInput batch_;
     std::vector<float> logits_;
-    std::vector<SampleSpec> specs_;  // this step's draws
     std::vector<int32_t> sampled_;
     std::vector<TokenLogprob> sampled_lps_;
+    std::optional<Launch> inflight_;          // the queued step whose draws are not collected
     EngineStats totals_;
 };
 

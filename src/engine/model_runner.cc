@@ -12,8 +12,10 @@ namespace peregrine {
 void ModelExecutor::execute_on_device(const BatchInput&) {
     fail("this executor samples on the CPU only");
 }
-void ModelExecutor::sample_on_device(const std::vector<SampleSpec>&, std::vector<int32_t>&,
-                                     std::vector<TokenLogprob>&) {
+void ModelExecutor::launch_sampling(const std::vector<SampleSpec>&) {
+    fail("this executor samples on the CPU only");
+}
+void ModelExecutor::collect_samples(std::vector<int32_t>&, std::vector<TokenLogprob>&) {
     fail("this executor samples on the CPU only");
 }
 
@@ -56,10 +58,14 @@ void LlamaExecutor::execute_on_device(const BatchInput& batch) {
     *device_logits_ = model_.forward_device(batch, *cache_);
 }
 
-void LlamaExecutor::sample_on_device(const std::vector<SampleSpec>& specs, std::vector<int32_t>& tokens,
-                                     std::vector<TokenLogprob>& logprobs) {
-    PG_CHECK(sampler_ && !device_logits_->empty(), "sample_on_device without execute_on_device");
-    sampler_->sample(*device_logits_, specs, tokens, logprobs);
+void LlamaExecutor::launch_sampling(const std::vector<SampleSpec>& specs) {
+    PG_CHECK(sampler_ && !device_logits_->empty(), "launch_sampling without execute_on_device");
+    sampler_->launch(*device_logits_, specs);
+}
+
+void LlamaExecutor::collect_samples(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& logprobs) {
+    PG_CHECK(sampler_, "collect_samples without a device sampler");
+    sampler_->collect(tokens, logprobs);
 }
 
 void build_batch(const SchedulerOutput& out, int block_size, BatchInput& b) {

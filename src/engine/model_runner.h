@@ -27,13 +27,18 @@ struct SampleSpec {
 // Sampling where the logits are (a GPU): only token ids and requested logprobs come back.
 // Handles penalties, temperature, top-k/p, min-p and seeds; not logit_bias or min_tokens
 // masking, for which the engine downloads the logits and samples on the CPU.
+// One draw set at a time: launch, then collect, then the next launch.
 class DeviceSampler {
   public:
     virtual ~DeviceSampler() = default;
-    // logits: [rows, vocab] f32 on the device. tokens/logprobs: one per spec (logprobs only
-    // filled for specs that ask).
-    virtual void sample(const Tensor& logits, const std::vector<SampleSpec>& specs, std::vector<int32_t>& tokens,
-                        std::vector<TokenLogprob>& logprobs) = 0;
+    // Queues the draws. logits: [rows, vocab] f32 on the device. The specs' sequences are read
+    // here only (parameters, seeds, penalty histories), not by collect.
+    virtual void launch(const Tensor& logits, const std::vector<SampleSpec>& specs) = 0;
+    // Waits for the last launch's draws: one token per spec, logprobs filled for specs that ask.
+    virtual void collect(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& logprobs) = 0;
+    // Up to how many draws of the last launch the next step can take as input tokens on the
+    // device (BatchInput token id -1 - i = draw i) without them coming back first; 0 = none.
+    virtual int max_fed_draws() const { return 0; }
 };
 
 // What the engine needs from a model: run a batch against its own KV cache. The real one
@@ -49,12 +54,16 @@ class ModelExecutor {
     virtual void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) = 0;
     // logits: [batch.logits_indices.size(), vocab].
     virtual void execute(const BatchInput& batch, std::vector<float>& logits) = 0;
-    // Whether execute_on_device / sample_on_device are available.
+    // Whether execute_on_device / launch_sampling / collect_samples are available.
     virtual bool samples_on_device() const { return false; }
-    // Runs the batch and keeps its logits where they are computed, for sample_on_device.
+    // Queues the batch and keeps its logits where they are computed, for launch_sampling. Token
+    // ids -1 - i stand for draw i of the last launch_sampling (see max_fed_draws).
     virtual void execute_on_device(const BatchInput& batch);
-    virtual void sample_on_device(const std::vector<SampleSpec>& specs, std::vector<int32_t>& tokens,
-                                  std::vector<TokenLogprob>& logprobs);
+    // Queues draws from the last execute_on_device's logits; collect_samples waits for them.
+    virtual void launch_sampling(const std::vector<SampleSpec>& specs);
+    virtual void collect_samples(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& logprobs);
+    // DeviceSampler::max_fed_draws: 0 when the next batch cannot take draws before they return.
+    virtual int max_fed_draws() const { return 0; }
 };
 
 // The model and its paged KV cache on one backend.
@@ -73,8 +82,9 @@ class LlamaExecutor final : public ModelExecutor {
     void execute(const BatchInput& batch, std::vector<float>& logits) override;
     bool samples_on_device() const override { return sampler_ != nullptr; }
     void execute_on_device(const BatchInput& batch) override;
-    void sample_on_device(const std::vector<SampleSpec>& specs, std::vector<int32_t>& tokens,
-                          std::vector<TokenLogprob>& logprobs) override;
+    void launch_sampling(const std::vector<SampleSpec>& specs) override;
+    void collect_samples(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& logprobs) override;
+    int max_fed_draws() const override { return sampler_ ? sampler_->max_fed_draws() : 0; }
 
   private:
     LlamaModel& model_;

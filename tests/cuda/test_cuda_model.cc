@@ -8,6 +8,7 @@
 #include <random>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_sampler.h"
 #include "engine/engine_core.h"
 #include "engine/model_runner.h"
 #include "golden/engine_runs.h"
@@ -146,6 +147,45 @@ TEST(GpuEngine, CrowdOf64MatchesAlone) {
                         invariant ? "batch-invariant" : "default kernels", graphs ? "graphs" : "eager", differ,
                         g.cuda().num_graphs());
         }
+}
+
+// Async scheduling on the GPU: each step is queued before the previous one's draws come back,
+// its sequences taking them from the sampler's device buffer (graphs and eager). Same tokens
+// as waiting for every step, greedy and seeded sampling alike (batch-invariant kernels: the
+// two runs may group sequences into different batches).
+TEST(GpuEngine, AsyncSchedulingMatchesWaiting) {
+    SKIP_WITHOUT_GPU();
+    for (bool graphs : {true, false}) {
+        GpuModel g(models_dir() + "/stories260K", graphs, true);
+        CudaSampler sampler(g.cuda(), 64, g.vocab());
+        std::vector<Request> reqs = random_greedy_requests(48, 7);
+        for (size_t i = 0; i < reqs.size(); i += 3) {
+            reqs[i].sampling.temperature = 0.8f;
+            reqs[i].sampling.top_p = 0.9f;
+            reqs[i].sampling.seed = 1000 + i;
+        }
+        for (size_t i = 1; i < reqs.size(); i += 4) reqs[i].sampling.ignore_eos = false;
+        TokensById got[2];
+        for (int async : {0, 1}) {
+            LlamaExecutor ex(*g.model, *g.backend, 512, 16, &sampler);
+            EngineConfig cfg;
+            cfg.async_scheduling = async;
+            cfg.scheduler.max_num_seqs = 64;
+            cfg.scheduler.max_num_batched_tokens = 256;
+            cfg.eos_token_ids = g.loaded->config.eos_token_ids;
+            EngineCore core(cfg, ex, nullptr);
+            std::mt19937 rng(3);
+            size_t next = 0;
+            while (next < reqs.size() || core.has_unfinished()) {
+                for (int k = rng() % 4; k > 0 && next < reqs.size(); --k) core.add_request(reqs[next++]);
+                for (const RequestOutput& o : core.step())
+                    got[async][o.request_id].insert(got[async][o.request_id].end(), o.token_ids.begin(),
+                                                    o.token_ids.end());
+            }
+            EXPECT_EQ(core.block_manager().num_used(), 0);
+        }
+        for (const Request& r : reqs) EXPECT_EQ(got[1].at(r.id), got[0].at(r.id)) << r.id << (graphs ? " graphs" : "");
+    }
 }
 
 }  // namespace

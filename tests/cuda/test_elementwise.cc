@@ -55,7 +55,7 @@ TEST(CudaElementwise, EmbeddingMatchesCpu) {
         DeviceBuffer<int32_t> d_ids(ids);
         DeviceBuffer<float> d_out(ref.size());
         d_out.fill_bytes(0xff);
-        cuda::embedding(d_table.get(), d_ids.get(), n, hidden, d_out.get(), nullptr);
+        cuda::embedding(d_table.get(), d_ids.get(), nullptr, n, hidden, d_out.get(), nullptr);
         EXPECT_EQ(d_out.download(), ref) << "hidden " << hidden;  // bf16 -> f32 is exact
     }
 }
@@ -68,10 +68,28 @@ TEST(CudaElementwise, EmbeddingNegativeIdGivesZeros) {
     DeviceBuffer<int32_t> d_ids(std::vector<int32_t>{-1, 2});
     DeviceBuffer<float> d_out(2 * hidden);
     d_out.fill_bytes(0xff);
-    cuda::embedding(d_table.get(), d_ids.get(), 2, hidden, d_out.get(), nullptr);
+    cuda::embedding(d_table.get(), d_ids.get(), nullptr, 2, hidden, d_out.get(), nullptr);
     const std::vector<float> out = d_out.download();
     for (int i = 0; i < hidden; ++i) EXPECT_EQ(out[i], 0.0f);
     EXPECT_EQ(cuda_test::count_nonfinite(out), 0u);
+}
+
+// Async scheduling: id -1 - j takes the previous step's draw j from the feed buffer.
+TEST(CudaElementwise, EmbeddingTakesFedDraws) {
+    PG_SKIP_WITHOUT_CUDA();
+    std::mt19937 rng(3);
+    const int hidden = 64, vocab = 5;
+    const std::vector<uint16_t> table = to_bf16(random_floats(vocab * hidden, rng));
+    DeviceBuffer<uint16_t> d_table(table);
+    DeviceBuffer<int32_t> d_feed(std::vector<int32_t>{4, 1, 3});
+    DeviceBuffer<int32_t> d_ids(std::vector<int32_t>{-3, 2, -1, -2});
+    DeviceBuffer<float> d_out(4 * hidden);
+    cuda::embedding(d_table.get(), d_ids.get(), d_feed.get(), 4, hidden, d_out.get(), nullptr);
+    const std::vector<float> out = d_out.download();
+    const int want[4] = {3, 2, 4, 1};
+    for (int r = 0; r < 4; ++r)
+        for (int i = 0; i < hidden; ++i)
+            ASSERT_EQ(out[r * hidden + i], bf16_to_f32(table[want[r] * hidden + i])) << "row " << r;
 }
 
 // ---- rms_norm --------------------------------------------------------------------------------
@@ -389,7 +407,7 @@ TEST(CudaElementwise, FillRandomEqualsCpuDummyWeights) {
 
 TEST(CudaElementwise, EmptyLaunchesAreNoOps) {
     PG_SKIP_WITHOUT_CUDA();
-    cuda::embedding(nullptr, nullptr, 0, 64, nullptr, nullptr);
+    cuda::embedding(nullptr, nullptr, nullptr, 0, 64, nullptr, nullptr);
     cuda::rms_norm(nullptr, true, nullptr, nullptr, 1e-6f, nullptr, true, 0, 64, nullptr);
     cuda::DeviceBatch db;
     cuda::rope_and_cache(nullptr, nullptr, nullptr, db, nullptr, 64, 1.0f, true, 4, 4, 64, nullptr, nullptr, nullptr);

@@ -1,6 +1,9 @@
 // A model stand-in for engine tests: its "KV cache" stores token ids per slot, and the logits
 // of a position are a hash of every token the sequence's block table reaches. A wrong slot,
 // a stale block or a missed copy-on-write changes the logits, so outputs reveal them.
+// With enable_device_sampling it also plays a GPU executor's sampling contract: logits stay
+// inside, draws are launched then collected, and a batch may name the last launch's draws as
+// its tokens (id -1 - i), as under async scheduling.
 #pragma once
 
 #include <cmath>
@@ -9,6 +12,7 @@
 
 #include "core/error.h"
 #include "engine/model_runner.h"
+#include "engine/sampler.h"
 
 namespace peregrine::testing {
 
@@ -55,12 +59,56 @@ public:
         ++steps_;
     }
 
+    void enable_device_sampling(int max_fed_draws) {
+        device_ = true;
+        max_fed_ = max_fed_draws;
+    }
+    bool samples_on_device() const override { return device_; }
+    int max_fed_draws() const override { return device_ ? max_fed_ : 0; }
+
+    void execute_on_device(const BatchInput& b) override {
+        PG_CHECK(device_);
+        BatchInput resolved = b;
+        for (int32_t& id : resolved.token_ids)
+            if (id < 0) {
+                PG_CHECK(-1 - id < static_cast<int>(draws_.size()), "token ", id, " names no draw of the last launch");
+                id = draws_[-1 - id];
+                ++fed_;
+            }
+        execute(resolved, logits_);
+    }
+    void launch_sampling(const std::vector<SampleSpec>& specs) override {
+        PG_CHECK(device_ && !launched_, "launch_sampling before the last launch was collected");
+        launched_ = true;
+        draws_.assign(specs.size(), 0);
+        lps_.assign(specs.size(), TokenLogprob{});
+        for (size_t i = 0; i < specs.size(); ++i) {
+            // A real device sampler reads the history here (penalties): it must be known.
+            for (int32_t t : specs[i].seq->tokens) PG_CHECK(t >= 0, "a placeholder token reached the sampler");
+            draws_[i] = sampler_.sample(logits_.data() + static_cast<size_t>(specs[i].row) * vocab_, vocab_,
+                                        *specs[i].seq, specs[i].logprobs ? &lps_[i] : nullptr);
+        }
+    }
+    void collect_samples(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& logprobs) override {
+        PG_CHECK(launched_, "collect_samples without a launch");
+        launched_ = false;
+        tokens = draws_;
+        logprobs = lps_;
+    }
+
     size_t copies_ = 0;
     size_t steps_ = 0;
+    size_t fed_ = 0;  // tokens taken from draws on the "device"
 
 private:
     int num_blocks_, block_size_, vocab_, max_len_;
     std::vector<int32_t> slots_;  // [num_blocks * block_size] token id written at each slot
+    bool device_ = false, launched_ = false;
+    int max_fed_ = 0;
+    Sampler sampler_{{}};
+    std::vector<float> logits_;  // the last execute_on_device's
+    std::vector<int32_t> draws_;
+    std::vector<TokenLogprob> lps_;
 };
 
 }  // namespace peregrine::testing

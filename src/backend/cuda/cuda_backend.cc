@@ -107,6 +107,7 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
     PG_CUDA_CHECK(cudaMalloc(&lt_workspace_, lt_workspace_bytes_));
     PG_CUDA_CHECK(cudaMalloc(&scratch_ints_, kScratchInts * sizeof(int32_t)));
     PG_CUDA_CHECK(cudaMallocHost(&scratch_host_, kScratchInts * sizeof(int32_t)));
+    for (cudaEvent_t& e : meta_copied_) PG_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
 
 CudaBackend::~CudaBackend() {
@@ -115,7 +116,8 @@ CudaBackend::~CudaBackend() {
     gemms_.clear();
     for (void* p : owned_) cudaFree(p);
     cudaFree(meta_dev_);
-    cudaFreeHost(meta_host_);
+    for (int32_t* h : meta_host_) cudaFreeHost(h);
+    for (cudaEvent_t e : meta_copied_) cudaEventDestroy(e);
     cudaFree(scratch_ints_);
     cudaFreeHost(scratch_host_);
     cudaFree(attn_ws_);
@@ -286,19 +288,33 @@ void CudaBackend::ensure_meta(int tokens, int seqs, int stride) {
     seq_cap_ = std::max({seqs, seq_cap_, 256});
     stride_cap_ = std::max({stride, stride_cap_, 64});
     if (meta_dev_) cudaFree(meta_dev_);
-    if (meta_host_) cudaFreeHost(meta_host_);
+    for (int32_t*& h : meta_host_)
+        if (h) cudaFreeHost(h);
     meta_ints_ = static_cast<size_t>(tok_cap_) * 4 + 2 * static_cast<size_t>(seq_cap_ + 1) +
                  static_cast<size_t>(seq_cap_) * stride_cap_;
     PG_CUDA_CHECK(cudaMalloc(&meta_dev_, meta_ints_ * sizeof(int32_t)));
-    PG_CUDA_CHECK(cudaMallocHost(&meta_host_, meta_ints_ * sizeof(int32_t)));
+    for (int32_t*& h : meta_host_) PG_CUDA_CHECK(cudaMallocHost(&h, meta_ints_ * sizeof(int32_t)));
+}
+
+void CudaBackend::set_token_feed(const int32_t* feed, int rows) {
+    PG_CHECK(!capturing(), "CUDA backend: token feed changed while recording a graph");
+    if (feed == feed_ && rows == feed_rows_) return;
+    clear_graphs();
+    feed_ = feed;
+    feed_rows_ = rows;
 }
 
 void CudaBackend::begin_step(const BatchInput& b) {
     const int n = b.num_tokens(), s = b.num_seqs();
     ensure_meta(n, s, b.max_blocks_per_seq);
-    // Wait for the previous step's reads of the pinned twin before overwriting it.
-    synchronize();
-    int32_t* h = meta_host_;
+    for (int32_t id : b.token_ids)
+        PG_CHECK(id >= -feed_rows_, "CUDA backend: token id ", id, " is neither a token nor one of ", feed_rows_,
+                 " fed draws");
+    // This twin's last copy (two steps ago) must be done before it is overwritten; the other
+    // twin may still be queued behind a running step.
+    meta_turn_ ^= 1;
+    PG_CUDA_CHECK(cudaEventSynchronize(meta_copied_[meta_turn_]));
+    int32_t* h = meta_host_[meta_turn_];
     int32_t* tok = h;
     int32_t* pos = h + tok_cap_;
     int32_t* slot = h + 2 * tok_cap_;
@@ -327,14 +343,15 @@ void CudaBackend::begin_step(const BatchInput& b) {
     // capacity-sized span (about 130 KB at 8,192 tokens of capacity, for a batch-1 decode too).
     constexpr size_t I = sizeof(int32_t);
     if (n > 0)
-        PG_CUDA_CHECK(cudaMemcpy2DAsync(meta_dev_, tok_cap_ * I, meta_host_, tok_cap_ * I, n * I, 4,
-                                        cudaMemcpyHostToDevice, stream_));
+        PG_CUDA_CHECK(
+            cudaMemcpy2DAsync(meta_dev_, tok_cap_ * I, h, tok_cap_ * I, n * I, 4, cudaMemcpyHostToDevice, stream_));
     const size_t seq_pitch = static_cast<size_t>(seq_cap_ + 1) * I;
     PG_CUDA_CHECK(cudaMemcpy2DAsync(meta_dev_ + 4 * tok_cap_, seq_pitch, qs, seq_pitch, (s + 1) * I, 2,
                                     cudaMemcpyHostToDevice, stream_));
     if (s > 0)
         PG_CUDA_CHECK(cudaMemcpyAsync(meta_dev_ + (tables - h), tables, static_cast<size_t>(s) * stride_cap_ * I,
                                       cudaMemcpyHostToDevice, stream_));
+    PG_CUDA_CHECK(cudaEventRecord(meta_copied_[meta_turn_], stream_));
 
     int32_t* d = meta_dev_;
     dbatch_.num_tokens = n;
@@ -404,7 +421,8 @@ void CudaBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, 
     PG_CHECK(out.dtype == DType::F32);
     const int32_t* d_ids =
         (step_ && ids == step_->token_ids.data()) ? dbatch_.token_ids : device_ints(ids, n, scratch_ints_);
-    cuda::embedding(bf(table), d_ids, static_cast<int>(n), static_cast<int>(table.cols()), out.ptr<float>(), stream_);
+    cuda::embedding(bf(table), d_ids, feed_, static_cast<int>(n), static_cast<int>(table.cols()), out.ptr<float>(),
+                    stream_);
 }
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,

@@ -13,6 +13,8 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_kernels.h"
 
+typedef struct CUevent_st* cudaEvent_t;  // as cuda_runtime.h has it
+
 namespace peregrine {
 
 struct CudaOptions {
@@ -83,6 +85,9 @@ class CudaBackend final : public Backend {
 
     cudaStream_t stream() const { return stream_; }
     void synchronize();
+    // The device buffer [rows] where the sampler leaves its draws: a step's token id -1 - i is
+    // replaced by feed[i] on the device. Drops graph recordings (they hold the old address).
+    void set_token_feed(const int32_t* feed, int rows);
     // Device memory free and total, bytes.
     void memory_info(size_t& free_bytes, size_t& total_bytes) const;
     // Bytes of device memory this backend allocated for weights.
@@ -128,13 +133,18 @@ class CudaBackend final : public Backend {
     std::vector<void*> owned_;
     size_t weight_bytes_ = 0;
 
-    // The current step's metadata: one device buffer and its pinned host twin, laid out as
+    // The current step's metadata: one device buffer and two pinned host twins used in turn
+    // (a step may be prepared while the previous one's copy is still queued), laid out as
     // token_ids, positions, slot_mapping, logits_indices [tok_cap each], query_start
     // [seq_cap + 1], context_lens [seq_cap], block_tables [seq_cap, stride_cap].
     int tok_cap_ = 0, seq_cap_ = 0, stride_cap_ = 0;
     int32_t* meta_dev_ = nullptr;
-    int32_t* meta_host_ = nullptr;
+    int32_t* meta_host_[2] = {nullptr, nullptr};
+    cudaEvent_t meta_copied_[2] = {nullptr, nullptr};  // after the copies out of each twin
+    int meta_turn_ = 0;
     size_t meta_ints_ = 0;
+    const int32_t* feed_ = nullptr;  // set_token_feed
+    int feed_rows_ = 0;
     const BatchInput* step_ = nullptr;
     cuda::DeviceBatch dbatch_;
     const int32_t* d_logits_indices_ = nullptr;

@@ -36,8 +36,11 @@ struct DeviceBatch {
     const int32_t* slot_mapping = nullptr;  // [num_tokens]; -1 marks a padding token (no cache write)
 };
 
-// out[i, :] = f32(table[ids[i], :]). table: [vocab, hidden] bf16; out: [n, hidden] f32.
-void embedding(const bf16_t* table, const int32_t* ids, int n, int hidden, float* out, cudaStream_t stream);
+// out[i, :] = f32(table[ids[i], :]). table: [vocab, hidden] bf16; out: [n, hidden] f32. An id
+// -1 - j stands for feed[j] (the previous step's draw j; async scheduling); with no feed,
+// negative ids give zero rows.
+void embedding(const bf16_t* table, const int32_t* ids, const int32_t* feed, int n, int hidden, float* out,
+               cudaStream_t stream);
 
 // With residual != nullptr: residual += x; out = rms_norm(residual) * weight.
 // Otherwise out = rms_norm(x) * weight. x is f32 when x_f32 else bf16; out is f32 when out_f32

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <unordered_map>
 
 #include "backend/cuda/cuda_check.h"
@@ -44,6 +45,7 @@ struct CudaSampler::Buffers {
     int32_t* top_ids_host = nullptr;
     float* top_lp_host = nullptr;
     void* workspace = nullptr;
+    cudaEvent_t done = nullptr;  // after the last launch's copies back
 };
 
 CudaSampler::CudaSampler(CudaBackend& backend, int max_rows, int vocab)
@@ -61,6 +63,8 @@ CudaSampler::CudaSampler(CudaBackend& backend, int max_rows, int vocab)
     b_->top_ids_host = host_alloc<int32_t>(r * k);
     b_->top_lp_host = host_alloc<float>(r * k);
     PG_CUDA_CHECK(cudaMalloc(&b_->workspace, std::max<size_t>(cuda::sample_workspace_bytes(max_rows, vocab), 1)));
+    PG_CUDA_CHECK(cudaEventCreateWithFlags(&b_->done, cudaEventDisableTiming));
+    backend_.set_token_feed(b_->tok_dev, max_rows);
 }
 
 CudaSampler::~CudaSampler() {
@@ -72,25 +76,64 @@ CudaSampler::~CudaSampler() {
          {static_cast<void*>(b_->rows_host), static_cast<void*>(b_->pen_host), static_cast<void*>(b_->tok_host),
           static_cast<void*>(b_->lp_host), static_cast<void*>(b_->top_ids_host), static_cast<void*>(b_->top_lp_host)})
         if (p) cudaFreeHost(p);
+    if (b_->done) cudaEventDestroy(b_->done);
 }
 
-void CudaSampler::sample(const Tensor& logits, const std::vector<SampleSpec>& specs, std::vector<int32_t>& tokens,
-                         std::vector<TokenLogprob>& logprobs) {
+void CudaSampler::launch(const Tensor& logits, const std::vector<SampleSpec>& specs) {
+    PG_CHECK(!queued_, "CudaSampler: launch before the previous launch was collected");
     const int n = static_cast<int>(specs.size());
+    done_tokens_.clear();
+    done_logprobs_.clear();
+    if (n <= max_rows_) {
+        enqueue(logits, specs);
+        return;
+    }
+    // More draws than rows (choices forked this step): in pieces, each waited for.
+    for (int i = 0; i < n; i += max_rows_) {
+        const std::vector<SampleSpec> part(specs.begin() + i, specs.begin() + std::min(n, i + max_rows_));
+        std::vector<int32_t> t;
+        std::vector<TokenLogprob> l;
+        enqueue(logits, part);
+        collect(t, l);
+        done_tokens_.insert(done_tokens_.end(), t.begin(), t.end());
+        std::move(l.begin(), l.end(), std::back_inserter(done_logprobs_));
+    }
+}
+
+void CudaSampler::collect(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& logprobs) {
+    if (!queued_) {  // sampled in pieces by launch
+        tokens = done_tokens_;
+        logprobs = std::move(done_logprobs_);
+        done_logprobs_.clear();
+        return;
+    }
+    queued_ = false;
+    const int n = static_cast<int>(top_.size());
     tokens.resize(n);
     logprobs.resize(n);
     if (n == 0) return;
-    if (n > max_rows_) {  // more draws than rows (choices forked this step): in pieces
-        std::vector<int32_t> t;
-        std::vector<TokenLogprob> l;
-        for (int i = 0; i < n; i += max_rows_) {
-            const std::vector<SampleSpec> part(specs.begin() + i, specs.begin() + std::min(n, i + max_rows_));
-            sample(logits, part, t, l);
-            std::copy(t.begin(), t.end(), tokens.begin() + i);
-            std::move(l.begin(), l.end(), logprobs.begin() + i);
-        }
-        return;
+    PG_CUDA_CHECK(cudaEventSynchronize(b_->done));  // not the stream: a later step may be queued behind
+    const size_t k = cuda::kMaxSampleLogprobs;
+    for (int i = 0; i < n; ++i) {
+        tokens[i] = b_->tok_host[i];
+        if (top_[i] < 0) continue;
+        TokenLogprob& lp = logprobs[i];
+        lp.token = tokens[i];
+        lp.logprob = b_->lp_host[i];
+        lp.top.clear();
+        for (int j = 0; j < top_[i]; ++j) lp.top.emplace_back(b_->top_ids_host[i * k + j], b_->top_lp_host[i * k + j]);
     }
+}
+
+// The pinned parameter / penalty buffers written here were last read by the previous launch's
+// copies, which finished before its collect returned (launch and collect alternate).
+void CudaSampler::enqueue(const Tensor& logits, const std::vector<SampleSpec>& specs) {
+    const int n = static_cast<int>(specs.size());
+    queued_ = true;
+    top_.assign(n, -1);
+    for (int i = 0; i < n; ++i)
+        if (specs[i].logprobs) top_[i] = std::min(specs[i].seq->sampling->logprobs, cuda::kMaxSampleLogprobs);
+    if (n == 0) return;
     PG_CHECK(logits.dtype == DType::F32 && logits.cols() == vocab_);
     cudaStream_t stream = backend_.stream();
 
@@ -186,17 +229,7 @@ void CudaSampler::sample(const Tensor& logits, const std::vector<SampleSpec>& sp
         PG_CUDA_CHECK(
             cudaMemcpyAsync(b_->top_lp_host, b_->top_lp_dev, n * k * sizeof(float), cudaMemcpyDeviceToHost, stream));
     }
-    backend_.synchronize();
-    for (int i = 0; i < n; ++i) {
-        tokens[i] = b_->tok_host[i];
-        if (!specs[i].logprobs) continue;
-        TokenLogprob& lp = logprobs[i];
-        lp.token = tokens[i];
-        lp.logprob = b_->lp_host[i];
-        lp.top.clear();
-        const int top = std::min(specs[i].seq->sampling->logprobs, cuda::kMaxSampleLogprobs);
-        for (int j = 0; j < top; ++j) lp.top.emplace_back(b_->top_ids_host[i * k + j], b_->top_lp_host[i * k + j]);
-    }
+    PG_CUDA_CHECK(cudaEventRecord(b_->done, stream));
 }
 
 }  // namespace peregrine
