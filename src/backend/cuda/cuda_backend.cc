@@ -290,8 +290,8 @@ void CudaBackend::ensure_meta(int tokens, int seqs, int stride) {
     if (meta_dev_) cudaFree(meta_dev_);
     for (int32_t*& h : meta_host_)
         if (h) cudaFreeHost(h);
-    meta_ints_ = static_cast<size_t>(tok_cap_) * 4 + 2 * static_cast<size_t>(seq_cap_ + 1) +
-                 static_cast<size_t>(seq_cap_) * stride_cap_;
+    meta_ints_ = static_cast<size_t>(tok_cap_ + 3) * 4 + 2 * static_cast<size_t>(seq_cap_ + 4) +
+                 static_cast<size_t>(seq_cap_) * stride_cap_;  // begin_step's layout, 16-byte aligned
     PG_CUDA_CHECK(cudaMalloc(&meta_dev_, meta_ints_ * sizeof(int32_t)));
     for (int32_t*& h : meta_host_) PG_CUDA_CHECK(cudaMallocHost(&h, meta_ints_ * sizeof(int32_t)));
 }
@@ -314,43 +314,33 @@ void CudaBackend::begin_step(const BatchInput& b) {
     // twin may still be queued behind a running step.
     meta_turn_ ^= 1;
     PG_CUDA_CHECK(cudaEventSynchronize(meta_copied_[meta_turn_]));
+    // The step's regions lie back to back at 16-byte boundaries, so one copy moves them: token
+    // ids, positions, slots, logits rows [n each], query_start [s + 1], context_lens [s], block
+    // tables [s, stride_cap]. The layout depends only on (n, s): a decode graph, recorded for its
+    // bucket's padded size, finds every later step of that bucket where it recorded the first.
+    auto up4 = [](int x) { return (x + 3) / 4 * 4; };
+    const int nt = up4(n), ns = up4(s + 1);
+    const size_t o_pos = nt, o_slot = 2 * nt, o_lidx = 3 * nt, o_qs = 4 * nt, o_ctx = o_qs + ns, o_tab = o_ctx + ns;
+    const size_t total = o_tab + static_cast<size_t>(s) * stride_cap_;
+    PG_CHECK(total <= meta_ints_ && static_cast<int>(b.logits_indices.size()) <= n);
     int32_t* h = meta_host_[meta_turn_];
-    int32_t* tok = h;
-    int32_t* pos = h + tok_cap_;
-    int32_t* slot = h + 2 * tok_cap_;
-    int32_t* lidx = h + 3 * tok_cap_;
-    int32_t* qs = h + 4 * tok_cap_;
-    int32_t* ctx = qs + seq_cap_ + 1;
-    int32_t* tables = ctx + seq_cap_ + 1;
-    std::copy(b.token_ids.begin(), b.token_ids.end(), tok);
-    std::copy(b.positions.begin(), b.positions.end(), pos);
-    std::copy(b.slot_mapping.begin(), b.slot_mapping.end(), slot);
-    std::copy(b.logits_indices.begin(), b.logits_indices.end(), lidx);
-    std::copy(b.query_start.begin(), b.query_start.end(), qs);
-    std::copy(b.context_lens.begin(), b.context_lens.end(), ctx);
+    std::copy(b.token_ids.begin(), b.token_ids.end(), h);
+    std::copy(b.positions.begin(), b.positions.end(), h + o_pos);
+    std::copy(b.slot_mapping.begin(), b.slot_mapping.end(), h + o_slot);
+    std::copy(b.logits_indices.begin(), b.logits_indices.end(), h + o_lidx);
+    std::copy(b.query_start.begin(), b.query_start.end(), h + o_qs);
+    std::copy(b.context_lens.begin(), b.context_lens.end(), h + o_ctx);
     int max_q = 0, max_ctx = 0;
     for (int i = 0; i < s; ++i) {
         max_q = std::max(max_q, b.query_start[i + 1] - b.query_start[i]);
         max_ctx = std::max(max_ctx, b.context_lens[i]);
         // Re-stride the block table to the fixed capacity (graph recordings keep the stride).
         const int32_t* src = b.block_tables.data() + static_cast<size_t>(i) * b.max_blocks_per_seq;
-        int32_t* dst = tables + static_cast<size_t>(i) * stride_cap_;
+        int32_t* dst = h + o_tab + static_cast<size_t>(i) * stride_cap_;
         std::copy(src, src + b.max_blocks_per_seq, dst);
         std::fill(dst + b.max_blocks_per_seq, dst + stride_cap_, -1);
     }
-    // Only the used prefix of each region travels (three copies: the four per-token regions as
-    // rows of one 2-D copy, the two per-sequence ones likewise, then the tables), not the
-    // capacity-sized span (about 130 KB at 8,192 tokens of capacity, for a batch-1 decode too).
-    constexpr size_t I = sizeof(int32_t);
-    if (n > 0)
-        PG_CUDA_CHECK(
-            cudaMemcpy2DAsync(meta_dev_, tok_cap_ * I, h, tok_cap_ * I, n * I, 4, cudaMemcpyHostToDevice, stream_));
-    const size_t seq_pitch = static_cast<size_t>(seq_cap_ + 1) * I;
-    PG_CUDA_CHECK(cudaMemcpy2DAsync(meta_dev_ + 4 * tok_cap_, seq_pitch, qs, seq_pitch, (s + 1) * I, 2,
-                                    cudaMemcpyHostToDevice, stream_));
-    if (s > 0)
-        PG_CUDA_CHECK(cudaMemcpyAsync(meta_dev_ + (tables - h), tables, static_cast<size_t>(s) * stride_cap_ * I,
-                                      cudaMemcpyHostToDevice, stream_));
+    PG_CUDA_CHECK(cudaMemcpyAsync(meta_dev_, h, total * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
     PG_CUDA_CHECK(cudaEventRecord(meta_copied_[meta_turn_], stream_));
 
     int32_t* d = meta_dev_;
@@ -360,12 +350,12 @@ void CudaBackend::begin_step(const BatchInput& b) {
     dbatch_.max_query_len = max_q;
     dbatch_.max_context_len = max_ctx;
     dbatch_.token_ids = d;
-    dbatch_.positions = d + tok_cap_;
-    dbatch_.slot_mapping = d + 2 * tok_cap_;
-    d_logits_indices_ = d + 3 * tok_cap_;
-    dbatch_.query_start = d + 4 * tok_cap_;
-    dbatch_.context_lens = d + 4 * tok_cap_ + seq_cap_ + 1;
-    dbatch_.block_tables = d + 4 * tok_cap_ + 2 * (seq_cap_ + 1);
+    dbatch_.positions = d + o_pos;
+    dbatch_.slot_mapping = d + o_slot;
+    d_logits_indices_ = d + o_lidx;
+    dbatch_.query_start = d + o_qs;
+    dbatch_.context_lens = d + o_ctx;
+    dbatch_.block_tables = d + o_tab;
     step_ = &b;
 }
 

@@ -133,10 +133,8 @@ class CudaBackend final : public Backend {
     std::vector<void*> owned_;
     size_t weight_bytes_ = 0;
 
-    // The current step's metadata: one device buffer and two pinned host twins used in turn
-    // (a step may be prepared while the previous one's copy is still queued), laid out as
-    // token_ids, positions, slot_mapping, logits_indices [tok_cap each], query_start
-    // [seq_cap + 1], context_lens [seq_cap], block_tables [seq_cap, stride_cap].
+    // The current step's metadata (layout in begin_step): one device buffer and two pinned host
+    // twins used in turn (a step may be prepared while the previous one's copy is still queued).
     int tok_cap_ = 0, seq_cap_ = 0, stride_cap_ = 0;
     int32_t* meta_dev_ = nullptr;
     int32_t* meta_host_[2] = {nullptr, nullptr};

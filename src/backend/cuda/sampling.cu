@@ -34,7 +34,8 @@ namespace peregrine::cuda {
 
 namespace {
 
-constexpr int kArgmaxChunks = 32;  // CTAs per row in greedy_argmax (<= 32: one warp folds them)
+constexpr int kArgmaxChunks = 128;  // CTAs per row in greedy_argmax (a multiple of 32)
+constexpr int kArgmaxThreads = 128;
 struct ArgmaxPartial {
     float value;
     int index;
@@ -712,53 +713,65 @@ __global__ void __launch_bounds__(kThreads, 2)
 constexpr size_t kSmemBytes = sizeof(Smem);
 
 // ---- greedy fast path ----------------------------------------------------------------------
-// A row's argmax over kArgmaxChunks CTAs (one CTA per row would read 128K logits alone: ~40 us
-// at batch 1), then one warp per row folds the partials in chunk order. Same rule as the greedy
-// path of sample_kernel: the largest value, the lowest id on ties, NaN never chosen.
+// A row's argmax over kArgmaxChunks CTAs whose threads each issue all their loads at once (16
+// bytes each; a 128K-logit row is then one round trip from L2, where the LM head left it), then
+// one warp per row folds the partials. Same rule as the greedy path of sample_kernel: the
+// largest value, the lowest id on ties, NaN never chosen (an order-independent fold).
 __device__ __forceinline__ bool argmax_better(float v, int i, float bv, int bi) {
     return v > bv || (v == bv && i < bi);  // false for NaN v
 }
 
-__global__ void __launch_bounds__(256)
+// V: logits per load (4 when rows are 16-byte aligned, else 1).
+template <int V>
+__global__ void __launch_bounds__(kArgmaxThreads)
     argmax_partial_kernel(const float* __restrict__ logits, int vocab, ArgmaxPartial* __restrict__ partials) {
     pdl_launch_dependents();
     pdl_wait();
     const int row = blockIdx.y, chunk = blockIdx.x;
-    const int per = (vocab + kArgmaxChunks - 1) / kArgmaxChunks;
-    const int begin = chunk * per, end = min(vocab, begin + per);
+    const int vecs = (vocab + V - 1) / V;  // V-wide groups in the row
+    const int per = (vecs + kArgmaxChunks - 1) / kArgmaxChunks;
+    const int begin = chunk * per, end = min(vecs, begin + per);
     const float* l = logits + static_cast<int64_t>(row) * vocab;
     float bv = -INFINITY;
     int bi = INT_MAX;
-#pragma unroll 4
-    for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
-        const float v = __ldg(l + i);
+    auto take = [&](float v, int i) {
         if (argmax_better(v, i, bv, bi)) bv = v, bi = i;
+    };
+#pragma unroll 4
+    for (int g = begin + threadIdx.x; g < end; g += kArgmaxThreads) {
+        if constexpr (V == 4) {
+            const float4 v = __ldg(reinterpret_cast<const float4*>(l) + g);
+            take(v.x, 4 * g), take(v.y, 4 * g + 1), take(v.z, 4 * g + 2), take(v.w, 4 * g + 3);
+        } else {
+            take(__ldg(l + g), g);
+        }
     }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
         const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (argmax_better(ov, oi, bv, bi)) bv = ov, bi = oi;
+        take(ov, oi);
     }
-    __shared__ ArgmaxPartial warp_best[8];
+    __shared__ ArgmaxPartial warp_best[kArgmaxThreads / 32];
     if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = {bv, bi};
     __syncthreads();
     if (threadIdx.x == 0) {
-        ArgmaxPartial b = warp_best[0];
-        for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w)
-            if (argmax_better(warp_best[w].value, warp_best[w].index, b.value, b.index)) b = warp_best[w];
-        partials[static_cast<int64_t>(row) * kArgmaxChunks + chunk] = b;
+        for (int w = 1; w < kArgmaxThreads / 32; ++w) take(warp_best[w].value, warp_best[w].index);
+        partials[static_cast<int64_t>(row) * kArgmaxChunks + chunk] = {bv, bi};
     }
 }
 
-// One warp per row (kArgmaxChunks <= 32 partials, one per lane).
+// One warp per row, kArgmaxChunks / 32 partials per lane.
 __global__ void argmax_final_kernel(const ArgmaxPartial* __restrict__ partials, int n, int32_t* __restrict__ out) {
     pdl_launch_dependents();
     pdl_wait();
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= n) return;
     ArgmaxPartial b{-INFINITY, INT_MAX};
-    if (lane < kArgmaxChunks) b = partials[static_cast<int64_t>(row) * kArgmaxChunks + lane];
+    for (int c = lane; c < kArgmaxChunks; c += 32) {
+        const ArgmaxPartial p = partials[static_cast<int64_t>(row) * kArgmaxChunks + c];
+        if (argmax_better(p.value, p.index, b.value, b.index)) b = p;
+    }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) {
         const float ov = __shfl_xor_sync(0xffffffffu, b.value, o);
@@ -800,8 +813,11 @@ void greedy_argmax(const float* logits, int n, int vocab, int32_t* out_tokens, v
     if (n <= 0) return;
     if (vocab <= 0) fail("greedy_argmax: vocab ", vocab);
     auto* partials = static_cast<ArgmaxPartial*>(workspace);
-    launch_pdl(argmax_partial_kernel, dim3(kArgmaxChunks, static_cast<unsigned>(n)), dim3(256), 0, stream, logits,
-               vocab, partials);
+    const dim3 grid(kArgmaxChunks, static_cast<unsigned>(n));
+    if (vocab % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0)
+        launch_pdl(argmax_partial_kernel<4>, grid, dim3(kArgmaxThreads), 0, stream, logits, vocab, partials);
+    else
+        launch_pdl(argmax_partial_kernel<1>, grid, dim3(kArgmaxThreads), 0, stream, logits, vocab, partials);
     check_launch("greedy_argmax");
     launch_pdl(argmax_final_kernel, dim3(static_cast<unsigned>((n + 3) / 4)), dim3(128), 0, stream,
                static_cast<const ArgmaxPartial*>(partials), n, out_tokens);
