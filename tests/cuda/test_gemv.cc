@@ -13,6 +13,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "core/half.h"
+#include "cuda_test_util.h"
 
 namespace peregrine {
 namespace {
@@ -191,6 +192,139 @@ TEST(CudaGemv, FusedNormAndResidualAddMatchSeparateSteps) {
             }
         }
     }
+}
+
+// Every decode-product entry point (plain f32 / bf16 out, silu, norm, norm + silu, add) against
+// a double-precision reference on the same bf16 values. At n = 1 the add and (k >= 4096) normed
+// products take the persistent kernel: shapes with one, several or partial row blocks per CTA,
+// one or several weight groups per row block, and a normed x too large to stage (k = 32768).
+// Then bitwise against the one-block-per-CTA kernel (set_gemv_config 2x1), which sums in the
+// same order.
+TEST(CudaGemv, EveryEntryPointMatchesReferenceAndOneBlockPerCta) {
+    PG_SKIP_WITHOUT_CUDA();
+    using cuda_test::DeviceBuffer;
+    std::mt19937 rng(17);
+    cudaStream_t stream;
+    PG_CUDA_CHECK(cudaStreamCreate(&stream));
+    const float eps = 1e-5f;
+    for (auto [m, k] : {std::pair{3072, 2048}, std::pair{1030, 64}, std::pair{1030, 4096}, std::pair{130, 14336},
+                        std::pair{8, 32768}}) {
+        for (int n = 1; n <= 4; ++n) {
+            const std::vector<float> x =
+                cuda_test::round_bf16(cuda_test::random_floats(static_cast<size_t>(n) * k, rng));
+            const std::vector<float> xr =
+                cuda_test::random_floats(static_cast<size_t>(n) * k, rng, -3.0f, 3.0f);  // residual
+            const std::vector<float> g = cuda_test::random_floats(k, rng, 0.5f, 1.5f);
+            const std::vector<float> w =
+                cuda_test::round_bf16(cuda_test::random_floats(static_cast<size_t>(m) * k, rng, -0.05f, 0.05f));
+            const std::vector<float> res = cuda_test::random_floats(static_cast<size_t>(n) * m, rng);
+            // Double references: plain[j][r] (x . w), normed[j][r] (rms_norm(xr) * g . w).
+            std::vector<double> plain(static_cast<size_t>(n) * m), normed(static_cast<size_t>(n) * m);
+            for (int j = 0; j < n; ++j) {
+                double ss = 0;
+                for (int c = 0; c < k; ++c)
+                    ss += static_cast<double>(xr[static_cast<size_t>(j) * k + c]) * xr[static_cast<size_t>(j) * k + c];
+                const double inv = 1.0 / std::sqrt(ss / k + eps);
+                for (int r = 0; r < m; ++r) {
+                    double p = 0, q = 0;
+                    for (int c = 0; c < k; ++c) {
+                        const double wv = w[static_cast<size_t>(r) * k + c];
+                        p += wv * x[static_cast<size_t>(j) * k + c];
+                        q += wv * xr[static_cast<size_t>(j) * k + c] * g[c] * inv;
+                    }
+                    plain[static_cast<size_t>(j) * m + r] = p;
+                    normed[static_cast<size_t>(j) * m + r] = q;
+                }
+            }
+            auto silu_of = [&](const std::vector<double>& ref) {
+                std::vector<float> out(static_cast<size_t>(n) * (m / 2));
+                for (int j = 0; j < n; ++j)
+                    for (int i = 0; i < m / 2; ++i) {
+                        const double gv = ref[static_cast<size_t>(j) * m + i],
+                                     uv = ref[static_cast<size_t>(j) * m + m / 2 + i];
+                        out[static_cast<size_t>(j) * (m / 2) + i] = static_cast<float>(gv / (1.0 + std::exp(-gv)) * uv);
+                    }
+                return out;
+            };
+            std::vector<float> want[6];
+            want[0].assign(plain.begin(), plain.end());
+            want[1] = want[0];
+            want[2] = silu_of(plain);
+            want[3].assign(normed.begin(), normed.end());
+            want[4] = silu_of(normed);
+            want[5] = res;
+            for (size_t i = 0; i < res.size(); ++i) want[5][i] += static_cast<float>(plain[i]);
+            const char* names[] = {"gemv f32", "gemv bf16", "gemv_silu", "gemv_norm", "gemv_norm_silu", "gemv_add"};
+            const double tol[] = {1e-5, 8e-3, 8e-3, 1e-5, 8e-3, 1e-5};
+
+            DeviceBuffer<uint16_t> dx(cuda_test::to_bf16(x)), dw(cuda_test::to_bf16(w));
+            DeviceBuffer<float> dxr(xr), dg(g), of(static_cast<size_t>(n) * m), oa(static_cast<size_t>(n) * m);
+            DeviceBuffer<uint16_t> ob(static_cast<size_t>(n) * m), os(static_cast<size_t>(n) * (m / 2));
+            // Runs all six with the current config; returns each output's raw bytes.
+            auto run_all = [&]() {
+                std::vector<std::vector<uint8_t>> bytes;
+                auto keep = [&](const auto& buf) {
+                    const auto h = buf.download();
+                    std::vector<uint8_t> b(h.size() * sizeof(h[0]));
+                    std::memcpy(b.data(), h.data(), b.size());
+                    bytes.push_back(std::move(b));
+                };
+                for (int i = 0; i < 6; ++i) {
+                    of.fill_bytes(0xff);
+                    ob.fill_bytes(0xff);
+                    os.fill_bytes(0xff);
+                    oa.upload(res);
+                    switch (i) {
+                        case 0:
+                            cuda::gemv(dx.get(), dw.get(), of.get(), true, n, m, k, stream);
+                            keep(of);
+                            break;
+                        case 1:
+                            cuda::gemv(dx.get(), dw.get(), ob.get(), false, n, m, k, stream);
+                            keep(ob);
+                            break;
+                        case 2:
+                            cuda::gemv_silu(dx.get(), dw.get(), os.get(), n, m, k, stream);
+                            keep(os);
+                            break;
+                        case 3:
+                            cuda::gemv_norm(dxr.get(), dg.get(), eps, dw.get(), of.get(), true, n, m, k, stream);
+                            keep(of);
+                            break;
+                        case 4:
+                            cuda::gemv_norm_silu(dxr.get(), dg.get(), eps, dw.get(), os.get(), n, m, k, stream);
+                            keep(os);
+                            break;
+                        case 5:
+                            cuda::gemv_add(dx.get(), dw.get(), oa.get(), n, m, k, stream);
+                            keep(oa);
+                            break;
+                    }
+                }
+                return bytes;
+            };
+            const auto got = run_all();
+            for (int i = 0; i < 6; ++i) {
+                std::vector<float> f(want[i].size());
+                if (got[i].size() == f.size() * 4) {
+                    std::memcpy(f.data(), got[i].data(), got[i].size());
+                } else {
+                    std::vector<uint16_t> h(f.size());
+                    std::memcpy(h.data(), got[i].data(), got[i].size());
+                    f = cuda_test::from_bf16(h);
+                }
+                ASSERT_EQ(cuda_test::count_nonfinite(f), 0u) << names[i] << " n " << n << " m " << m << " k " << k;
+                EXPECT_LT(cuda_test::rel_error(f, want[i]), tol[i])
+                    << names[i] << " n " << n << " m " << m << " k " << k;
+            }
+            cuda::set_gemv_config(2, 1);
+            const auto one_block = run_all();
+            cuda::set_gemv_config(0, 0);
+            for (int i = 0; i < 6; ++i)
+                EXPECT_TRUE(got[i] == one_block[i]) << names[i] << " n " << n << " m " << m << " k " << k;
+        }
+    }
+    PG_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
 // Decode-product speed on the Llama 1B / 8B shapes, n = 1: a chain of launches over rotating

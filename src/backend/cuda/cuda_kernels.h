@@ -104,7 +104,8 @@ void gemv_add(const bf16_t* x, const bf16_t* w, float* out, int n, int m, int k,
 // out += x, both f32 with n elements.
 void add_f32(const float* x, float* out, int64_t n, cudaStream_t stream);
 // Test hook: rows per CTA and 16-byte chunks in flight per row and thread, one of 2x1, 2x2,
-// 2x4, 1x4, 1x8 (0, 0: chosen by k).
+// 2x4, 1x4, 1x8, of the one-CTA-per-row-block kernel, which then takes every product (0, 0:
+// chosen by k, and at n = 1 some products take the persistent kernel).
 void set_gemv_config(int rows, int depth);
 
 // ---- batch-invariant products -------------------------------------------------------------------

@@ -9,8 +9,13 @@
 //   scales its dot products by 1 / sqrt(mean(x^2) + eps) at the end: no normalised copy of x.
 // (A residual-add + RMSNorm epilogue done by the last CTA to finish was tried and cost 10-20% of
 // decode speed on an H100: not kept.)
+// Two kernels: gemv_kernel, one CTA per row block (thousands of short CTAs), and at n = 1 for
+// some products gemv_persistent_kernel, one CTA per resident slot walking a range of row blocks
+// with x staged once in shared memory (launch_persistent_by_k says which, with the numbers).
 #include <cuda_bf16.h>
 
+#include <algorithm>
+#include <atomic>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
@@ -23,10 +28,19 @@ namespace {
 constexpr int kWarps = 4;  // warps per CTA; k is interleaved over all the CTA's threads
 constexpr int kThreads = kWarps * 32;
 
-// Test hook (set_gemv_config): rows per CTA and chunks in flight (2x1, 2x2, 2x4, 1x4, 1x8); 0 = by k.
+// Test hook (set_gemv_config): rows per CTA and chunks in flight (2x1, 2x2, 2x4, 1x4, 1x8) of
+// gemv_kernel, which then takes every product; 0 = by k.
 int g_rows = 0, g_depth = 0;
 
 enum Epilogue { kPlain, kSilu, kAdd };
+
+// Persistent kernel: weight bytes all its CTAs together prefetch to L2 before the wait. H100, 1B
+// decode with the o / down products persistent: 0 / 4 / 8 / 16 / 32 MB gave 940-945 / 944-946 /
+// 940 / 917-918 / 866-876 tok/s (more competes with the previous kernel's tail for DRAM).
+constexpr int64_t kPrefetchBytes = int64_t{8} << 20;
+// Persistent kernel: the most bytes of x it stages in shared memory (one token; 227 KB per CTA
+// at most on Hopper, the rest left for a second CTA and the next kernel's).
+constexpr size_t kMaxStagedX = 96 * 1024;
 
 struct Args {
     const void* x;      // [n, k] bf16, or f32 with a norm
@@ -188,10 +202,288 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
         static_cast<uint16_t*>(a.out)[idx] = to_bf16(total(r, j));
 }
 
+// Persistent form: one CTA per resident slot (SMs x occupancy). CTA b takes the units
+// [b * units / grid, (b + 1) * units / grid) (a unit is a row, or with silu a gate | up row
+// pair), in blocks of R rows (silu: R / 2 pairs). After pdl_wait it copies x once into shared
+// memory (NORM: x * norm in f32, with sum(x^2) from the same pass, reduced once per CTA), then
+// streams its row blocks, the next weight group in flight while it multiplies the current one.
+// The chunk each thread takes and every sum order are those of gemv_kernel with the same R and
+// D, so both give bitwise the same output.
+template <int N, int R, int D, int EPI, bool NORM>
+__global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a) {
+    static_assert(EPI != kSilu || R % 2 == 0, "silu pairs gate rows with up rows");
+    constexpr int U = EPI == kSilu ? R / 2 : R;  // units a row block
+    // [N, k] x as the products read it. NORM: f32 x * norm, each 8-element chunk c split in
+    // halves at [j][0][4c] and [j][1][4c] (16-byte reads across a warp, no bank conflicts);
+    // else bf16 as in global memory.
+    extern __shared__ uint4 x_smem[];
+    __shared__ float part[2][kWarps][R][N];  // per-warp row sums, two buffers: one barrier a block
+    __shared__ float ss_part[kWarps][N];     // NORM: per-warp sums of x^2
+    const uint16_t* __restrict__ w = a.w;
+    const int m = a.m, k = a.k, chunks = k / 8;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int units = EPI == kSilu ? m / 2 : m;
+    const int u_begin = static_cast<int>(static_cast<int64_t>(blockIdx.x) * units / gridDim.x);
+    const int u_end = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * units / gridDim.x);
+    const int groups = (chunks + D * kThreads - 1) / (D * kThreads);  // weight groups a row block
+    const int steps = (u_end - u_begin + U - 1) / U * groups;
+    auto row_of = [&](int u, int r) { return EPI == kSilu && r >= U ? m / 2 + u + r - U : u + r; };
+    auto valid = [&](int u, int r) { return u + r % U < u_end; };
+    // Loads the weight group g of the row block at unit u.
+    auto load_group = [&](int u, int g, uint4(&dst)[D][R]) {
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            const int c = threadIdx.x + (g * D + d) * kThreads;
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                dst[d][r] = valid(u, r) && c < chunks
+                                ? __ldg(reinterpret_cast<const uint4*>(w + static_cast<int64_t>(row_of(u, r)) * k) + c)
+                                : make_uint4(0, 0, 0, 0);
+        }
+    };
+    pdl_launch_dependents();
+    uint4 next[D][R];
+    load_group(u_begin, 0, next);
+    {  // The rest of this CTA's rows towards L2, up to its share of kPrefetchBytes.
+        const int64_t row_bytes = static_cast<int64_t>(k) * 2;
+        const int64_t cap = kPrefetchBytes / gridDim.x / (EPI == kSilu ? 2 : 1);
+        const int64_t bytes = min(static_cast<int64_t>(u_end - u_begin) * row_bytes, cap);
+#pragma unroll
+        for (int half = 0; half < (EPI == kSilu ? 2 : 1); ++half) {
+            const char* p = reinterpret_cast<const char*>(w + static_cast<int64_t>(row_of(u_begin, half * U)) * k);
+            for (int64_t i = threadIdx.x; i * 128 < bytes; i += kThreads)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i * 128));
+        }
+    }
+    pdl_wait();
+    // x into shared memory (NORM: with this thread's sums of x^2, in gemv_kernel's order).
+    float ss[N] = {};
+    for (int c = threadIdx.x; c < chunks; c += kThreads) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            if constexpr (NORM) {
+                const float4* xr =
+                    reinterpret_cast<const float4*>(static_cast<const float*>(a.x) + static_cast<int64_t>(j) * k) +
+                    2 * c;
+                const float4 x0 = xr[0], x1 = xr[1];
+                const float4 g0 = __ldg(reinterpret_cast<const float4*>(a.norm) + 2 * c);
+                const float4 g1 = __ldg(reinterpret_cast<const float4*>(a.norm) + 2 * c + 1);
+                const float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+                const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+#pragma unroll
+                for (int e = 0; e < 8; ++e) ss[j] = fmaf(v[e], v[e], ss[j]);
+                float4* xs = reinterpret_cast<float4*>(x_smem) + static_cast<int64_t>(j) * 2 * chunks;
+                xs[c] = make_float4(v[0] * g[0], v[1] * g[1], v[2] * g[2], v[3] * g[3]);
+                xs[chunks + c] = make_float4(v[4] * g[4], v[5] * g[5], v[6] * g[6], v[7] * g[7]);
+            } else {
+                x_smem[static_cast<int64_t>(j) * chunks + c] =
+                    reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + static_cast<int64_t>(j) * k)[c];
+            }
+        }
+    }
+    if constexpr (NORM) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            float v = ss[j];
+#pragma unroll
+            for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0) ss_part[warp][j] = v;
+        }
+    }
+    // add: the residual value this thread adds to (thread t < R * N: row t % R, token t / R) for
+    // the current row block, and the next one's, read one block ahead.
+    float resid = 0.0f, resid_next = 0.0f;
+    auto load_resid = [&](int u) {
+        const int r = threadIdx.x % R, j = threadIdx.x / R;
+        return threadIdx.x < R * N && valid(u, r)
+                   ? static_cast<const float*>(a.out)[static_cast<int64_t>(j) * m + row_of(u, r)]
+                   : 0.0f;
+    };
+    if constexpr (EPI == kAdd) resid = load_resid(u_begin);
+    __syncthreads();
+    // NORM: sqrt(mean(x^2) + eps) of the token this thread writes outputs of (if any).
+    const int own_j = threadIdx.x / U;
+    float rms = 1.0f;
+    if constexpr (NORM) {
+        if (own_j < N) {
+            float v = 0;
+#pragma unroll
+            for (int q = 0; q < kWarps; ++q) v += ss_part[q][own_j];
+            rms = sqrtf(v / static_cast<float>(k) + a.eps);
+        }
+    }
+
+    float acc[R][N] = {};
+    int u = u_begin, g = 0;            // the group being multiplied
+    int next_u = u_begin, next_g = 0;  // the group in `next`
+    int buf = 0;
+    for (int s = 0; s < steps; ++s) {
+        uint4 cur[D][R];
+#pragma unroll
+        for (int d = 0; d < D; ++d)
+#pragma unroll
+            for (int r = 0; r < R; ++r) cur[d][r] = next[d][r];
+        if (++next_g == groups) next_g = 0, next_u += U;
+        if (s + 1 < steps) {
+            load_group(next_u, next_g, next);
+            if constexpr (EPI == kAdd)
+                if (next_g == 0) resid_next = load_resid(next_u);
+        }
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            const int c = threadIdx.x + (g * D + d) * kThreads;
+            if (c >= chunks) break;
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                float xf[8];
+                if constexpr (NORM) {
+                    const float4* xs = reinterpret_cast<const float4*>(x_smem) + static_cast<int64_t>(j) * 2 * chunks;
+                    const float4 x0 = xs[c], x1 = xs[chunks + c];
+                    xf[0] = x0.x, xf[1] = x0.y, xf[2] = x0.z, xf[3] = x0.w;
+                    xf[4] = x1.x, xf[5] = x1.y, xf[6] = x1.z, xf[7] = x1.w;
+                } else {
+                    unpack8(x_smem[static_cast<int64_t>(j) * chunks + c], xf);
+                }
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    float wf[8];
+                    unpack8(cur[d][r], wf);
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[r][j] = fmaf(wf[e], xf[e], acc[r][j]);
+                }
+            }
+        }
+        if (++g < groups) continue;
+        // The row block at u is complete: sum the warps' parts in a fixed order and write.
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                float v = acc[r][j];
+#pragma unroll
+                for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+                if (lane == 0) part[buf][warp][r][j] = v;
+                acc[r][j] = 0.0f;
+            }
+        }
+        __syncthreads();
+        auto total = [&](int r, int j) {
+            float v = 0;
+#pragma unroll
+            for (int q = 0; q < kWarps; ++q) v += part[buf][q][r][j];
+            if constexpr (NORM) v /= rms;
+            return v;
+        };
+        if constexpr (EPI == kSilu) {
+            if (threadIdx.x < U * N) {
+                const int p = threadIdx.x % U, j = threadIdx.x / U;
+                if (valid(u, p)) {
+                    const float gv = total(p, j), uv = total(U + p, j);
+                    static_cast<uint16_t*>(a.out)[static_cast<int64_t>(j) * (m / 2) + u + p] =
+                        to_bf16(gv / (1.0f + expf(-gv)) * uv);
+                }
+            }
+        } else if (threadIdx.x < R * N) {
+            const int r = threadIdx.x % R, j = threadIdx.x / R;
+            if (valid(u, r)) {
+                const int64_t idx = static_cast<int64_t>(j) * m + row_of(u, r);
+                if (EPI == kAdd)
+                    static_cast<float*>(a.out)[idx] = resid + total(r, j);
+                else if (a.out_f32)
+                    static_cast<float*>(a.out)[idx] = total(r, j);
+                else
+                    static_cast<uint16_t*>(a.out)[idx] = to_bf16(total(r, j));
+            }
+        }
+        resid = resid_next;
+        buf ^= 1;
+        g = 0;
+        u += U;
+    }
+}
+
 template <int N, int R, int D, int EPI, bool NORM>
 void launch_rd(const Args& a, cudaStream_t stream) {
     const int blocks = EPI == kSilu ? a.m / 2 : (a.m + R - 1) / R;
     launch_pdl(gemv_kernel<N, R, D, EPI, NORM>, static_cast<unsigned>(blocks), kThreads, 0, stream, a);
+}
+
+// SM count of the current device, queried once per device.
+int sm_count_cached() {
+    static std::atomic<int> cached[64];
+    int dev = 0;
+    PG_CUDA_CHECK(cudaGetDevice(&dev));
+    std::atomic<int>& slot = cached[dev & 63];
+    int v = slot.load(std::memory_order_relaxed);
+    if (v > 0) return v;
+    PG_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    slot.store(v, std::memory_order_relaxed);
+    return v;
+}
+
+// Resident CTAs per SM of one persistent instantiation (x in `smem` bytes), cached per device
+// with the smem it was computed for (an instantiation usually meets one k).
+template <int N, int R, int D, int EPI, bool NORM>
+int resident_ctas(size_t smem) {
+    static std::atomic<uint64_t> cached[64];
+    int dev = 0;
+    PG_CUDA_CHECK(cudaGetDevice(&dev));
+    std::atomic<uint64_t>& slot = cached[dev & 63];
+    const uint64_t c = slot.load(std::memory_order_relaxed);
+    if (c != 0 && (c >> 32) == smem) return static_cast<int>(c & 0xffffffffu);
+    auto kernel = gemv_persistent_kernel<N, R, D, EPI, NORM>;
+    PG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    int v = 0;
+    PG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kernel, kThreads, smem));
+    v = std::max(v, 1);
+    slot.store((static_cast<uint64_t>(smem) << 32) | static_cast<uint32_t>(v), std::memory_order_relaxed);
+    return v;
+}
+
+template <int N, int R, int D, int EPI, bool NORM>
+void launch_persistent(const Args& a, cudaStream_t stream) {
+    const size_t smem = static_cast<size_t>(N) * a.k * (NORM ? 4 : 2);
+    const int per_sm = resident_ctas<N, R, D, EPI, NORM>(smem);
+    // Every CTA the same number of units, whole row blocks (the last CTA fewer): a CTA with one
+    // more unit than the rest would set the kernel's end.
+    constexpr int U = EPI == kSilu ? R / 2 : R;
+    const int units = EPI == kSilu ? a.m / 2 : a.m, slots = sm_count_cached() * per_sm;
+    const int per_cta = (units + slots * U - 1) / (slots * U) * U;
+    const int grid = (units + per_cta - 1) / per_cta;
+    launch_pdl(gemv_persistent_kernel<N, R, D, EPI, NORM>, static_cast<unsigned>(grid), kThreads, smem, stream, a);
+}
+
+// Launches the persistent kernel where it was measured faster (H100, `bench latency` batch 1,
+// each beside the one-block-per-CTA kernel in the same session) and returns whether it did:
+// - the add products (o, down): 1B 946-958 against 925-938 tok/s over four sessions;
+// - the normed products (q|k|v, gate|up) at k >= 4096: 8B 183.2-183.6 against 179.3-179.5 with
+//   them and the add products persistent, where the add products alone gave 174.6-175.7 against
+//   178.8-179.3; at k = 2048 (1B) they cost 1-2% (their ~8K short CTAs overlap the next kernel
+//   better than a full persistent grid does).
+// Plain products (the LM head persistent as well: 1B 927-932 against 940) and n > 1 (not
+// measured) stay on gemv_kernel, as does an x too large to stage in shared memory.
+template <int N, int EPI, bool NORM>
+bool launch_persistent_by_k(const Args& a, cudaStream_t stream) {
+    if constexpr (N != 1 || !(NORM || EPI == kAdd)) {
+        return false;
+    } else {
+        const int k = a.k;
+        if (g_rows > 0 || (NORM && k < 4096) || static_cast<size_t>(k) * (NORM ? 4 : 2) > kMaxStagedX) return false;
+        if constexpr (!NORM) {
+            if (k <= 2048) {
+                launch_persistent<N, 2, 2, EPI, NORM>(a, stream);
+                return true;
+            }
+        }
+        if (k <= 4096) {
+            launch_persistent<N, 2, 4, EPI, NORM>(a, stream);
+        } else if constexpr (EPI == kSilu) {
+            launch_persistent<N, 2, 4, EPI, NORM>(a, stream);
+        } else {
+            launch_persistent<N, 1, 8, EPI, NORM>(a, stream);
+        }
+        return true;
+    }
 }
 
 // Chunks in flight per thread by k (measured on an H100 over the Llama 1B/8B shapes,
@@ -199,6 +491,7 @@ void launch_rd(const Args& a, cudaStream_t stream) {
 // at once, longer rows one row with deeper groups. set_gemv_config overrides it.
 template <int N, int EPI, bool NORM>
 void launch(const Args& a, cudaStream_t stream) {
+    if (launch_persistent_by_k<N, EPI, NORM>(a, stream)) return;
     const int k = a.k;
     int rows = k <= 4096 ? 2 : 1;
     int depth = k <= 2048 ? (N == 1 ? 2 : 1) : k <= 4096 ? 4 : 8;
