@@ -27,27 +27,12 @@
 #include "backend/cuda/attention_internal.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace peregrine::cuda {
 namespace {
 
 std::atomic<AttentionKernelChoice> g_choice{AttentionKernelChoice::Auto};
-
-// SM count of the current device, queried once per device (132 on an H100 SXM).
-int sm_count() {
-    static std::atomic<int> cached[64];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 132;  // no device: only sizes are computed, nothing runs
-    }
-    std::atomic<int>& slot = cached[dev & 63];
-    int v = slot.load(std::memory_order_relaxed);
-    if (v > 0) return v;
-    PG_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    slot.store(v, std::memory_order_relaxed);
-    return v;
-}
 
 constexpr size_t align256(size_t x) {
     return (x + 255) & ~size_t{255};

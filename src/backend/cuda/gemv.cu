@@ -408,19 +408,6 @@ void launch_rd(const Args& a, cudaStream_t stream) {
     launch_pdl(gemv_kernel<N, R, D, EPI, NORM>, static_cast<unsigned>(blocks), kThreads, 0, stream, a);
 }
 
-// SM count of the current device, queried once per device.
-int sm_count_cached() {
-    static std::atomic<int> cached[64];
-    int dev = 0;
-    PG_CUDA_CHECK(cudaGetDevice(&dev));
-    std::atomic<int>& slot = cached[dev & 63];
-    int v = slot.load(std::memory_order_relaxed);
-    if (v > 0) return v;
-    PG_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    slot.store(v, std::memory_order_relaxed);
-    return v;
-}
-
 // Resident CTAs per SM of one persistent instantiation (x in `smem` bytes), cached per device
 // with the smem it was computed for (an instantiation usually meets one k).
 template <int N, int R, int D, int EPI, bool NORM>
@@ -447,7 +434,7 @@ void launch_persistent(const Args& a, cudaStream_t stream) {
     // Every CTA the same number of units, whole row blocks (the last CTA fewer): a CTA with one
     // more unit than the rest would set the kernel's end.
     constexpr int U = EPI == kSilu ? R / 2 : R;
-    const int units = EPI == kSilu ? a.m / 2 : a.m, slots = sm_count_cached() * per_sm;
+    const int units = EPI == kSilu ? a.m / 2 : a.m, slots = sm_count() * per_sm;
     const int per_cta = (units + slots * U - 1) / (slots * U) * U;
     const int grid = (units + per_cta - 1) / per_cta;
     launch_pdl(gemv_persistent_kernel<N, R, D, EPI, NORM>, static_cast<unsigned>(grid), kThreads, smem, stream, a);

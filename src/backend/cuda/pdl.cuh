@@ -27,6 +27,10 @@ __device__ __forceinline__ void pdl_launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
+// SM count of the current device, queried once per device (132 on an H100 SXM; 132 without a
+// device, where only sizes are computed).
+int sm_count();
+
 // Whether launch_pdl sets the attribute (PEREGRINE_PDL=0 turns it off, for comparisons).
 bool pdl_enabled();
 
