@@ -114,32 +114,38 @@ void profile_step(LlamaModel& model, Backend& backend, int tokens, int seqs, int
 
 // Runs one decode step of every batch bucket the backend records (CUDA graphs), so the
 // recordings, the first launch of each kernel and the decode products' algorithm timing happen
-// before the first request instead of inside its time to first token. The steps write one
-// cache slot per sequence in blocks [0, bucket): free blocks, written again before any read.
+// before the first request instead of inside its time to first token. A recording may also
+// depend on the context length (CUDA: the fused attention's split count at <= 4 sequences), so
+// each bucket runs at 1 and at 512 tokens of context. The steps write one cache slot per
+// sequence in blocks [0, bucket * blocks per sequence): free blocks, written again before any read.
 void record_decode_steps(ModelExecutor& executor, const Backend& backend, int max_seqs, int block_size) {
     const auto t0 = std::chrono::steady_clock::now();
-    int recorded = 0, last = 0;
+    int steps = 0, last = 0;
     for (int n = 1; n <= max_seqs; ++n) {
         const int bucket = backend.step_bucket(n);
-        if (bucket <= 0 || bucket == last || bucket > executor.num_kv_blocks()) continue;
+        if (bucket <= 0 || bucket == last) continue;
         last = bucket;
-        BatchInput b;
-        b.max_blocks_per_seq = 1;
-        b.query_start.push_back(0);
-        for (int s = 0; s < bucket; ++s) {
-            b.token_ids.push_back(0);
-            b.positions.push_back(0);
-            b.slot_mapping.push_back(s * block_size);
-            b.block_tables.push_back(s);
-            b.context_lens.push_back(1);
-            b.query_start.push_back(s + 1);
-            b.logits_indices.push_back(s);
+        for (const int context : {1, 512}) {
+            const int blocks = (context + block_size - 1) / block_size, pos = context - 1;
+            if (static_cast<int64_t>(bucket) * blocks > executor.num_kv_blocks()) continue;
+            BatchInput b;
+            b.max_blocks_per_seq = blocks;
+            b.query_start.push_back(0);
+            for (int s = 0; s < bucket; ++s) {
+                b.token_ids.push_back(0);
+                b.positions.push_back(pos);
+                b.slot_mapping.push_back((s * blocks + pos / block_size) * block_size + pos % block_size);
+                for (int i = 0; i < blocks; ++i) b.block_tables.push_back(s * blocks + i);
+                b.context_lens.push_back(context);
+                b.query_start.push_back(s + 1);
+                b.logits_indices.push_back(s);
+            }
+            executor.execute_on_device(b);
+            ++steps;
         }
-        executor.execute_on_device(b);
-        ++recorded;
     }
-    if (recorded > 0)
-        std::fprintf(stderr, "  recorded %d decode-step graphs (%.2fs)\n", recorded,
+    if (steps > 0)
+        std::fprintf(stderr, "  ran %d decode steps to record their graphs (%.2fs)\n", steps,
                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 

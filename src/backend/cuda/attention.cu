@@ -222,9 +222,10 @@ void rope_cache_attention(const RopeCacheAttentionArgs& a, cudaStream_t stream) 
     r.rotary_dim = a.rotary_dim;
     r.attention_factor = a.attention_factor;
     r.neox = a.neox;
-    attn::launch_decode_fused(make_params(a.attn), r,
-                              attn::decode_shape(b.num_seqs, a.attn.num_heads, a.attn.num_kv_heads, sm_count()),
-                              stream);
+    attn::launch_decode_fused(
+        make_params(a.attn), r,
+        attn::fused_decode_shape(b.num_seqs, a.attn.num_heads, a.attn.num_kv_heads, sm_count(), b.max_context_len),
+        stream);
 }
 
 }  // namespace peregrine::cuda

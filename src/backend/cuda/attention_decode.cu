@@ -37,6 +37,7 @@
 
 #include "backend/cuda/attention_internal.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rope_angles.cuh"
 
@@ -567,6 +568,12 @@ DecodeShape decode_shape(int num_seqs, int num_heads, int num_kv_heads, int sm_c
         sh.cluster = true;
         sh.splits = static_cast<int>(std::clamp<int64_t>(sm_count / units, 2, kMaxClusterSplits));
     }
+    return sh;
+}
+
+DecodeShape fused_decode_shape(int num_seqs, int num_heads, int num_kv_heads, int sm_count, int max_context) {
+    DecodeShape sh = decode_shape(num_seqs, num_heads, num_kv_heads, sm_count);
+    if (sh.cluster && max_context <= cuda::kShortDecodeContext) sh.splits = 2;
     return sh;
 }
 

@@ -79,6 +79,10 @@ struct DecodeShape {
 };
 // allow_cluster = false: the two-kernel path at every batch size (for timing comparisons).
 DecodeShape decode_shape(int num_seqs, int num_heads, int num_kv_heads, int sm_count, bool allow_cluster = true);
+// The fused kernel's shape: decode_shape's cluster, with 2 splits when no sequence has more than
+// kShortDecodeContext keys (H100, Llama 1B, batch 1: 985 against 975 tok/s at 128-256 tokens
+// of context; at 256-384 tokens 8 splits win, 974 against 966).
+DecodeShape fused_decode_shape(int num_seqs, int num_heads, int num_kv_heads, int sm_count, int max_context);
 bool decode_supports(int head_dim);
 void launch_decode(const Params& p, const DecodeShape& shape, float* ws_ml, float* ws_acc, cudaStream_t stream);
 

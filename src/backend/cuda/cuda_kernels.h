@@ -21,6 +21,11 @@ using bf16_t = uint16_t;  // raw bf16 bits in host code
 // field). Graph-safe: a CUDA graph captured with one DeviceBatch is replayed after new values
 // are copied into the same buffers, so kernels must read lengths from these arrays and use
 // the scalar fields only for grid sizing that stays valid for the whole bucket.
+// Pure-decode batches of <= 4 sequences whose contexts all fit in this many tokens take the
+// fused attention kernel with fewer splits: a graph recorded for such a step is valid only for
+// steps of the same class (CudaBackend::run_step keys its recordings by it).
+constexpr int kShortDecodeContext = 256;
+
 struct DeviceBatch {
     int num_tokens = 0;
     int num_seqs = 0;
