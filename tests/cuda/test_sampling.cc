@@ -196,9 +196,18 @@ TEST(CudaSampling, GreedyArgmaxFastPathMatchesSample) {
         DeviceBuffer<int32_t> d_out(n);
         d_out.fill_bytes(0xff);
         DeviceBuffer<unsigned char> ws(std::max<size_t>(1, cuda::sample_workspace_bytes(n, vocab)));
-        cuda::greedy_argmax(d_logits.get(), n, vocab, d_out.get(), ws.get(), nullptr);
+        int32_t* host = nullptr;  // pinned: the kernel writes the tokens there too
+        ASSERT_EQ(cudaMallocHost(&host, n * sizeof(int32_t)), cudaSuccess);
+        std::fill(host, host + n, -7);
+        int32_t* host_dev = nullptr;
+        ASSERT_EQ(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_dev), host, 0), cudaSuccess);
+        cuda::greedy_argmax(d_logits.get(), n, vocab, d_out.get(), host_dev, ws.get(), nullptr);
         const std::vector<int32_t> got = d_out.download();
-        for (int r = 0; r < n; ++r) EXPECT_EQ(got[r], ref.tokens[r]) << "vocab " << vocab << " row " << r;
+        for (int r = 0; r < n; ++r) {
+            EXPECT_EQ(got[r], ref.tokens[r]) << "vocab " << vocab << " row " << r;
+            EXPECT_EQ(host[r], ref.tokens[r]) << "vocab " << vocab << " row " << r << " (host copy)";
+        }
+        cudaFreeHost(host);
     }
 }
 

@@ -244,6 +244,9 @@ void sample(float* logits, int n, int vocab, const SamplingRow* rows, const Pena
 // The greedy rows' fast path (no penalties, no logprobs): out_tokens[r] = the argmax of
 // logits row r (lowest id on ties, NaN never chosen; 0 for a row of NaN), as sample() picks
 // for a greedy row, spread over many CTAs per row. workspace: sample_workspace_bytes(n, vocab).
-void greedy_argmax(const float* logits, int n, int vocab, int32_t* out_tokens, void* workspace, cudaStream_t stream);
+// out_host (may be null): the device address of pinned host memory that receives the tokens
+// too, written by the kernel itself (no copy to wait for after it).
+void greedy_argmax(const float* logits, int n, int vocab, int32_t* out_tokens, int32_t* out_host, void* workspace,
+                   cudaStream_t stream);
 
 }  // namespace peregrine::cuda

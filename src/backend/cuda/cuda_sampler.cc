@@ -41,6 +41,7 @@ struct CudaSampler::Buffers {
     int32_t* top_ids_dev = nullptr;
     float* top_lp_dev = nullptr;
     int32_t* tok_host = nullptr;
+    int32_t* tok_host_dev = nullptr;  // tok_host as the device addresses it
     float* lp_host = nullptr;
     int32_t* top_ids_host = nullptr;
     float* top_lp_host = nullptr;
@@ -59,6 +60,7 @@ CudaSampler::CudaSampler(CudaBackend& backend, int max_rows, int vocab)
     b_->top_ids_dev = device_alloc<int32_t>(r * k);
     b_->top_lp_dev = device_alloc<float>(r * k);
     b_->tok_host = host_alloc<int32_t>(r);
+    PG_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&b_->tok_host_dev), b_->tok_host, 0));
     b_->lp_host = host_alloc<float>(r);
     b_->top_ids_host = host_alloc<int32_t>(r * k);
     b_->top_lp_host = host_alloc<float>(r * k);
@@ -215,12 +217,14 @@ void CudaSampler::enqueue(const Tensor& logits, const std::vector<SampleSpec>& s
         pen.tokens = b_->pen_dev + n + 1;
         pen.counts = b_->pen_dev + n + 1 + m;
     }
-    if (all_greedy)
-        cuda::greedy_argmax(rows, n, vocab_, b_->tok_dev, b_->workspace, stream);
-    else
+    if (all_greedy) {  // the kernel writes the tokens to the host as well: no copy after it
+        cuda::greedy_argmax(rows, n, vocab_, b_->tok_dev, b_->tok_host_dev, b_->workspace, stream);
+    } else {
         cuda::sample(rows, n, vocab_, b_->rows_dev, pen, b_->tok_dev, b_->lp_dev, b_->top_ids_dev, b_->top_lp_dev,
                      b_->workspace, stream);
-    PG_CUDA_CHECK(cudaMemcpyAsync(b_->tok_host, b_->tok_dev, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+        PG_CUDA_CHECK(
+            cudaMemcpyAsync(b_->tok_host, b_->tok_dev, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+    }
     const size_t k = cuda::kMaxSampleLogprobs;
     if (any_logprobs) {
         PG_CUDA_CHECK(cudaMemcpyAsync(b_->lp_host, b_->lp_dev, n * sizeof(float), cudaMemcpyDeviceToHost, stream));

@@ -762,7 +762,8 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 }
 
 // One warp per row, kArgmaxChunks / 32 partials per lane.
-__global__ void argmax_final_kernel(const ArgmaxPartial* __restrict__ partials, int n, int32_t* __restrict__ out) {
+__global__ void argmax_final_kernel(const ArgmaxPartial* __restrict__ partials, int n, int32_t* __restrict__ out,
+                                    int32_t* out_host) {
     pdl_launch_dependents();
     pdl_wait();
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -778,7 +779,11 @@ __global__ void argmax_final_kernel(const ArgmaxPartial* __restrict__ partials, 
         const int oi = __shfl_xor_sync(0xffffffffu, b.index, o);
         if (argmax_better(ov, oi, b.value, b.index)) b.value = ov, b.index = oi;
     }
-    if (lane == 0) out[row] = b.index == INT_MAX ? 0 : b.index;  // a row of NaN only: token 0
+    if (lane == 0) {
+        const int32_t token = b.index == INT_MAX ? 0 : b.index;  // a row of NaN only: token 0
+        out[row] = token;
+        if (out_host) out_host[row] = token;
+    }
 }
 
 }  // namespace
@@ -809,7 +814,8 @@ void sample(float* logits, int n, int vocab, const SamplingRow* rows, const Pena
     check_launch("sample");
 }
 
-void greedy_argmax(const float* logits, int n, int vocab, int32_t* out_tokens, void* workspace, cudaStream_t stream) {
+void greedy_argmax(const float* logits, int n, int vocab, int32_t* out_tokens, int32_t* out_host, void* workspace,
+                   cudaStream_t stream) {
     if (n <= 0) return;
     if (vocab <= 0) fail("greedy_argmax: vocab ", vocab);
     auto* partials = static_cast<ArgmaxPartial*>(workspace);
@@ -820,7 +826,7 @@ void greedy_argmax(const float* logits, int n, int vocab, int32_t* out_tokens, v
         launch_pdl(argmax_partial_kernel<1>, grid, dim3(kArgmaxThreads), 0, stream, logits, vocab, partials);
     check_launch("greedy_argmax");
     launch_pdl(argmax_final_kernel, dim3(static_cast<unsigned>((n + 3) / 4)), dim3(128), 0, stream,
-               static_cast<const ArgmaxPartial*>(partials), n, out_tokens);
+               static_cast<const ArgmaxPartial*>(partials), n, out_tokens, out_host);
     check_launch("greedy_argmax");
 }
 
