@@ -256,25 +256,6 @@ std::optional<EngineCore::Launch> EngineCore::launch(bool overlapped) {
     totals_.schedule_seconds += std::chrono::duration<double>(t1 - t0).count();
     totals_.execute_seconds += std::chrono::duration<double>(t2 - t1).count();
 
-    // Who samples from which logits row: each sampling sequence, and right after a prompt
-    // with n > 1 the other n-1 choices too, each drawing its own first token from that row.
-    int row = 0;
-    for (const ScheduledSeq& s : l.sched.seqs) {
-        if (!s.sample) continue;
-        Sequence& first = *s.seq;
-        RequestState& r = *requests_.at(first.request_id);
-        const bool want_lp = r.req.sampling.logprobs >= 0;
-        l.specs.push_back({row, &first, want_lp});
-        l.draws.push_back({r.req.id, first.index, -1});
-        if (!r.forked && r.req.sampling.n > 1 && first.index == 0 && first.num_output() == 0) {
-            fork_choices(r, first);
-            for (size_t i = 1; i < r.seqs.size(); ++i) {
-                l.specs.push_back({row, r.seqs[i].get(), want_lp});
-                l.draws.push_back({r.req.id, static_cast<int>(i), -1});
-            }
-        }
-        ++row;
-    }
     if (!overlapped) start_sampling(l, {});
     return l;
 }
@@ -283,21 +264,32 @@ std::optional<EngineCore::Launch> EngineCore::launch(bool overlapped) {
 // sequences that ended since it was scheduled (their results are dropped).
 void EngineCore::start_sampling(Launch& l, const std::vector<const Sequence*>& ended) {
     auto gone = [&](const Sequence* s) { return std::find(ended.begin(), ended.end(), s) != ended.end(); };
-    if (!ended.empty()) {
-        std::erase_if(l.sched.seqs, [&](const ScheduledSeq& s) { return gone(s.seq); });
-        size_t kept = 0;
-        for (size_t i = 0; i < l.specs.size(); ++i) {
-            if (gone(l.specs[i].seq)) continue;
-            if (kept != i) {
-                l.specs[kept] = l.specs[i];
-                l.draws[kept] = std::move(l.draws[i]);
-            }
-            ++kept;
-        }
-        l.specs.resize(kept);
-        l.draws.resize(kept);
+    // A sampling sequence's logits row is its rank among the batch's sampling sequences.
+    std::vector<std::pair<int, Sequence*>> sampling;  // (row, sequence), live ones
+    int row = 0;
+    for (const ScheduledSeq& s : l.sched.seqs) {
+        if (!s.sample) continue;
+        if (!gone(s.seq)) sampling.emplace_back(row, s.seq);
+        ++row;
     }
+    if (!ended.empty()) std::erase_if(l.sched.seqs, [&](const ScheduledSeq& s) { return gone(s.seq); });
     scheduler_.commit(l.sched);
+    // Who draws: each sampling sequence, and right after a prompt with n > 1 the other n-1
+    // choices too (forked now, from the committed prompt), each drawing its own first token
+    // from that row.
+    for (const auto& [r_row, seq] : sampling) {
+        RequestState& r = *requests_.at(seq->request_id);
+        const bool want_lp = r.req.sampling.logprobs >= 0;
+        l.specs.push_back({r_row, seq, want_lp});
+        l.draws.push_back({r.req.id, seq->index, -1});
+        if (!r.forked && r.req.sampling.n > 1 && seq->index == 0 && seq->num_output() == 0) {
+            fork_choices(r, *seq);
+            for (size_t i = 1; i < r.seqs.size(); ++i) {
+                l.specs.push_back({r_row, r.seqs[i].get(), want_lp});
+                l.draws.push_back({r.req.id, static_cast<int>(i), -1});
+            }
+        }
+    }
     if (l.on_device && !l.specs.empty()) executor_.launch_sampling(l.specs);
 }
 

@@ -38,6 +38,7 @@ public:
             PG_CHECK(b.slot_mapping[t] >= 0 && b.slot_mapping[t] < static_cast<int>(slots_.size()));
             slots_[b.slot_mapping[t]] = b.token_ids[t];
         }
+        tokens_ += b.num_tokens();
         logits.assign(b.logits_indices.size() * vocab_, 0.0f);
         size_t row = 0;
         for (int s = 0; s < b.num_seqs(); ++s) {
@@ -98,7 +99,8 @@ public:
 
     size_t copies_ = 0;
     size_t steps_ = 0;
-    size_t fed_ = 0;  // tokens taken from draws on the "device"
+    size_t fed_ = 0;     // tokens taken from draws on the "device"
+    size_t tokens_ = 0;  // tokens run through the model
 
 private:
     int num_blocks_, block_size_, vocab_, max_len_;

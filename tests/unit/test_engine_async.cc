@@ -144,6 +144,29 @@ TEST(EngineAsync, GeneratedBlocksAreCachedUnderTheirRealTokens) {
     }
 }
 
+// Choices forked from a prompt start from its committed blocks in every mode: no choice
+// recomputes the prompt (10 prompt tokens, then 4 choices x 5 decode steps).
+TEST(EngineAsync, ForkedChoicesDoNotRecomputeThePrompt) {
+    for (Mode m : {Mode::Cpu, Mode::DeviceSync, Mode::DeviceAsync}) {
+        FakeExecutor ex(64, 4);
+        if (m != Mode::Cpu) ex.enable_device_sampling(64);
+        EngineConfig cfg;
+        cfg.async_scheduling = m == Mode::DeviceAsync;
+        EngineCore core(cfg, ex, nullptr);
+        Request r;
+        r.id = "n4";
+        r.prompt_ids = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+        r.sampling.n = 4;
+        r.sampling.max_tokens = 6;
+        r.sampling.seed = 3;
+        r.sampling.ignore_eos = true;
+        core.add_request(r);
+        while (core.has_unfinished()) core.step();
+        EXPECT_EQ(ex.tokens_, 10u + 4 * 5) << static_cast<int>(m);
+        EXPECT_EQ(core.block_manager().num_used(), 0);
+    }
+}
+
 // An abort between steps drops the draws still in flight for it; everything else goes on.
 TEST(EngineAsync, AbortWhileAStepIsInFlight) {
     const std::vector<Request> reqs = traffic(9, false);
