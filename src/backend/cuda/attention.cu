@@ -197,7 +197,8 @@ bool rope_cache_attention_supported(const RopeCacheAttentionArgs& a) {
     const DeviceBatch& b = a.attn.batch;
     const int H = a.attn.num_heads, KVH = a.attn.num_kv_heads, D = a.attn.head_dim;
     if (g_choice.load() != AttentionKernelChoice::Auto) return false;
-    if (b.num_seqs < 1 || b.num_seqs > 4 || b.num_tokens != b.num_seqs || b.max_query_len != 1) return false;
+    if (b.num_seqs < 1 || b.num_seqs > kClusterMaxSeqs || b.num_tokens != b.num_seqs || b.max_query_len != 1)
+        return false;
     if (H <= 0 || KVH <= 0 || H % KVH != 0 || !attn::fused_decode_supports(D) || !is_pow2(b.block_size)) return false;
     if (a.rotary_dim < 0 || a.rotary_dim % 2 != 0 || a.rotary_dim > D) return false;
     if (!aligned16(a.qkv) || !aligned16(a.attn.k_cache) || !aligned16(a.attn.v_cache) || !aligned16(a.attn.out))

@@ -46,7 +46,6 @@ namespace {
 
 constexpr int kWarps = 4;  // per CTA, split-combine and splits == 1 paths
 constexpr int kMaxSplits = 32;
-constexpr int kClusterMaxSeqs = 4;    // the cluster path serves batches up to this size
 constexpr int kMaxClusterSplits = 8;  // portable cluster size
 
 // Warps per CTA of the cluster path: 8 (fewer serial key iterations at batch 1) unless the

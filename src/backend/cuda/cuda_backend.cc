@@ -374,7 +374,8 @@ void CudaBackend::run_step(int key, const std::function<void()>& ops) {
         return;
     }
     // Steps of one bucket differ in shape only by the fused attention's context class.
-    key = 2 * key + (dbatch_.num_seqs <= 4 && dbatch_.max_context_len <= cuda::kShortDecodeContext);
+    key = 2 * key +
+          (dbatch_.num_seqs <= cuda::kClusterMaxSeqs && dbatch_.max_context_len <= cuda::kShortDecodeContext);
     if (auto it = graphs_.find(key); it != graphs_.end()) {
         PG_CUDA_CHECK(cudaGraphLaunch(it->second->exec, stream_));
         return;

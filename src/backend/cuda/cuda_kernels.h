@@ -21,9 +21,12 @@ using bf16_t = uint16_t;  // raw bf16 bits in host code
 // field). Graph-safe: a CUDA graph captured with one DeviceBatch is replayed after new values
 // are copied into the same buffers, so kernels must read lengths from these arrays and use
 // the scalar fields only for grid sizing that stays valid for the whole bucket.
-// Pure-decode batches of <= 4 sequences whose contexts all fit in this many tokens take the
-// fused attention kernel with fewer splits: a graph recorded for such a step is valid only for
-// steps of the same class (CudaBackend::run_step keys its recordings by it).
+// Decode attention merges its key splits in a thread-block cluster up to this many sequences
+// (and fuses RoPE + the cache write for pure-decode batches).
+constexpr int kClusterMaxSeqs = 4;
+// Such batches whose contexts all fit in this many tokens take fewer splits: a graph recorded
+// for such a step is valid only for steps of the same class (CudaBackend::run_step keys its
+// recordings by it).
 constexpr int kShortDecodeContext = 256;
 
 struct DeviceBatch {
