@@ -65,6 +65,18 @@ __device__ __forceinline__ uint16_t to_bf16(float v) {
     return *reinterpret_cast<const uint16_t*>(&h);
 }
 
+// A normed product's 16-byte chunk c of token j: x (f32, written by the kernel before: plain
+// loads) into v and the norm weight into g, 8 elements each.
+__device__ __forceinline__ void load_normed_chunk(const Args& a, int j, int c, float (&v)[8], float (&g)[8]) {
+    const float4* xr = reinterpret_cast<const float4*>(static_cast<const float*>(a.x) + static_cast<int64_t>(j) * a.k) +
+                       2 * c;
+    const float4 x0 = xr[0], x1 = xr[1];
+    const float4 g0 = __ldg(reinterpret_cast<const float4*>(a.norm) + 2 * c);
+    const float4 g1 = __ldg(reinterpret_cast<const float4*>(a.norm) + 2 * c + 1);
+    v[0] = x0.x, v[1] = x0.y, v[2] = x0.z, v[3] = x0.w, v[4] = x1.x, v[5] = x1.y, v[6] = x1.z, v[7] = x1.w;
+    g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w, g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
+}
+
 // One CTA per R output rows (silu: R == 2, rows i and m/2 + i). Each thread takes 16-byte
 // chunks c = threadIdx.x + 128 j of every row and keeps D chunks per row in flight (a group),
 // loading the next group while it multiplies the current one; the four warps' partial sums
@@ -130,13 +142,8 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
             for (int j = 0; j < N; ++j) {
                 float xf[8];  // x loads are plain: x was written by the kernel just before
                 if constexpr (NORM) {
-                    const float4* xr = reinterpret_cast<const float4*>(static_cast<const float*>(a.x) +
-                                                                       static_cast<int64_t>(j) * k) + 2 * c;
-                    const float4 x0 = xr[0], x1 = xr[1];
-                    const float4 g0 = __ldg(reinterpret_cast<const float4*>(a.norm) + 2 * c);
-                    const float4 g1 = __ldg(reinterpret_cast<const float4*>(a.norm) + 2 * c + 1);
-                    const float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-                    const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+                    float v[8], g[8];
+                    load_normed_chunk(a, j, c, v, g);
 #pragma unroll
                     for (int e = 0; e < 8; ++e) {
                         ss[j] = fmaf(v[e], v[e], ss[j]);
@@ -262,14 +269,8 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
 #pragma unroll
         for (int j = 0; j < N; ++j) {
             if constexpr (NORM) {
-                const float4* xr =
-                    reinterpret_cast<const float4*>(static_cast<const float*>(a.x) + static_cast<int64_t>(j) * k) +
-                    2 * c;
-                const float4 x0 = xr[0], x1 = xr[1];
-                const float4 g0 = __ldg(reinterpret_cast<const float4*>(a.norm) + 2 * c);
-                const float4 g1 = __ldg(reinterpret_cast<const float4*>(a.norm) + 2 * c + 1);
-                const float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-                const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+                float v[8], g[8];
+                load_normed_chunk(a, j, c, v, g);
 #pragma unroll
                 for (int e = 0; e < 8; ++e) ss[j] = fmaf(v[e], v[e], ss[j]);
                 float4* xs = reinterpret_cast<float4*>(x_smem) + static_cast<int64_t>(j) * 2 * chunks;
