@@ -189,22 +189,15 @@ void EngineCore::fork_choices(RequestState& r, Sequence& parent) {
     }
 }
 
-// Whether a sequence's next draw can be made on the device without the host knowing its
-// previous token: no CPU-only sampling features and no penalties (their token lists are built
-// on the host).
-static bool drawable_blind(const Sequence& q) {
-    const SamplingParams& p = *q.sampling;
-    return p.logit_bias.empty() && q.num_output() >= p.min_tokens && p.repetition_penalty == 1.0f &&
-           p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
-}
-
 bool EngineCore::can_overlap(const Launch& l) const {
     if (!config_.async_scheduling || !l.on_device || l.specs.empty() ||
         static_cast<int>(l.specs.size()) > executor_.max_fed_draws())
         return false;
     for (const auto& [id, r] : requests_)
         for (const auto& s : r->seqs)
-            if (s->status != SeqStatus::Finished && !drawable_blind(*s)) return false;
+            // A draw that processes its logits needs the host to know the previous token
+            // (CPU-only features, penalty lists built on the host).
+            if (s->status != SeqStatus::Finished && processes_logits(*s)) return false;
     return true;
 }
 

@@ -47,11 +47,16 @@ void Sampler::raw_logprobs(const float* logits, int vocab, int top, TokenLogprob
     for (int i = 0; i < top; ++i) out->top.emplace_back(cand_[i].second, cand_[i].first - log_z);
 }
 
+bool processes_logits(const Sequence& seq) {
+    const SamplingParams& p = *seq.sampling;
+    return !p.logit_bias.empty() || seq.num_output() < p.min_tokens || p.repetition_penalty != 1.0f ||
+           p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+}
+
 int32_t Sampler::sample(const float* logits, int vocab, Sequence& seq, TokenLogprob* logprob) {
     const SamplingParams& p = *seq.sampling;
     const bool mask_end = seq.num_output() < p.min_tokens;
-    const bool processed = !p.logit_bias.empty() || mask_end || p.repetition_penalty != 1.0f ||
-                           p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+    const bool processed = processes_logits(seq);
     const float* l = logits;
     if (processed) {
         work_.assign(logits, logits + vocab);

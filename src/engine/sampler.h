@@ -15,6 +15,10 @@ namespace peregrine {
 
 constexpr int kMaxLogprobs = 20;
 
+// Whether drawing seq's next token reads more than its raw logits: logit_bias, min_tokens
+// masking, or penalties over its token history.
+bool processes_logits(const Sequence& seq);
+
 class Sampler {
   public:
     // `eos_ids`: the model's end tokens (masked while min_tokens is not reached).
