@@ -79,9 +79,10 @@ struct DecodeShape {
 };
 // allow_cluster = false: the two-kernel path at every batch size (for timing comparisons).
 DecodeShape decode_shape(int num_seqs, int num_heads, int num_kv_heads, int sm_count, bool allow_cluster = true);
-// The fused kernel's shape: decode_shape's cluster, with 2 splits when no sequence has more than
-// kShortDecodeContext keys (H100, Llama 1B, batch 1: 985 against 975 tok/s at 128-256 tokens
-// of context; at 256-384 tokens 8 splits win, 974 against 966).
+// The fused kernel's shape (when decode_shape gives a cluster): as few query heads a CTA as leave
+// >= 2 splits, with about sm_count CTAs in all when no sequence has more than kShortDecodeContext
+// keys and 1.5 x sm_count beyond. H100, Llama 1B, batch 1 at 128-256 / 1,152 keys: one head and
+// 4 / 6 splits, 1,012 / 980 tok/s, where 4 heads a CTA with 2 / 8 splits gave 995 / 948.
 DecodeShape fused_decode_shape(int num_seqs, int num_heads, int num_kv_heads, int sm_count, int max_context);
 bool decode_supports(int head_dim);
 void launch_decode(const Params& p, const DecodeShape& shape, float* ws_ml, float* ws_acc, cudaStream_t stream);

@@ -24,7 +24,7 @@ using bf16_t = uint16_t;  // raw bf16 bits in host code
 // Decode attention merges its key splits in a thread-block cluster up to this many sequences
 // (and fuses RoPE + the cache write for pure-decode batches).
 constexpr int kClusterMaxSeqs = 4;
-// Such batches whose contexts all fit in this many tokens take fewer splits: a graph recorded
+// Such batches whose contexts all fit in this many tokens take another shape: a graph recorded
 // for such a step is valid only for steps of the same class (CudaBackend::run_step keys its
 // recordings by it).
 constexpr int kShortDecodeContext = 256;
