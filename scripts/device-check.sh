@@ -4,6 +4,7 @@
 # the benchmarks of issue #7 on the Llama 3.2 1B / 3.1 8B shapes (random bf16 weights), then
 # prints a short table. Logs go to $OUT (or /tmp/out).
 # usage: scripts/device-check.sh [tests] [memcheck] [bench] [decode] [nopdl] [bench8b] [serve] [profile]
+#        (decode: batch-1 decode of the 1B, the 8B and Qwen3 1.7B)
 #        (default: all but profile; profile = per-kernel times of 1B decode steps under ncu)
 set -uo pipefail
 root=$(pwd)
@@ -38,13 +39,14 @@ if want memcheck; then
     table+=("compute-sanitizer memcheck (kernel tests): exit $rc, $(grep -m1 -o 'ERROR SUMMARY: [0-9]* errors' "$out/memcheck.log")")
 fi
 
-model_dir() {  # a dummy-weight model folder: bench/models/NAME/config.json + the Llama 3 tokenizer
-    local d=/tmp/models/$1
+model_dir() {  # a dummy-weight model folder: bench/models/NAME/config.json + its family's tokenizer
+    local d=/tmp/models/$1 tk=llama3
+    [[ $1 == qwen3* ]] && tk=qwen3
     if [[ ! -f $d/config.json ]]; then
         mkdir -p "$d" /tmp/tok
         cp "bench/models/$1/config.json" "$d/"
-        [[ -d /tmp/tok/tokenizers ]] || tar -C /tmp/tok -xJf tests/data/tokenizers.tar.xz tokenizers/llama3
-        cp /tmp/tok/tokenizers/llama3/tokenizer*.json "$d/"
+        [[ -d /tmp/tok/tokenizers/$tk ]] || tar -C /tmp/tok -xJf tests/data/tokenizers.tar.xz "tokenizers/$tk"
+        cp "/tmp/tok/tokenizers/$tk/"tokenizer*.json "$d/"
     fi
     echo "$d"
 }
@@ -70,6 +72,8 @@ if want decode; then  # batch-1 decode alone, 1B and 8B (PG_TAG names the logs: 
     run_bench "1b_decode_b1${PG_TAG:-}" latency --model "$m" --batch-size 1 --input-len 128 --output-len 128
     m=$(model_dir llama-3.1-8b)
     run_bench "8b_decode_b1${PG_TAG:-}" latency --model "$m" --batch-size 1 --input-len 128 --output-len 128
+    m=$(model_dir qwen3-1.7b)  # q / k / v apart (qk-norm): the unfused RoPE + attention path
+    run_bench "qwen3_1.7b_decode_b1${PG_TAG:-}" latency --model "$m" --batch-size 1 --input-len 128 --output-len 128
 fi
 if want nopdl; then  # the same decode with programmatic dependent launch off, for comparison
     m=$(model_dir llama-3.2-1b)

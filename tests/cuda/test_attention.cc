@@ -261,9 +261,10 @@ TEST(CudaAttention, DecodeBatches) {
     }
 }
 
-// Batches of 1..4 sequences (the cluster kernel: one cluster of 2..8 split CTAs per sequence and
-// kv head) at contexts from one token (most splits empty) to several blocks per split, every
-// GQA group size (1, 4, 8) at head dims 64 / 128, and a split count of 2 (32 kv heads at 4 seqs).
+// Batches of 1..4 sequences (the cluster kernel: one cluster of 2..6 split CTAs per sequence, kv
+// head and head chunk) at contexts from one token (most splits empty) to several blocks per
+// split, every GQA group size (1, 4, 8) at head dims 64 / 128, and a split count of 2 (32 kv
+// heads at 4 seqs).
 TEST(CudaAttention, DecodeSmallBatches) {
     PG_SKIP_WITHOUT_CUDA();
     const int ctxs[] = {1, 2, 15, 16, 17, 127, 129, 256, 257, 1000, 2048, 3000};
@@ -282,13 +283,15 @@ TEST(CudaAttention, DecodeSmallBatches) {
                     SCOPED_TRACE("n " + std::to_string(n) + " first ctx " + std::to_string(ctxs[i]));
                     check_case(make_case(hd.h, hd.kvh, D, seqs), ++seed);
                 }
-    // The other head dims once at batch 1 and 3 (D 256 with group 8: 4-warp cluster CTAs).
+    // The other head dims once at batch 1 and 3; D 256 with all 8 heads of a group in a CTA
+    // (4-warp cluster CTAs: 16 kv heads at 4 sequences leave < 2 splits with fewer heads a CTA).
     std::mt19937 rng(21);
     for (int D : {8, 16, 32, 256})
         for (int ratio : {1, 8}) {
             check_case(make_case(2 * ratio, 2, D, {{1, 2000}}), ++seed);
             check_case(make_case(2 * ratio, 2, D, decode_seqs(3, 2000, rng)), ++seed);
         }
+    check_case(make_case(128, 16, 256, decode_seqs(4, 2000, rng)), ++seed);
 }
 
 TEST(CudaAttention, DecodeShortContexts) {

@@ -317,7 +317,8 @@ TEST(CudaRopeAttention, MatchesTwoOps) {
     report_bitwise("MatchesTwoOps");
 }
 
-// 32 kv heads at 4 sequences (2 splits per cluster), head dim 256 (4-warp CTAs at group 8), the
+// 32 kv heads at 4 sequences (2 splits per cluster), head dim 256, 8 query heads a CTA (4-warp
+// CTAs: 128 / 16 heads at 4 sequences leave fewer than 2 splits at 1, 2 or 4 heads a CTA), the
 // Llama-3.2-1B shape at batch 1.
 TEST(CudaRopeAttention, OtherShapes) {
     PG_SKIP_WITHOUT_CUDA();
@@ -328,6 +329,7 @@ TEST(CudaRopeAttention, OtherShapes) {
     check_case(make_case(4, 2, 256, {300, 4}, 256, false), 5);
     check_case(make_case(32, 8, 64, {128}), 6);
     check_case(make_case(32, 8, 64, {1024}), 7);
+    check_case(make_case(128, 16, 256, {17, 900, 1, 300}), 8);
     report_bitwise("OtherShapes");
 }
 

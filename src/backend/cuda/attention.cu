@@ -173,7 +173,7 @@ void paged_attention(const AttentionArgs& args, cudaStream_t stream) {
 
     const int sms = sm_count();
     const attn::DecodeShape shape =
-        attn::decode_shape(b.num_seqs, H, KVH, sms, choice != AttentionKernelChoice::SplitCombine);
+        attn::decode_shape(b.num_seqs, H, KVH, b.max_context_len, sms, choice != AttentionKernelChoice::SplitCombine);
     const int64_t rows = shape.splits > 1 && !shape.cluster ? static_cast<int64_t>(b.num_seqs) * shape.splits * H : 0;
     const int64_t tile_bound = use_prefill ? attn::prefill_tile_bound(b.num_tokens, b.num_seqs, b.max_query_len) : 0;
     const Layout w = layout(rows, D, tile_bound);
@@ -203,7 +203,7 @@ bool rope_cache_attention_supported(const RopeCacheAttentionArgs& a) {
     if (a.rotary_dim < 0 || a.rotary_dim % 2 != 0 || a.rotary_dim > D) return false;
     if (!aligned16(a.qkv) || !aligned16(a.attn.k_cache) || !aligned16(a.attn.v_cache) || !aligned16(a.attn.out))
         return false;
-    return attn::decode_shape(b.num_seqs, H, KVH, sm_count()).cluster;
+    return attn::decode_shape(b.num_seqs, H, KVH, b.max_context_len, sm_count()).cluster;
 }
 
 void rope_cache_attention(const RopeCacheAttentionArgs& a, cudaStream_t stream) {
@@ -225,7 +225,7 @@ void rope_cache_attention(const RopeCacheAttentionArgs& a, cudaStream_t stream) 
     r.neox = a.neox;
     attn::launch_decode_fused(
         make_params(a.attn), r,
-        attn::fused_decode_shape(b.num_seqs, a.attn.num_heads, a.attn.num_kv_heads, sm_count(), b.max_context_len),
+        attn::decode_shape(b.num_seqs, a.attn.num_heads, a.attn.num_kv_heads, b.max_context_len, sm_count()),
         stream);
 }
 

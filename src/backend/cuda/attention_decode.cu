@@ -46,9 +46,9 @@ namespace {
 
 constexpr int kWarps = 4;  // per CTA, split-combine and splits == 1 paths
 constexpr int kMaxSplits = 32;
-constexpr int kMaxClusterSplits = 8;  // portable cluster size
-// Fused kernel: clusters of 8 CTAs were 7% slower than of 6 or fewer (H100, Llama 1B, batch 1).
-constexpr int kMaxFusedSplits = 6;
+// Cluster path: at most 6 CTAs a cluster (8, the portable size, was 7% slower on an H100: Llama
+// 1B, batch 1, one head a CTA).
+constexpr int kMaxClusterSplits = 6;
 
 // Warps per CTA of the cluster path: 8 (fewer serial key iterations at batch 1) unless the
 // per-warp merge buffer (W x GM x D f32) would pass 32 KB of static shared memory.
@@ -551,7 +551,8 @@ bool decode_supports(int head_dim) {
     return head_dim == 8 || head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
 }
 
-DecodeShape decode_shape(int num_seqs, int num_heads, int num_kv_heads, int sm_count, bool allow_cluster) {
+DecodeShape decode_shape(int num_seqs, int num_heads, int num_kv_heads, int max_context, int sm_count,
+                         bool allow_cluster) {
     DecodeShape sh;
     const int group = num_heads / num_kv_heads;
     sh.group_max = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
@@ -563,27 +564,17 @@ DecodeShape decode_shape(int num_seqs, int num_heads, int num_kv_heads, int sm_c
     const int64_t target = 2 * static_cast<int64_t>(sm_count);
     sh.splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(std::min(kMaxSplits, 8), target / units)));
     sh.cluster = false;
-    // Small batches split across a cluster instead: about one 8-warp CTA per SM (the same warps
-    // as above), 2..8 splits (Llama-3.2-1B: 8 at batch 1 and 2, 5 at 3, 4 at 4).
-    if (allow_cluster && num_seqs <= kClusterMaxSeqs && sh.splits > 1) {
-        sh.cluster = true;
-        sh.splits = static_cast<int>(std::clamp<int64_t>(sm_count / units, 2, kMaxClusterSplits));
-    }
-    return sh;
-}
-
-DecodeShape fused_decode_shape(int num_seqs, int num_heads, int num_kv_heads, int sm_count, int max_context) {
-    DecodeShape sh = decode_shape(num_seqs, num_heads, num_kv_heads, sm_count);
-    if (!sh.cluster) return sh;
-    // The fewest query heads a CTA (the most CTAs, the shortest chain of dependent steps a
-    // thread) that still leaves >= 2 splits, for about one CTA an SM in all when every context is
-    // short and 1.5 beyond, at most kMaxFusedSplits.
-    const int group = num_heads / num_kv_heads;
-    const int64_t target = max_context <= cuda::kShortDecodeContext ? sm_count : sm_count * 3 / 2;
+    if (!allow_cluster || num_seqs > kClusterMaxSeqs || sh.splits <= 1) return sh;
+    // Small batches split across a cluster of CTAs instead: the fewest query heads a CTA
+    // (the most CTAs, the shortest chain of dependent steps a thread) that still leaves >= 2
+    // splits, for about one CTA an SM in all when every context is short and 1.5 beyond, at most
+    // kMaxClusterSplits.
+    sh.cluster = true;
+    const int64_t cluster_target = max_context <= kShortDecodeContext ? sm_count : sm_count * 3 / 2;
     for (int gm = 1; gm <= sh.group_max; gm *= 2) {
         const int chunks = (group + gm - 1) / gm;
-        const int64_t units = static_cast<int64_t>(num_seqs) * num_kv_heads * chunks;
-        const int64_t splits = std::min<int64_t>(target / units, kMaxFusedSplits);
+        const int64_t cluster_units = static_cast<int64_t>(num_seqs) * num_kv_heads * chunks;
+        const int64_t splits = std::min<int64_t>(cluster_target / cluster_units, kMaxClusterSplits);
         if (splits >= 2 || gm == sh.group_max) {
             sh.group_max = gm;
             sh.head_chunks = chunks;

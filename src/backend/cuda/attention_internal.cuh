@@ -77,13 +77,13 @@ struct DecodeShape {
     int splits;       // CTAs per (sequence, kv head, chunk) along the keys
     bool cluster;     // the splits of one (sequence, kv head, chunk) are one thread-block cluster
 };
-// allow_cluster = false: the two-kernel path at every batch size (for timing comparisons).
-DecodeShape decode_shape(int num_seqs, int num_heads, int num_kv_heads, int sm_count, bool allow_cluster = true);
-// The fused kernel's shape (when decode_shape gives a cluster): as few query heads a CTA as leave
-// >= 2 splits, with about sm_count CTAs in all when no sequence has more than kShortDecodeContext
-// keys and 1.5 x sm_count beyond. H100, Llama 1B, batch 1 at 128-256 / 1,152 keys: one head and
-// 4 / 6 splits, 1,012 / 980 tok/s, where 4 heads a CTA with 2 / 8 splits gave 995 / 948.
-DecodeShape fused_decode_shape(int num_seqs, int num_heads, int num_kv_heads, int sm_count, int max_context);
+// max_context: the longest context of the batch (the cluster shape differs above
+// kShortDecodeContext). allow_cluster = false: the two-kernel path at every batch size (for
+// timing comparisons). The cluster shape, H100, batch 1 at 128-256 / 1,152 keys: Llama 1B (fused
+// kernel) one head a CTA and 4 / 6 splits, 1,012 / 980 tok/s, where 4 heads a CTA with 2 / 8
+// splits gave 995 / 948; Qwen3 1.7B (unfused) 586 / 562 against 578 / 547.
+DecodeShape decode_shape(int num_seqs, int num_heads, int num_kv_heads, int max_context, int sm_count,
+                         bool allow_cluster = true);
 bool decode_supports(int head_dim);
 void launch_decode(const Params& p, const DecodeShape& shape, float* ws_ml, float* ws_acc, cudaStream_t stream);
 
