@@ -115,7 +115,7 @@ void profile_step(LlamaModel& model, Backend& backend, int tokens, int seqs, int
 // Runs one decode step of every batch bucket the backend records (CUDA graphs), so the
 // recordings, the first launch of each kernel and the decode products' algorithm timing happen
 // before the first request instead of inside its time to first token. A recording may also
-// depend on the context length (CUDA: the fused attention's split count at <= 4 sequences), so
+// depend on the context length (CUDA: the decode attention's shape at <= 4 sequences), so
 // each bucket runs at 1 and at 512 tokens of context. The steps write one cache slot per
 // sequence in blocks [0, bucket * blocks per sequence): free blocks, written again before any read.
 void record_decode_steps(ModelExecutor& executor, const Backend& backend, int max_seqs, int block_size) {

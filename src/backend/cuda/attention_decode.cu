@@ -570,7 +570,7 @@ DecodeShape decode_shape(int num_seqs, int num_heads, int num_kv_heads, int max_
     // splits, for about one CTA an SM in all when every context is short and 1.5 beyond, at most
     // kMaxClusterSplits.
     sh.cluster = true;
-    const int64_t cluster_target = max_context <= kShortDecodeContext ? sm_count : sm_count * 3 / 2;
+    const int64_t cluster_target = short_decode_class(num_seqs, max_context) ? sm_count : sm_count * 3 / 2;
     for (int gm = 1; gm <= sh.group_max; gm *= 2) {
         const int chunks = (group + gm - 1) / gm;
         const int64_t cluster_units = static_cast<int64_t>(num_seqs) * num_kv_heads * chunks;

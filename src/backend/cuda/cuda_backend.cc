@@ -373,9 +373,8 @@ void CudaBackend::run_step(int key, const std::function<void()>& ops) {
         ops();
         return;
     }
-    // Steps of one bucket differ in shape only by the fused attention's context class.
-    key = 2 * key +
-          (dbatch_.num_seqs <= cuda::kClusterMaxSeqs && dbatch_.max_context_len <= cuda::kShortDecodeContext);
+    // Steps of one bucket differ in shape only by the decode attention's context class.
+    key = 2 * key + cuda::short_decode_class(dbatch_.num_seqs, dbatch_.max_context_len);
     if (auto it = graphs_.find(key); it != graphs_.end()) {
         PG_CUDA_CHECK(cudaGraphLaunch(it->second->exec, stream_));
         return;

@@ -24,10 +24,13 @@ using bf16_t = uint16_t;  // raw bf16 bits in host code
 // Decode attention merges its key splits in a thread-block cluster up to this many sequences
 // (and fuses RoPE + the cache write for pure-decode batches).
 constexpr int kClusterMaxSeqs = 4;
-// Such batches whose contexts all fit in this many tokens take another shape: a graph recorded
-// for such a step is valid only for steps of the same class (CudaBackend::run_step keys its
-// recordings by it).
+// Such batches whose contexts all fit in this many tokens take another shape.
 constexpr int kShortDecodeContext = 256;
+// The decode attention's context class: its launch shape depends on it, so a graph recorded for
+// a step is valid only for steps of the same class (CudaBackend::run_step keys recordings by it).
+inline bool short_decode_class(int num_seqs, int max_context) {
+    return num_seqs <= kClusterMaxSeqs && max_context <= kShortDecodeContext;
+}
 
 struct DeviceBatch {
     int num_tokens = 0;

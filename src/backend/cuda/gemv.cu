@@ -463,9 +463,9 @@ bool launch_persistent_by_k(const Args& a, cudaStream_t stream) {
                 return true;
             }
         }
-        if (k <= 4096) {
+        if constexpr (EPI == kSilu) {  // two rows a block by construction
             launch_persistent<N, 2, 4, EPI, NORM>(a, stream);
-        } else if constexpr (EPI == kSilu) {
+        } else if (k <= 4096) {
             launch_persistent<N, 2, 4, EPI, NORM>(a, stream);
         } else {
             launch_persistent<N, 1, 8, EPI, NORM>(a, stream);
