@@ -35,6 +35,9 @@ struct Request {
     SamplingParams sampling;
     int priority = 0;        // lower runs first (as vLLM)
     std::string cache_salt;  // isolates prefix-cache entries between tenants
+    // Requests of one client call (the prompts of one /v1/completions request) share one fair
+    // share of the running slots; empty: the request is its own group.
+    std::string group;
 };
 
 enum class FinishReason { None, Stop, Length, Abort };

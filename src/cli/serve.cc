@@ -5,6 +5,7 @@
 // second signal skips the wait.
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <csignal>
@@ -41,9 +42,21 @@ struct ServeArgs {
     int64_t rate_limit_rpm = 0;
     int64_t rate_limit_tpm = 0;
     bool access_log = false;
-    int64_t max_queued_requests = 0;
+    server::AdmissionLimits limits;
+    int max_connections = 0;  // 0: from the descriptor limit
+    int keep_alive_timeout_s = 60;
+    int read_timeout_s = 60;
     double shutdown_timeout_s = 10;
 };
+
+// Connections are descriptors: take the hard limit (as nginx and Go do) before sizing the cap.
+void raise_descriptor_limit() {
+    rlimit rl{};
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
 
 // Waits up to `seconds` for `done`, polling; false when a signal in `signals` arrives first.
 template <typename Done>
@@ -106,7 +119,7 @@ int run(ServeArgs& a) {
     sopts.rate_limits.requests_per_minute = a.rate_limit_rpm;
     sopts.rate_limits.tokens_per_minute = a.rate_limit_tpm;
     sopts.access_log = a.access_log;
-    sopts.max_queued_requests = a.max_queued_requests;
+    sopts.limits = a.limits;
     auto app = std::make_shared<server::OpenAiServer>(sopts);
 
     server::HttpServerOptions hopts;
@@ -114,6 +127,10 @@ int run(ServeArgs& a) {
     hopts.port = a.port;
     hopts.io_threads = a.io_threads;
     hopts.max_body_bytes = static_cast<size_t>(a.max_body_bytes);
+    hopts.idle_timeout_s = a.keep_alive_timeout_s;
+    hopts.read_timeout_s = a.read_timeout_s;
+    raise_descriptor_limit();
+    hopts.max_connections = a.max_connections > 0 ? a.max_connections : server::default_max_connections();
     server::HttpServer http(hopts, [app](const server::HttpRequest& req, std::shared_ptr<server::Exchange> ex) {
         app->handle(req, std::move(ex));
     });
@@ -153,6 +170,9 @@ int run(ServeArgs& a) {
         app->abort_all();
         wait_until(signals, 2.0, [&] { return app->in_flight() == 0; });  // their last chunks go out
     }
+    // WebSocket clients hear why the connection ends (1001 going away), not just a reset.
+    http.close_websockets();
+    wait_until(signals, 1.0, [&] { return http.num_connections() == 0; });
     std::fprintf(stderr, "shutting down\n");
     http.stop();
     if (grpc) grpc->stop();
@@ -190,9 +210,33 @@ std::function<int()> add_serve(CLI::App& app) {
         ->check(CLI::NonNegativeNumber);
     cmd->add_flag("--access-log,!--no-access-log", args->access_log,
                   "One JSON line per request on stderr (default off)");
-    cmd->add_option("--max-queued-requests", args->max_queued_requests,
-                    "Completion requests in flight at most; more get 429 with Retry-After (default 0 = no limit)")
+    cmd->add_option("--max-queued-requests", args->limits.max_queued_requests,
+                    "Completion requests in flight at most (every transport); more get 429 with Retry-After "
+                    "(default 0 = no limit)")
         ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--max-queued-sequences", args->limits.max_queued_sequences,
+                    "Sequences (prompts x n) in flight at most; more get 429, a request larger than this 400 "
+                    "(default 4096; 0 = no limit)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--max-queued-tokens", args->limits.max_queued_tokens,
+                    "Tokens (prompts + n x max_tokens) in flight at most; more get 429, a request larger than this "
+                    "400 (default 0 = no limit)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--max-n", args->limits.max_n, "Largest n (choices) a request may ask for (default 128)")
+        ->check(CLI::Range(1, 128));
+    cmd->add_option("--max-prompts", args->limits.max_prompts,
+                    "Most prompts in one /v1/completions request (default 1024)")
+        ->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--max-connections", args->max_connections,
+                    "Open connections at most (WebSockets included); more get 503 and are closed (default: the "
+                    "descriptor limit less 256)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--keep-alive-timeout", args->keep_alive_timeout_s,
+                    "Seconds a connection may wait for its next request header (default 60)")
+        ->check(CLI::Range(1, 86400));
+    cmd->add_option("--read-timeout", args->read_timeout_s,
+                    "Seconds a request body may take to arrive after its header; slower gets 408 (default 60)")
+        ->check(CLI::Range(1, 86400));
     cmd->add_option("--shutdown-timeout", args->shutdown_timeout_s,
                     "On SIGTERM, seconds in-flight requests may take to finish before they are aborted (default 10)")
         ->check(CLI::NonNegativeNumber);

@@ -45,7 +45,7 @@ uint64_t choice_seed(uint64_t base, int index) {
     return z ^ (z >> 31);
 }
 
-void validate(const Request& r, int vocab, int max_model_len, int kv_tokens, bool has_text) {
+void validate(const Request& r, int vocab, int max_model_len, int kv_tokens, int max_num_seqs, bool has_text) {
     const SamplingParams& p = r.sampling;
     if (r.prompt_ids.empty()) fail("the prompt is empty");
     for (int32_t t : r.prompt_ids)
@@ -56,6 +56,8 @@ void validate(const Request& r, int vocab, int max_model_len, int kv_tokens, boo
     if (static_cast<int>(r.prompt_ids.size()) >= kv_tokens)
         fail("the prompt has ", r.prompt_ids.size(), " tokens; the KV cache holds only ", kv_tokens);
     if (p.n < 1 || p.n > 128) fail("n must be between 1 and 128, got ", p.n);
+    if (p.n > max_num_seqs)
+        fail("n (", p.n, ") is more than the engine runs at once (max_num_seqs ", max_num_seqs, ")");
     if (!(p.temperature >= 0.0f)) fail("temperature must be >= 0, got ", p.temperature);
     if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) fail("top_p must be in (0, 1], got ", p.top_p);
     if (p.top_k < 0) fail("top_k must be >= 0 (0 = no limit), got ", p.top_k);
@@ -85,7 +87,7 @@ EngineCore::~EngineCore() = default;
 
 void EngineCore::check_request(const Request& request) const {
     validate(request, executor_.vocab_size(), executor_.max_model_len(),
-             executor_.num_kv_blocks() * executor_.block_size(), text_ != nullptr);
+             executor_.num_kv_blocks() * executor_.block_size(), config_.scheduler.max_num_seqs, text_ != nullptr);
 }
 
 void EngineCore::add_request(Request request) {
@@ -102,6 +104,8 @@ void EngineCore::add_request(Request request) {
     seq->request_id = r->req.id;
     seq->priority = r->req.priority;
     seq->arrival = next_arrival_++;
+    seq->group = std::hash<std::string>()(r->req.group.empty() ? r->req.id : r->req.group);
+    seq->fork_pending = p.n > 1;
     seq->sampling = &r->req.sampling;
     seq->cache_salt = BlockManager::hash_salt(r->req.cache_salt);
     seq->tokens = r->req.prompt_ids;
@@ -175,6 +179,7 @@ void EngineCore::finish_choice(RequestState& r, Sequence& seq, FinishReason reas
 
 void EngineCore::fork_choices(RequestState& r, Sequence& parent) {
     r.forked = true;
+    parent.fork_pending = false;  // its siblings take over the seats it held for them
     for (int i = 1; i < r.req.sampling.n; ++i) {
         auto child = std::make_unique<Sequence>(parent);  // tokens, counters, sampling pointer
         child->seq_id = next_seq_id_++;
@@ -235,8 +240,8 @@ std::optional<EngineCore::Launch> EngineCore::launch(bool overlapped) {
     l.on_device = executor_.samples_on_device();
     for (size_t i = 0; l.on_device && i < l.sched.seqs.size(); ++i) {
         const Sequence& q = *l.sched.seqs[i].seq;
-        l.on_device = !l.sched.seqs[i].sample ||
-                      (q.sampling->logit_bias.empty() && q.num_output() >= q.sampling->min_tokens);
+        l.on_device =
+            !l.sched.seqs[i].sample || (q.sampling->logit_bias.empty() && q.num_output() >= q.sampling->min_tokens);
     }
     PG_CHECK(l.on_device || !overlapped, "an overlapped step must sample on the device");
     const Clock::time_point t1 = Clock::now();

@@ -12,7 +12,33 @@ Scheduler::Scheduler(const SchedulerConfig& config, BlockManager& blocks) : conf
 
 void Scheduler::add_waiting(Sequence* seq) {
     seq->status = SeqStatus::Waiting;
-    waiting_.insert(seq);
+    Queue& q = waiting_[seq->group];
+    if (!q.empty() && ByPriority()(seq, *q.begin())) heads_.erase(*q.begin());
+    q.insert(seq);
+    if (*q.begin() == seq) heads_.insert(seq);
+    ++num_waiting_;
+}
+
+void Scheduler::erase_waiting(Sequence* seq) {
+    auto it = waiting_.find(seq->group);
+    if (it == waiting_.end() || it->second.erase(seq) == 0) return;
+    --num_waiting_;
+    if (heads_.erase(seq) > 0 && !it->second.empty()) heads_.insert(*it->second.begin());
+    if (it->second.empty()) waiting_.erase(it);
+}
+
+Sequence* Scheduler::next_waiting(const std::unordered_map<uint64_t, int>& seats_of) const {
+    if (heads_.empty()) return nullptr;
+    Sequence* best = *heads_.begin();
+    std::unordered_map<uint64_t, int>::size_type groups = waiting_.size();
+    for (const auto& [g, n] : seats_of) groups += waiting_.count(g) ? 0 : 1;
+    const int fair = std::max<int>(1, config_.max_num_seqs / static_cast<int>(groups));
+    for (Sequence* head : heads_) {
+        if (head->priority != best->priority) break;
+        const auto it = seats_of.find(head->group);
+        if (it == seats_of.end() || it->second < fair) return head;
+    }
+    return best;  // every group of this priority holds its share: take the first anyway
 }
 
 void Scheduler::add_running(Sequence* seq) {
@@ -21,7 +47,7 @@ void Scheduler::add_running(Sequence* seq) {
 }
 
 void Scheduler::remove(Sequence* seq) {
-    waiting_.erase(seq);
+    erase_waiting(seq);
     running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
     blocks_.release(*seq);
 }
@@ -66,14 +92,22 @@ SchedulerOutput Scheduler::schedule() {
     }
 
     // Waiting sequences, unless this step had to preempt (they would only thrash).
-    while (out.preempted.empty() && !waiting_.empty() && budget > 0 &&
-           static_cast<int>(running_.size()) < config_.max_num_seqs) {
-        Sequence* seq = *waiting_.begin();
+    std::unordered_map<uint64_t, int> seats_of;  // running seats by group
+    int seats = 0;
+    for (const Sequence* seq : running_) {
+        seats_of[seq->group] += seq->seats();
+        seats += seq->seats();
+    }
+    while (out.preempted.empty() && num_waiting_ > 0 && budget > 0) {
+        Sequence* seq = next_waiting(seats_of);
+        if (seats + seq->seats() > config_.max_num_seqs) break;  // no room for it (or its siblings)
         const std::vector<int32_t> hits = blocks_.match_prefix(*seq);
         const int hit_tokens = static_cast<int>(hits.size()) * blocks_.block_size();
         const int num_new = std::min(seq->num_tokens() - hit_tokens, budget);
         if (!blocks_.can_allocate(*seq, num_new, hits)) break;  // head of line waits for memory
-        waiting_.erase(waiting_.begin());
+        erase_waiting(seq);
+        seats += seq->seats();
+        seats_of[seq->group] += seq->seats();
         blocks_.allocate(*seq, num_new, hits, out.block_copies);
         if (!seq->admitted_once) {
             seq->admitted_once = true;

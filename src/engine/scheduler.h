@@ -2,10 +2,18 @@
 // decodes first, then running chunked prefills, then waiting sequences in (priority, arrival)
 // order. When KV blocks run out, the lowest-priority, latest-arriving running sequence is
 // preempted (its blocks freed, its tokens recomputed later).
+//
+// Running slots are seats: a sequence takes one, an n > 1 request's first choice takes n until
+// its siblings fork from it, so the running sequences never exceed max_num_seqs. Seats are
+// shared fairly between groups (client calls): among waiting sequences of the best priority, a
+// group holding its fair share (max_num_seqs / groups present, at least 1) yields to one that
+// does not. A call with thousands of sequences therefore delays another call's sequence at most
+// until one of its own running sequences ends, never behind its whole queue.
 #pragma once
 
 #include <cstdint>
 #include <set>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -46,7 +54,7 @@ class Scheduler {
     // After the step ran: the scheduled tokens are now in the cache.
     void commit(const SchedulerOutput& out);
 
-    int num_waiting() const { return static_cast<int>(waiting_.size()); }
+    int num_waiting() const { return num_waiting_; }
     int num_running() const { return static_cast<int>(running_.size()); }
     uint64_t num_preemptions() const { return num_preemptions_; }
     const std::vector<Sequence*>& running() const { return running_; }
@@ -59,11 +67,18 @@ class Scheduler {
             return a->seq_id < b->seq_id;
         }
     };
+    using Queue = std::set<Sequence*, ByPriority>;
     void preempt(Sequence* seq, SchedulerOutput& out);
+    void erase_waiting(Sequence* seq);
+    // The waiting sequence to admit next (null when none): see the fairness rule above.
+    // `seats_of` holds each group's running seats.
+    Sequence* next_waiting(const std::unordered_map<uint64_t, int>& seats_of) const;
 
     SchedulerConfig config_;
     BlockManager& blocks_;
-    std::set<Sequence*, ByPriority> waiting_;
+    std::unordered_map<uint64_t, Queue> waiting_;  // by group, each in priority order
+    Queue heads_;                                  // the first of each group's queue
+    int num_waiting_ = 0;
     std::vector<Sequence*> running_;
     uint64_t num_preemptions_ = 0;
 };

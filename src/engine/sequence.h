@@ -20,6 +20,10 @@ struct Sequence {
     int index = 0;  // choice index within the request
     int priority = 0;
     uint64_t arrival = 0;  // submit order; ties in priority go to the earlier
+    uint64_t group = 0;    // the client call it belongs to (fair sharing of running slots)
+    // The first choice of an n > 1 request whose n - 1 siblings are forked from it once its
+    // prompt is computed: it holds a running slot for each of them from admission on.
+    bool fork_pending = false;
     SeqStatus status = SeqStatus::Waiting;
     const SamplingParams* sampling = nullptr;  // owned by the request
     uint64_t cache_salt = 0;                   // hash of the request's cache_salt (0 = none)
@@ -32,12 +36,14 @@ struct Sequence {
     std::vector<int32_t> block_table;  // logical block i -> physical block
 
     std::mt19937_64 rng;
-    uint64_t seed = 0;  // what `rng` was seeded with (device samplers key their own generator by it)
+    uint64_t seed = 0;   // what `rng` was seeded with (device samplers key their own generator by it)
     int max_tokens = 0;  // after clamping to the context
 
     int num_tokens() const { return static_cast<int>(tokens.size()); }
     int num_output() const { return num_tokens() - num_prompt_tokens; }
     int num_uncomputed() const { return num_tokens() - num_computed; }
+    // Running slots (of max_num_seqs) this sequence takes while it runs.
+    int seats() const { return fork_pending ? sampling->n : 1; }
 };
 
 }  // namespace peregrine

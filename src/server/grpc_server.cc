@@ -23,6 +23,7 @@ grpc::Status to_status(const ApiError& e) {
     switch (e.status()) {
         case 400:
         case 413:
+        case 415:
             code = grpc::StatusCode::INVALID_ARGUMENT;
             break;
         case 401:
@@ -141,10 +142,11 @@ class GenerateReactor : public grpc::ServerWriteReactor<pb::GenerateResponse> {
         Finish(status);
     }
 
-    void start(const std::shared_ptr<GenerateReactor>& self, const std::shared_ptr<RequestStream>& stream) {
+    void start(const std::shared_ptr<GenerateReactor>& self, const std::shared_ptr<RequestStream>& stream,
+               Ticket ticket) {
         id_ = stream->id();
         started_ = true;
-        ++app_.counters().in_flight;
+        ticket_ = std::move(ticket);
         app_.pump().add({stream},
                         [self](std::vector<RequestOutput>&& outs, bool done) { self->deliver(std::move(outs), done); });
     }
@@ -174,8 +176,13 @@ class GenerateReactor : public grpc::ServerWriteReactor<pb::GenerateResponse> {
 
   private:
     void deliver(std::vector<RequestOutput>&& outs, bool done) {
-        if (done) --app_.counters().in_flight;
         std::lock_guard<std::recursive_mutex> lock(mu_);
+        for (const RequestOutput& o : outs)
+            if (o.usage && o.timing) app_.metrics().observe_request(o.finish, *o.usage, *o.timing);
+        if (done) {
+            ticket_.release();
+            ++(cancelled_ || finished_ ? app_.counters().requests_aborted : app_.counters().requests_served);
+        }
         if (finished_) return;
         for (const RequestOutput& o : outs) queue_.push_back(to_proto(o));
         ended_ |= done;
@@ -202,6 +209,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<pb::GenerateResponse> {
     std::shared_ptr<GenerateReactor> self_;  // until OnDone
     std::recursive_mutex mu_;                // gRPC may run reactions inline
     std::string id_;
+    Ticket ticket_;  // the request's share of the in-flight limits, until its last output
     std::deque<pb::GenerateResponse> queue_;
     pb::GenerateResponse current_;
     bool started_ = false, writing_ = false, ended_ = false, cancelled_ = false, finished_ = false, done_ = false;
@@ -218,15 +226,16 @@ class InferenceService final : public pb::Inference::CallbackService {
         std::shared_ptr<GenerateReactor> r;
         GenerateReactor* raw = GenerateReactor::create(app_, &r);
         std::shared_ptr<RequestStream> stream;
+        Ticket ticket;
         grpc::Status s = guarded([&] {
-            if (auto st = admit(ctx)) return *st;
-            stream = submit(*req);
+            admit(ctx);
+            stream = submit(ctx, *req, ticket);
             return grpc::Status::OK;
         });
         if (!s.ok())
             raw->fail(s);
         else
-            raw->start(r, stream);
+            raw->start(r, stream, std::move(ticket));
         return raw;
     }
 
@@ -284,68 +293,54 @@ class InferenceService final : public pb::Inference::CallbackService {
     }
 
   private:
-    // Authentication and readiness; a status when the call may not go on.
-    std::optional<grpc::Status> admit(grpc::CallbackServerContext* ctx) const {
+    // Who calls: the metadata's authorization, the peer's address ("ipv4:1.2.3.4:5678" -> "1.2.3.4:5678").
+    static Caller caller_of(grpc::CallbackServerContext* ctx, std::string& peer) {
         const auto& md = ctx->client_metadata();
         auto it = md.find("authorization");
         const std::string_view auth =
             it == md.end() ? std::string_view() : std::string_view(it->second.data(), it->second.size());
-        if (!app_.authorized(auth))
-            return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                                "a valid API key is required: send metadata 'authorization: Bearer KEY'");
-        if (app_.draining()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
-        if (!app_.model()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is still loading");
-        return std::nullopt;
+        peer = ctx->peer();
+        if (const size_t colon = peer.find(':'); colon != std::string::npos && peer.rfind("ip", 0) == 0)
+            peer.erase(0, colon + 1);
+        return Caller{"grpc", auth, peer};
+    }
+
+    // The admission path every transport shares: API key, readiness, draining (ApiError).
+    void admit(grpc::CallbackServerContext* ctx) const {
+        std::string peer;
+        app_.check_caller(caller_of(ctx, peer));
     }
 
     template <typename F>
     grpc::ServerUnaryReactor* unary(grpc::CallbackServerContext* ctx, F&& f) {
         grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
         r->Finish(guarded([&] {
-            if (auto st = admit(ctx)) return *st;
+            std::string peer;
+            const Caller caller = caller_of(ctx, peer);
+            app_.check_caller(caller);
+            app_.charge(caller);
             return f();
         }));
         return r;
     }
 
-    // Checks the request as the HTTP API does, and submits it to the engine.
-    std::shared_ptr<RequestStream> submit(const pb::GenerateRequest& req) {
-        const ServedModel& m = *app_.model();
+    // Checks and admits the request as the HTTP API does (one path), and submits it to the engine.
+    std::shared_ptr<RequestStream> submit(grpc::CallbackServerContext* ctx, const pb::GenerateRequest& req,
+                                          Ticket& ticket) {
         const bool chat = req.messages_size() > 0;
         const int given = (chat ? 1 : 0) + (req.prompt_ids_size() > 0 ? 1 : 0) + (req.prompt().empty() ? 0 : 1);
         if (given != 1) bad_param("prompt", "exactly one of 'prompt', 'prompt_ids' or 'messages' is required");
-        const CompletionParams p =
-            parse_completion_params(to_json(req, chat), chat ? Endpoint::ChatCompletions : Endpoint::Completions);
-        app_.check_model(p.model);
-        std::vector<int32_t> ids;
-        if (chat) {
-            ids = app_.render_chat(p);
-        } else if (p.prompts.front().is_text) {
-            ids = m.tokenizer->encode(p.prompts.front().text, p.add_special_tokens, /*parse_special=*/true);
-        } else {
-            ids = p.prompts.front().ids;
-            for (int32_t id : ids)
-                if (!m.tokenizer->valid_id(id))
-                    bad_param("prompt_ids", "prompt token id ", id, " is outside the vocabulary (0..", m.vocab_size - 1,
-                              ")");
-        }
-        const int len = static_cast<int>(ids.size());
-        if (len == 0) bad_param("prompt", "the prompt is empty");
-        if (len >= m.max_model_len)
-            bad_param("prompt", "this model's maximum context length is ", m.max_model_len,
-                      " tokens, but the prompt has ", len, " tokens");
-        if (p.max_tokens_given && static_cast<int64_t>(len) + p.sampling.max_tokens > m.max_model_len)
-            bad_param("max_tokens", "this model's maximum context length is ", m.max_model_len, " tokens, but ", len,
-                      " prompt tokens plus max_tokens ", p.sampling.max_tokens, " exceed it");
-        const int64_t limit = app_.options().max_queued_requests;
-        if (limit > 0 && app_.counters().in_flight.load() >= limit)
-            throw ApiError(429, str_cat("the server has ", limit, " requests in flight, its maximum; retry shortly"));
+        std::string peer;
+        PreparedCompletion p = app_.prepare_completion(caller_of(ctx, peer), to_json(req, chat),
+                                                       chat ? Endpoint::ChatCompletions : Endpoint::Completions);
         Request r;
         r.id = str_cat("grpc-", random_hex_id());
-        r.prompt_ids = std::move(ids);
-        r.sampling = p.sampling;
-        r.priority = p.priority;
-        return m.engine->submit(std::move(r));
+        r.prompt_ids = std::move(p.prompts.front());
+        r.sampling = p.params.sampling;
+        r.priority = p.params.priority;
+        auto stream = app_.submit(std::move(r), chat);
+        ticket = std::move(p.ticket);
+        return stream;
     }
 
     OpenAiServer& app_;

@@ -7,11 +7,16 @@
 #include <boost/beast/websocket.hpp>
 #include <cstdio>
 #include <deque>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
 
+#include <malloc.h>
+#include <sys/resource.h>
+
 #include "core/error.h"
+#include "server/api_error.h"
 
 namespace peregrine::server {
 
@@ -38,12 +43,57 @@ std::string lower(std::string_view s) {
     return out;
 }
 
-std::string error_json(const char* message, const char* code) {
-    return str_cat(R"({"error": {"message": ")", message,
-                   R"(", "type": "invalid_request_error", "param": null, "code": ")", code, R"("}})");
+// The OpenAI error body for what the HTTP layer refuses itself (type from the status, as ApiError).
+std::string error_json(int status, const char* message, const char* code) {
+    return ApiError(status, message, "", code).body().dump();
 }
 
 class Session;
+class WsSession;
+
+// What every connection of one server shares: the open-connection count (each connection holds
+// a Slot from accept to close, handed on to its WebSocket after an upgrade) and the WebSockets
+// that close_websockets() reaches.
+struct Connections {
+    std::atomic<int> open{0};
+    std::atomic<int64_t> body_bytes{0};  // reserved by requests being received or handled
+    std::atomic<int64_t> since_trim{0};  // bytes reserved since the heap was last trimmed
+    std::mutex mu;
+    std::vector<std::weak_ptr<WsSession>> websockets;  // pruned as they close
+
+    // Reserves `n` body bytes unless that would pass `limit`.
+    bool reserve_body(int64_t n, int64_t limit) {
+        int64_t cur = body_bytes.load();
+        do {
+            if (cur + n > limit && n > 0) return false;
+        } while (!body_bytes.compare_exchange_weak(cur, cur + n));
+        since_trim.fetch_add(n);
+        return true;
+    }
+    // After a burst of large bodies, give the freed heap back to the system once the last of
+    // them is handled (glibc keeps it otherwise: 790 MB stayed resident after 16 x 30 MiB).
+    void release_body(int64_t n) {
+        if (body_bytes.fetch_sub(n) - n == 0 && since_trim.load() > (int64_t{64} << 20)) {
+            since_trim.store(0);
+            malloc_trim(0);
+        }
+    }
+
+    class Slot {
+      public:
+        explicit Slot(Connections* c) : c_(c) { c_->open.fetch_add(1); }
+        Slot(Slot&& o) noexcept : c_(o.c_) { o.c_ = nullptr; }
+        Slot(const Slot&) = delete;
+        Slot& operator=(const Slot&) = delete;
+        ~Slot() {
+            if (c_) c_->open.fetch_sub(1);
+        }
+        Connections* owner() const { return c_; }
+
+      private:
+        Connections* c_;
+    };
+};
 
 std::string new_request_id() {
     static std::atomic<uint64_t> next{0};
@@ -74,7 +124,7 @@ class SessionExchange final : public Exchange {
 // A connection after its upgrade: one read always pending, writes one at a time from a queue.
 class WsSession final : public WebSocket, public std::enable_shared_from_this<WsSession> {
   public:
-    explicit WsSession(beast::tcp_stream&& stream) : ws_(std::move(stream)) {}
+    WsSession(beast::tcp_stream&& stream, Connections::Slot slot) : ws_(std::move(stream)), slot_(std::move(slot)) {}
 
     void start(http::request<http::string_body> req, const std::string& request_id, size_t max_message,
                WebSocketSetup setup) {
@@ -95,13 +145,18 @@ class WsSession final : public WebSocket, public std::enable_shared_from_this<Ws
         if (!writing_) do_write();
     }
 
-    void close() override {
+    void close() override { close_with(websocket::close_code::normal); }
+
+    // Strand only. The close frame carries `code` (1001 "going away" when the server stops).
+    void close_with(websocket::close_code code) {
         if (closed_ || closing_) return;
         closing_ = true;
+        close_code_ = code;
         if (!writing_) do_close();
     }
 
     bool closed() const override { return closed_; }
+    Connections* connections() const { return slot_.owner(); }
 
   private:
     void on_accept(beast::error_code ec) {
@@ -125,7 +180,11 @@ class WsSession final : public WebSocket, public std::enable_shared_from_this<Ws
         if (ec) return finish();
         std::string msg = beast::buffers_to_string(rbuf_.data());
         rbuf_.consume(rbuf_.size());
-        if (callbacks_.on_message) callbacks_.on_message(std::move(msg));
+        try {
+            if (callbacks_.on_message) callbacks_.on_message(std::move(msg));
+        } catch (const std::exception& e) {  // a bug in a handler must not stop this connection's reads
+            std::fprintf(stderr, "server: WebSocket handler failed: %s\n", e.what());
+        }
         if (!closed_) do_read();
     }
 
@@ -145,8 +204,9 @@ class WsSession final : public WebSocket, public std::enable_shared_from_this<Ws
     }
 
     void do_close() {
-        ws_.async_close(websocket::close_code::normal,
-                        [self = shared_from_this()](beast::error_code) { self->finish(); });
+        const websocket::close_reason reason(close_code_,
+                                             close_code_ == websocket::close_code::going_away ? "going away" : "");
+        ws_.async_close(reason, [self = shared_from_this()](beast::error_code) { self->finish(); });
     }
 
     // The connection ended (either side, or an error): tell the owner once, then forget it.
@@ -162,6 +222,8 @@ class WsSession final : public WebSocket, public std::enable_shared_from_this<Ws
     }
 
     websocket::stream<beast::tcp_stream> ws_;
+    Connections::Slot slot_;
+    websocket::close_code close_code_ = websocket::close_code::normal;
     http::request<http::string_body> req_;  // the handshake, until accepted
     WebSocketSetup setup_;
     WebSocketCallbacks callbacks_;
@@ -174,8 +236,13 @@ class WsSession final : public WebSocket, public std::enable_shared_from_this<Ws
 
 class Session : public std::enable_shared_from_this<Session> {
   public:
-    Session(tcp::socket&& socket, const HttpServerOptions& opts, const HttpHandler& handler)
-        : stream_(std::move(socket)), opts_(opts), handler_(handler) {
+    Session(tcp::socket&& socket, const HttpServerOptions& opts, const HttpHandler& handler, Connections::Slot slot)
+        : stream_(std::move(socket)),
+          opts_(opts),
+          handler_(handler),
+          slot_(std::move(slot)),
+          conns_(slot_.owner()),
+          read_timer_(stream_.get_executor()) {
         beast::error_code ec;
         const auto ep = stream_.socket().remote_endpoint(ec);
         if (!ec) remote_ = str_cat(ep.address().to_string(), ":", ep.port());
@@ -193,14 +260,50 @@ class Session : public std::enable_shared_from_this<Session> {
         parser_.emplace();
         parser_->body_limit(opts_.max_body_bytes);
         parser_->header_limit(kMaxHeaderBytes);
-        stream_.expires_after(std::chrono::seconds(opts_.idle_timeout_s));
+        arm_read_timer(opts_.idle_timeout_s);
         http::async_read_header(stream_, buffer_, *parser_,
                                 [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
     }
 
+    // A deadline for reading one request: when it passes, the pending read is cancelled and
+    // on_read_error answers 408 (some of the request came) or closes (none did). Beast's own
+    // stream timeout would close the socket before a 408 could be sent.
+    void arm_read_timer(int seconds) {
+        const uint64_t gen = ++timer_gen_;
+        read_timer_.expires_after(std::chrono::seconds(seconds));
+        read_timer_.async_wait([self = shared_from_this(), gen](beast::error_code ec) {
+            if (ec || gen != self->timer_gen_ || self->gone_) return;
+            self->timed_out_ = true;
+            beast::error_code ignored;
+            self->stream_.socket().cancel(ignored);
+        });
+    }
+    void disarm_read_timer() {
+        ++timer_gen_;
+        read_timer_.cancel();
+    }
+
     void on_header(beast::error_code ec) {
         if (ec) return on_read_error(ec);
+        disarm_read_timer();
         auto& req = parser_->get();
+        // Only the chunked coding is understood (RFC 9112 6.1: 501 for any other).
+        if (req.count(http::field::transfer_encoding) > 0 &&
+            (req.count(http::field::transfer_encoding) > 1 ||
+             !beast::iequals(req[http::field::transfer_encoding], "chunked")))
+            return respond_and_close(
+                501, error_json(501, "only 'Transfer-Encoding: chunked' is supported", "not_implemented"));
+        head_ = req.method() == http::verb::head;
+        const auto length = parser_->content_length();
+        const int64_t body =
+            parser_->chunked() ? static_cast<int64_t>(opts_.max_body_bytes) : static_cast<int64_t>(length.value_or(0));
+        if (body > static_cast<int64_t>(opts_.max_body_bytes)) return on_read_error(http::error::body_limit);
+        if (!conns_->reserve_body(body, static_cast<int64_t>(opts_.max_pending_body_bytes))) {
+            std::string busy =
+                error_json(503, "the server is receiving too many large requests; retry shortly", "server_busy");
+            return respond_and_close(503, std::move(busy), {{"Retry-After", "1"}});
+        }
+        body_reserved_ = body;
         auto expect = req[http::field::expect];
         if (beast::iequals(expect, "100-continue")) {
             inflight_ = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -215,27 +318,39 @@ class Session : public std::enable_shared_from_this<Session> {
     }
 
     void read_body() {
+        arm_read_timer(opts_.read_timeout_s);
         http::async_read(stream_, buffer_, *parser_,
                          [self = shared_from_this()](beast::error_code ec, size_t) { self->on_body(ec); });
     }
 
     void on_read_error(beast::error_code ec) {
+        disarm_read_timer();
+        release_body();
+        if (timed_out_) {
+            timed_out_ = false;
+            // Part of a request arrived, the rest did not in time (a stalled or trickled request).
+            if (parser_ && (parser_->got_some() || buffer_.size() > 0))
+                return respond_and_close(408,
+                                         error_json(408, "the request was not received in time", "request_timeout"));
+            return close();  // an idle keep-alive connection
+        }
         if (ec == http::error::body_limit) {
             return respond_and_close(
-                413, error_json("the request body is larger than the server accepts", "request_too_large"));
+                413, error_json(413, "the request body is larger than the server accepts", "request_too_large"));
         }
         if (ec == http::error::header_limit) {
-            return respond_and_close(431, error_json("the request headers are too large", "headers_too_large"));
+            return respond_and_close(431, error_json(431, "the request headers are too large", "headers_too_large"));
         }
         if (ec.category() == http::make_error_code(http::error::bad_method).category() &&
             ec != http::error::end_of_stream && ec != http::error::partial_message) {
-            return respond_and_close(400, error_json("malformed HTTP request", "bad_request"));
+            return respond_and_close(400, error_json(400, "malformed HTTP request", "bad_request"));
         }
         close();  // end of stream, timeout, reset
     }
 
     void on_body(beast::error_code ec) {
         if (ec) return on_read_error(ec);
+        disarm_read_timer();
         auto& req = parser_->get();
         HttpRequest r;
         r.method = std::string(req.method_string());
@@ -267,8 +382,10 @@ class Session : public std::enable_shared_from_this<Session> {
             handler_(r, ex);
         } catch (const std::exception& e) {
             std::fprintf(stderr, "server: handler failed on %s %s: %s\n", r.method.c_str(), r.path.c_str(), e.what());
-            if (!finishing_ && !events_) respond(gen_, 500, error_json("internal server error", "internal_error"));
+            if (!finishing_ && !events_) respond(gen_, 500, error_json(500, "internal server error", "internal_error"));
         }
+        r = HttpRequest();  // the body is parsed and tokenized by now: its bytes go back first
+        release_body();
     }
 
     // --- one request/response -------------------------------------------------------------
@@ -278,6 +395,7 @@ class Session : public std::enable_shared_from_this<Session> {
         finishing_ = false;
         events_ = false;
         on_gone_ = nullptr;
+        disarm_read_timer();
         stream_.expires_never();
         if (watch) start_watch();
     }
@@ -289,7 +407,12 @@ class Session : public std::enable_shared_from_this<Session> {
         active_ = false;
         gone_ = true;
         on_gone_ = nullptr;
-        auto ws = std::make_shared<WsSession>(std::move(stream_));
+        auto ws = std::make_shared<WsSession>(std::move(stream_), std::move(slot_));
+        if (Connections* c = ws->connections()) {
+            std::lock_guard<std::mutex> lock(c->mu);
+            std::erase_if(c->websockets, [](const std::weak_ptr<WsSession>& w) { return w.expired(); });
+            c->websockets.push_back(ws);
+        }
         ws->start(std::move(*upgrade_), request_id_, opts_.max_body_bytes, std::move(setup));
         upgrade_.reset();
     }
@@ -329,8 +452,10 @@ class Session : public std::enable_shared_from_this<Session> {
     }
 
     void close() {
+        release_body();
         if (gone_) return;
         gone_ = true;
+        disarm_read_timer();
         beast::error_code ec;
         stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
         stream_.socket().close(ec);
@@ -353,18 +478,26 @@ class Session : public std::enable_shared_from_this<Session> {
         if (gen != gen_ || !active_ || finishing_ || events_ || gone_) return;
         wire_ += head(status, content_type, extra);
         wire_ += str_cat("Content-Length: ", body.size(), "\r\n\r\n");
-        wire_ += body;
+        if (!head_) wire_ += body;  // HEAD: what GET would answer, without the body
         finishing_ = true;
         do_write();
     }
 
-    void respond_and_close(int status, std::string body) {
+    void respond_and_close(int status, std::string body, const HeaderList& extra = {}) {
+        release_body();
         request_id_ = new_request_id();
         keep_alive_ = false;
         http11_ = true;
+        head_ = false;
         parser_.reset();
         begin_exchange();
-        respond(gen_, status, std::move(body));
+        respond(gen_, status, std::move(body), "application/json", extra);
+    }
+
+    void release_body() {
+        if (body_reserved_ == 0) return;
+        conns_->release_body(body_reserved_);
+        body_reserved_ = 0;
     }
 
     void start_events(uint64_t gen, const HeaderList& extra) {
@@ -463,6 +596,11 @@ class Session : public std::enable_shared_from_this<Session> {
     beast::tcp_stream stream_;
     const HttpServerOptions& opts_;
     const HttpHandler& handler_;
+    Connections::Slot slot_;  // handed to the WebSocket after an upgrade
+    Connections* const conns_;
+    net::steady_timer read_timer_;
+    uint64_t timer_gen_ = 0;  // which arming is current (a fired wait of an older one does nothing)
+    bool timed_out_ = false;
     std::string remote_;
     std::string request_id_;  // of the current exchange
     beast::flat_buffer buffer_;
@@ -475,7 +613,9 @@ class Session : public std::enable_shared_from_this<Session> {
     bool events_ = false;     // answering with server-sent events
     bool keep_alive_ = true;
     bool http11_ = true;
-    bool gone_ = false;  // the socket is closed
+    bool head_ = false;          // answering HEAD: no body
+    int64_t body_reserved_ = 0;  // of Connections::body_bytes, for the request being read
+    bool gone_ = false;          // the socket is closed
     bool watch_pending_ = false;
     bool writing_ = false;
     std::function<void()> on_gone_;
@@ -516,9 +656,37 @@ void SessionExchange::accept_websocket(WebSocketSetup setup) {
 
 }  // namespace
 
+int default_max_connections() {
+    rlimit rl{};
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return 65536;
+    const long reserve = 256;  // model files, gRPC, logs, the refusals themselves
+    return static_cast<int>(std::clamp<long>(static_cast<long>(rl.rlim_cur) - reserve, 16, 1 << 20));
+}
+
+namespace {
+
+// Over the connection cap: a 503 and the connection closed, without a Session.
+void refuse_connection(tcp::socket socket) {
+    static const std::string kResponse = [] {
+        const std::string body =
+            error_json(503, "the server has too many open connections; retry shortly", "too_many_connections");
+        return str_cat("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n",
+                       "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+    }();
+    auto s = std::make_shared<tcp::socket>(std::move(socket));
+    net::async_write(*s, net::buffer(kResponse), [s](beast::error_code, size_t) {
+        beast::error_code ec;
+        s->shutdown(tcp::socket::shutdown_both, ec);
+        s->close(ec);
+    });
+}
+
+}  // namespace
+
 struct HttpServer::Impl {
     HttpServerOptions opts;
     HttpHandler handler;
+    Connections connections;  // before ioc: sessions destroyed with ioc's handlers still reach it
     net::io_context ioc;
     tcp::acceptor acceptor{ioc};
     std::vector<std::thread> threads;
@@ -530,10 +698,12 @@ struct HttpServer::Impl {
     void do_accept() {
         acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
             if (!acceptor.is_open()) return;
-            if (!ec) {
+            if (!ec && connections.open.load() >= opts.max_connections) {
+                refuse_connection(std::move(socket));
+            } else if (!ec) {
                 beast::error_code ignored;
                 socket.set_option(tcp::no_delay(true), ignored);
-                std::make_shared<Session>(std::move(socket), opts, handler)->run();
+                std::make_shared<Session>(std::move(socket), opts, handler, Connections::Slot(&connections))->run();
             } else if (ec == net::error::no_descriptors) {
                 std::fprintf(stderr, "server: accept: %s\n", ec.message().c_str());
                 std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -547,6 +717,7 @@ HttpServer::HttpServer(HttpServerOptions options, HttpHandler handler) {
     int n = options.io_threads;
     if (n <= 0) n = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 2, 4);
     options.io_threads = n;
+    if (options.max_connections <= 0) options.max_connections = default_max_connections();
     impl_ = std::make_unique<Impl>(std::move(options), std::move(handler), n);
 }
 
@@ -585,6 +756,20 @@ void HttpServer::start() {
 
 int HttpServer::port() const {
     return impl_->port;
+}
+
+int HttpServer::num_connections() const {
+    return impl_->connections.open.load();
+}
+
+void HttpServer::close_websockets() {
+    std::vector<std::shared_ptr<WsSession>> live;
+    {
+        std::lock_guard<std::mutex> lock(impl_->connections.mu);
+        for (const auto& w : impl_->connections.websockets)
+            if (auto ws = w.lock()) live.push_back(std::move(ws));
+    }
+    for (auto& ws : live) ws->post([ws] { ws->close_with(websocket::close_code::going_away); });
 }
 
 void HttpServer::stop() {

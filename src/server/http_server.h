@@ -95,8 +95,19 @@ struct HttpServerOptions {
     int port = 8000;                           // 0: any free port (see HttpServer::port)
     int io_threads = 0;                        // 0: min(4, cores), at least 2
     size_t max_body_bytes = size_t{32} << 20;  // larger bodies get 413
-    int idle_timeout_s = 60;                   // keep-alive connections with no request are closed
+    int idle_timeout_s = 60;                   // a connection with no (complete) request header is closed
+                                               // (408 when part of one arrived)
+    int read_timeout_s = 60;                   // a body not complete this long after its header: 408
+    int max_connections = 0;                   // open connections (WebSockets too); beyond: 503 and close;
+                                               // 0: from the descriptor limit (default_max_connections)
+    // Request bodies being received or handled at once, by their declared size (a chunked body
+    // counts as max_body_bytes); one that would pass it gets 503 before its body is read.
+    size_t max_pending_body_bytes = size_t{256} << 20;
 };
+
+// The connection cap used when none is given: the process's descriptor limit less a reserve
+// for model files, gRPC and logs.
+int default_max_connections();
 
 class HttpServer {
   public:
@@ -109,6 +120,10 @@ class HttpServer {
     void start();
     // The bound port (after start).
     int port() const;
+    // Open connections (plain and WebSocket).
+    int num_connections() const;
+    // Sends every open WebSocket a Close frame 1001 "going away" (after what is queued on it).
+    void close_websockets();
     // Stops accepting, closes every connection, joins the I/O threads.
     void stop();
 

@@ -136,7 +136,6 @@ std::vector<PromptInput> parse_prompts(const Json& body) {
             bad_param("prompt", "'prompt' list items must be strings or lists of token ids, got ", type_name(item));
         }
     }
-    if (out.size() > 1024) bad_param("prompt", "'prompt' holds more than 1024 prompts");
     return out;
 }
 
@@ -313,6 +312,8 @@ CompletionParams parse_completion_params(const Json& body, Endpoint endpoint) {
     }
     s.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
     if (auto v = get_int_in(body, "min_tokens", 0, kIntMax)) s.min_tokens = *v;
+    if (c.max_tokens_given && s.min_tokens > s.max_tokens)
+        bad_param("min_tokens", "'min_tokens' (", s.min_tokens, ") must not exceed 'max_tokens' (", s.max_tokens, ")");
 
     c.stream = get_bool(body, "stream").value_or(false);
     if (const Json* so = field(body, "stream_options")) {

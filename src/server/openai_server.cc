@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <unordered_map>
@@ -44,6 +46,43 @@ Json parse_object(const std::string& text, const char* what) {
         return j;
     } catch (const Json::parse_error& e) {
         throw ApiError(400, str_cat("the ", what, " is not valid JSON: ", e.what()), "", "invalid_json");
+    } catch (const Json::exception& e) {
+        // out_of_range: a number no double holds (1e309), wherever it is in the body.
+        throw ApiError(400, str_cat("the ", what, " cannot be read: ", e.what()), "", "invalid_json");
+    }
+}
+
+// A body is read as JSON when it says so (application/json, application/*+json, any
+// parameters) or says nothing; any other media type is refused.
+void check_json_content_type(const HttpRequest& req) {
+    std::string_view type = req.header("content-type");
+    type = type.substr(0, type.find(';'));
+    while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.remove_suffix(1);
+    while (!type.empty() && (type.front() == ' ' || type.front() == '\t')) type.remove_prefix(1);
+    if (type.empty()) return;
+    std::string t(type);
+    for (char& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const bool json = t == "application/json" ||
+                      (t.rfind("application/", 0) == 0 && t.size() > 17 && t.compare(t.size() - 5, 5, "+json") == 0);
+    if (!json)
+        throw ApiError(415, str_cat("Content-Type '", type, "' is not supported; send application/json"), "",
+                       "unsupported_media_type");
+}
+
+// What a client is told about the exception being handled: ApiError as it is, a template's
+// raise_exception and other Error as 400, anything else (a bug) as 500, logged.
+ApiError current_api_error() {
+    try {
+        throw;
+    } catch (const ApiError& e) {
+        return e;
+    } catch (const jinja::RaisedError& e) {
+        return ApiError(400, e.what(), "messages", "chat_template_error");
+    } catch (const Error& e) {
+        return ApiError(400, e.what());
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "server: request failed: %s\n", e.what());
+        return ApiError(500, "internal error while handling the request", "", "internal_error");
     }
 }
 
@@ -101,11 +140,14 @@ Json stop_reason_json(const std::string& s, const SamplingParams& sp) {
 class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   public:
     CompletionJob(const ServedModel& model, OpenAiServer::Counters& counters, ServerMetrics& metrics,
-                  CompletionParams params, std::shared_ptr<Exchange> ex, std::string model_name)
-        : model_(model),
+                  PreparedCompletion prepared, std::shared_ptr<Exchange> ex, std::string model_name)
+        : prompts(std::move(prepared.prompts)),
+          echo_texts(std::move(prepared.echo_texts)),
+          model_(model),
           counters_(counters),
           metrics_(metrics),
-          p_(std::move(params)),
+          p_(std::move(prepared.params)),
+          ticket_(std::move(prepared.ticket)),
           ex_(std::move(ex)),
           model_name_(std::move(model_name)),
           chat_(p_.endpoint == Endpoint::ChatCompletions),
@@ -113,8 +155,8 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
           created_(unix_now()) {}
 
     // Prompts (token ids) and, for echo, their text.
-    std::vector<std::vector<int32_t>> prompts;
-    std::vector<std::string> echo_texts;
+    const std::vector<std::vector<int32_t>> prompts;
+    const std::vector<std::string> echo_texts;
 
     // Submits every prompt; throws ApiError (nothing left running) when the engine refuses one.
     void submit(StreamPump& pump) {
@@ -129,6 +171,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
             r.sampling = p_.sampling;
             r.priority = p_.priority;
             r.cache_salt = p_.cache_salt;
+            r.group = id_;  // the prompts of one call share one fair share of the running slots
             try {
                 streams.push_back(model_.engine->submit(std::move(r)));
             } catch (const Error& e) {
@@ -145,7 +188,6 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
         }
         engine_ids_.reserve(streams.size());
         for (const auto& s : streams) engine_ids_.push_back(s->id());
-        ++counters_.in_flight;
 
         if (p_.stream) {
             ex_->start_events();
@@ -203,12 +245,13 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
 
     // The client asked to stop but still listens: the answer ends with finish reason "abort".
     void cancel() {
+        cancelled_ = true;
         for (const std::string& id : engine_ids_) model_.engine->abort(id);
     }
 
     void on_outputs(std::vector<RequestOutput>& outs, bool done) {
         if (failed_) {
-            if (done) --counters_.in_flight;
+            if (done) ticket_.release();
             return;
         }
         for (RequestOutput& out : outs) {
@@ -236,13 +279,13 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
             }
         }
         if (!done) return;
-        --counters_.in_flight;
+        ticket_.release();
         ex_->note_usage(usage_.prompt_tokens, usage_.completion_tokens);
         if (gone_ || ex_->client_gone()) {
             ++counters_.requests_aborted;
             return;
         }
-        ++counters_.requests_served;
+        ++(cancelled_ ? counters_.requests_aborted : counters_.requests_served);
         if (p_.stream)
             finish_events();
         else
@@ -387,6 +430,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     OpenAiServer::Counters& counters_;
     ServerMetrics& metrics_;
     const CompletionParams p_;
+    Ticket ticket_;
     std::shared_ptr<Exchange> ex_;
     const std::string model_name_;
     const bool chat_;
@@ -397,13 +441,12 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     std::vector<Choice> choices_;
     Usage usage_;
     bool gone_ = false;
+    bool cancelled_ = false;
     bool failed_ = false;
 };
 
-bool constant_time_equal(std::string_view a, std::string_view b) {
-    unsigned char diff = a.size() == b.size() ? 0 : 1;
-    for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i % (b.empty() ? 1 : b.size())]);
-    return diff == 0 && !b.empty();
+Caller caller_of(const HttpRequest& req, std::string_view transport) {
+    return Caller{transport, req.header("authorization"), req.remote};
 }
 
 }  // namespace
@@ -504,7 +547,7 @@ ServedModel::~ServedModel() {
 OpenAiServer::OpenAiServer(OpenAiServerOptions options)
     : options_(std::move(options)),
       cors_(options_.allowed_origins),
-      limiter_(options_.rate_limits),
+      admission_(options_.limits, options_.rate_limits, options_.api_keys),
       started_(std::chrono::steady_clock::now()),
       created_unix_(unix_now()) {
     if (options_.model_names.empty()) options_.model_names.push_back("peregrine");
@@ -529,21 +572,16 @@ void OpenAiServer::shutdown() {
     pump_.stop();
 }
 
-bool OpenAiServer::authorized(const HttpRequest& req) const {
-    return authorized(req.header("authorization"));
+void OpenAiServer::check_caller(const Caller& caller) const {
+    admission_.check_caller(caller, ready_.load(std::memory_order_acquire), draining_.load(std::memory_order_acquire));
 }
 
-bool OpenAiServer::authorized(std::string_view auth) const {
-    if (options_.api_keys.empty()) return true;
-    constexpr std::string_view kBearer = "bearer ";
-    if (auth.size() <= kBearer.size()) return false;
-    for (size_t i = 0; i < kBearer.size(); ++i)
-        if (std::tolower(static_cast<unsigned char>(auth[i])) != kBearer[i]) return false;
-    std::string_view key = auth.substr(kBearer.size());
-    while (!key.empty() && key.front() == ' ') key.remove_prefix(1);
-    bool ok = false;
-    for (const std::string& k : options_.api_keys) ok |= constant_time_equal(key, k);
-    return ok;
+std::shared_ptr<RequestStream> OpenAiServer::submit(Request request, bool chat) const {
+    try {
+        return model_->engine->submit(std::move(request));
+    } catch (const Error& e) {
+        throw engine_error(e, chat);
+    }
 }
 
 void OpenAiServer::check_model(const std::string& name) const {
@@ -564,33 +602,12 @@ void OpenAiServer::handle(const HttpRequest& req, std::shared_ptr<Exchange> raw)
     route(req, ex);
 }
 
-// The client's rate-limit key: its API key when the server has keys, else its address.
-void OpenAiServer::check_rate(const HttpRequest& req, int64_t tokens) {
-    if (!limiter_.enabled()) return;
-    std::string key;
-    if (!options_.api_keys.empty()) {
-        key = std::string(req.header("authorization"));
-    } else {
-        key = req.remote;
-        if (const size_t colon = key.rfind(':'); colon != std::string::npos) key.resize(colon);
-    }
-    const RateLimiter::Decision d = limiter_.admit(key, tokens);
-    if (d.admitted) return;
-    if (d.never)
-        throw ApiError(429,
-                       str_cat("this request needs ", tokens, " tokens (prompt + max_tokens), more than the limit of ",
-                               limiter_.options().tokens_per_minute, " tokens per minute"),
-                       "max_tokens", "rate_limit_exceeded")
-            .with_retry_after(d.retry_after_s);
-    throw ApiError(429, str_cat("rate limit reached; retry after ", d.retry_after_s, " s"), "", "rate_limit_exceeded")
-        .with_retry_after(d.retry_after_s);
-}
-
 void OpenAiServer::route(const HttpRequest& req, const std::shared_ptr<Exchange>& ex) {
     try {
         const std::string& path = req.path;
+        // HEAD is GET without the body (the HTTP layer leaves it out).
         auto method_is = [&](const char* m) {
-            if (req.method == m) return true;
+            if (req.method == m || (req.method == "HEAD" && std::strcmp(m, "GET") == 0)) return true;
             throw ApiError(405, str_cat("method ", req.method, " is not allowed on ", path, "; use ", m), "",
                            "method_not_allowed");
         };
@@ -606,16 +623,12 @@ void OpenAiServer::route(const HttpRequest& req, const std::shared_ptr<Exchange>
                            path.rfind("/v1/models/", 0) == 0 || path == "/tokenize" || path == "/detokenize" ||
                            path == "/v1/ws";
         if (!known) throw ApiError(404, str_cat("no route for ", req.method, " ", path), "", "not_found");
-        if (!authorized(req))
-            throw ApiError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')", "",
-                           "invalid_api_key");
-        if (!ready_.load(std::memory_order_acquire))
-            throw ApiError(503, "the model is still loading", "", "model_loading");
-        if (draining_.load(std::memory_order_acquire))
-            throw ApiError(503, "the server is shutting down", "", "shutting_down");
+        const Caller caller = caller_of(req, "http");
+        check_caller(caller);
         if (path == "/v1/ws" && method_is("GET")) return handle_websocket(req, *ex);
         const bool completion = path == "/v1/completions" || path == "/v1/chat/completions";
-        if (!completion) check_rate(req, 0);  // completions pay once their tokens are known
+        if (req.method == "POST") check_json_content_type(req);
+        if (!completion) charge(caller);  // completions pay once their tokens are known
         if (path == "/v1/completions" && method_is("POST")) return handle_completion(req, ex, false);
         if (path == "/v1/chat/completions" && method_is("POST")) return handle_completion(req, ex, true);
         if (path == "/v1/models" && method_is("GET")) return handle_models(*ex, "");
@@ -623,17 +636,17 @@ void OpenAiServer::route(const HttpRequest& req, const std::shared_ptr<Exchange>
             return handle_models(*ex, path.substr(std::strlen("/v1/models/")));
         if (path == "/tokenize" && method_is("POST")) return handle_tokenize(req, *ex);
         if (path == "/detokenize" && method_is("POST")) return handle_detokenize(req, *ex);
-    } catch (const ApiError& e) {
+    } catch (...) {
+        const ApiError e = current_api_error();
         HeaderList extra;
         if (e.status() == 401) extra.emplace_back("WWW-Authenticate", "Bearer");
         if (e.retry_after_s() > 0) extra.emplace_back("Retry-After", std::to_string(e.retry_after_s()));
         if (e.status() == 405)
-            extra.emplace_back("Allow", req.path == "/health" || req.path.rfind("/v1/models", 0) == 0 ? "GET" : "POST");
+            extra.emplace_back("Allow", req.path == "/health" || req.path == "/metrics" || req.path == "/v1/ws" ||
+                                                req.path.rfind("/v1/models", 0) == 0
+                                            ? "GET, HEAD"
+                                            : "POST");
         send_error(*ex, e, extra);
-    } catch (const jinja::RaisedError& e) {
-        send_error(*ex, ApiError(400, e.what(), "messages", "chat_template_error"));
-    } catch (const Error& e) {
-        send_error(*ex, ApiError(400, e.what()));
     }
 }
 
@@ -677,31 +690,20 @@ void OpenAiServer::on_ws_message(const std::shared_ptr<WsConnection>& conn, cons
         if (conn->running.count(key)) bad_param("id", "a request with id '", key, "' is already running");
         auto body = msg.find("request");
         if (body == msg.end() || !body->is_object()) bad_param("request", "'request' (a JSON object) is required");
-        if (draining_.load(std::memory_order_acquire))
-            throw ApiError(503, "the server is shutting down", "", "shutting_down");
+        const Caller caller = caller_of(conn->base, "ws");
+        check_caller(caller);
         Json request = *body;
         request["stream"] = true;
-        HttpRequest r = conn->base;
-        r.path = type == "chat" ? "/v1/chat/completions" : "/v1/completions";
-        r.method = "POST";
-        r.body = dump(request);
         auto ex = std::make_shared<WsRequestExchange>(conn, key);
         conn->running[key] = ex;
         try {
-            handle_completion(r, ex, type == "chat");
-        } catch (const ApiError& e) {
+            start_completion(caller, request, type == "chat", ex);
+        } catch (...) {
+            const ApiError e = current_api_error();
             ex->respond(e.status(), dump(e.body()), "", {});
-        } catch (const jinja::RaisedError& e) {
-            const ApiError err(400, e.what(), "messages", "chat_template_error");
-            ex->respond(err.status(), dump(err.body()), "", {});
-        } catch (const Error& e) {
-            const ApiError err(400, e.what());
-            ex->respond(err.status(), dump(err.body()), "", {});
         }
-    } catch (const ApiError& e) {
-        conn->send_error(id, e);
-    } catch (const Error& e) {
-        conn->send_error(id, ApiError(400, e.what()));
+    } catch (...) {
+        conn->send_error(id, current_api_error());
     }
 }
 
@@ -733,31 +735,34 @@ std::vector<int32_t> OpenAiServer::render_chat(const CompletionParams& p) const 
     return m.tokenizer->encode(prompt, p.add_special_tokens, /*parse_special=*/true);
 }
 
-void OpenAiServer::handle_completion(const HttpRequest& req, std::shared_ptr<Exchange> ex, bool chat) {
+PreparedCompletion OpenAiServer::prepare_completion(const Caller& caller, const Json& body, Endpoint endpoint) const {
     const ServedModel& m = *model_;
-    CompletionParams p =
-        parse_completion_params(parse_body(req), chat ? Endpoint::ChatCompletions : Endpoint::Completions);
+    const bool chat = endpoint == Endpoint::ChatCompletions;
+    PreparedCompletion out;
+    CompletionParams& p = out.params;
+    p = parse_completion_params(body, endpoint);
     check_model(p.model);
-    auto job = std::make_shared<CompletionJob>(m, counters_, metrics_, p, ex, p.model.empty() ? model_name() : p.model);
+    admission_.check_shape(p.sampling.n, p.prompts.size());
     if (chat) {
-        job->prompts.push_back(render_chat(p));
+        out.prompts.push_back(render_chat(p));
     } else {
         for (const PromptInput& in : p.prompts) {
             if (in.is_text) {
-                job->prompts.push_back(m.tokenizer->encode(in.text, p.add_special_tokens, /*parse_special=*/true));
-                job->echo_texts.push_back(in.text);
+                out.prompts.push_back(m.tokenizer->encode(in.text, p.add_special_tokens, /*parse_special=*/true));
+                out.echo_texts.push_back(in.text);
             } else {
                 for (int32_t id : in.ids)
                     if (!m.tokenizer->valid_id(id))
                         bad_param("prompt", "prompt token id ", id, " is outside the vocabulary (0..", m.vocab_size - 1,
                                   ")");
-                job->prompts.push_back(in.ids);
-                job->echo_texts.push_back(p.echo ? m.tokenizer->decode(in.ids) : std::string());
+                out.prompts.push_back(in.ids);
+                out.echo_texts.push_back(p.echo ? m.tokenizer->decode(in.ids) : std::string());
             }
         }
     }
     const char* prompt_param = chat ? "messages" : "prompt";
-    for (const auto& ids : job->prompts) {
+    RequestCost cost;
+    for (const auto& ids : out.prompts) {
         const int len = static_cast<int>(ids.size());
         if (len == 0) bad_param(prompt_param, "the prompt is empty");
         if (len >= m.max_model_len)
@@ -771,22 +776,23 @@ void OpenAiServer::handle_completion(const HttpRequest& req, std::shared_ptr<Exc
                            str_cat("This model's maximum context length is ", m.max_model_len, " tokens, but ", len,
                                    " prompt tokens plus max_tokens ", p.sampling.max_tokens, " exceed it"),
                            "max_tokens", "context_length_exceeded");
+        // Each prompt once (its choices share it), plus the most each choice may generate.
+        cost.sequences += p.sampling.n;
+        cost.tokens += len + std::min<int64_t>(p.sampling.max_tokens, m.max_model_len - len) * p.sampling.n;
     }
-    if (options_.max_queued_requests > 0 && counters_.in_flight.load() >= options_.max_queued_requests)
-        throw ApiError(429,
-                       str_cat("The server has ", options_.max_queued_requests,
-                               " requests in flight, its configured maximum; retry shortly"),
-                       "", "too_many_requests_queued", "rate_limit_error")
-            .with_retry_after(1);
-    if (limiter_.enabled()) {
-        // Admission cost: every prompt plus the most it may generate, for each of its n choices.
-        int64_t tokens = 0;
-        for (const auto& ids : job->prompts) {
-            const int64_t len = static_cast<int64_t>(ids.size());
-            tokens += len + std::min<int64_t>(p.sampling.max_tokens, m.max_model_len - len) * p.sampling.n;
-        }
-        check_rate(req, tokens);
-    }
+    out.ticket = admission_.admit(caller, cost);
+    return out;
+}
+
+void OpenAiServer::handle_completion(const HttpRequest& req, std::shared_ptr<Exchange> ex, bool chat) {
+    start_completion(caller_of(req, "http"), parse_body(req), chat, std::move(ex));
+}
+
+void OpenAiServer::start_completion(const Caller& caller, const Json& body, bool chat, std::shared_ptr<Exchange> ex) {
+    PreparedCompletion prepared =
+        prepare_completion(caller, body, chat ? Endpoint::ChatCompletions : Endpoint::Completions);
+    const std::string name = prepared.params.model.empty() ? model_name() : prepared.params.model;
+    auto job = std::make_shared<CompletionJob>(*model_, counters_, metrics_, std::move(prepared), ex, name);
     job->submit(pump_);
 }
 
@@ -797,7 +803,7 @@ void OpenAiServer::handle_health(Exchange& ex) {
         j["status"] = "draining";
         j["model"] = model_name();
         j["uptime_s"] = uptime;
-        j["requests_in_flight"] = counters_.in_flight.load();
+        j["requests_in_flight"] = admission_.requests_in_flight();
         return send_json(ex, j, 503);
     }
     if (!ready_.load(std::memory_order_acquire)) {
@@ -812,7 +818,7 @@ void OpenAiServer::handle_health(Exchange& ex) {
     j["uptime_s"] = uptime;
     j["requests_served"] = counters_.requests_served.load();
     j["requests_aborted"] = counters_.requests_aborted.load();
-    j["requests_in_flight"] = counters_.in_flight.load();
+    j["requests_in_flight"] = admission_.requests_in_flight();
     j["running"] = s.num_running;
     j["waiting"] = s.num_waiting;
     j["kv_cache_usage"] = s.num_kv_blocks > 0 ? static_cast<double>(s.num_kv_blocks_used) / s.num_kv_blocks : 0.0;

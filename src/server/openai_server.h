@@ -22,11 +22,11 @@
 #include <vector>
 
 #include "peregrine/engine.h"
+#include "server/admission.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/middleware.h"
 #include "server/openai_protocol.h"
-#include "server/rate_limit.h"
 #include "server/stream_pump.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -55,7 +55,15 @@ struct OpenAiServerOptions {
     std::vector<std::string> allowed_origins;  // CORS; "*" for any, empty: no CORS headers
     RateLimitOptions rate_limits;              // per API key, or per client address without keys
     bool access_log = false;                   // one JSON line per request on stderr
-    int64_t max_queued_requests = 0;           // completion requests in flight at most; 0 = no limit
+    AdmissionLimits limits;                    // per request and in flight, on every transport
+};
+
+// A completion request checked and admitted, ready for the engine.
+struct PreparedCompletion {
+    CompletionParams params;
+    std::vector<std::vector<int32_t>> prompts;  // token ids, one list per prompt
+    std::vector<std::string> echo_texts;        // completions: each prompt's text, for echo
+    Ticket ticket;                              // its share of the in-flight limits, until it ends
 };
 
 class OpenAiServer {
@@ -72,8 +80,8 @@ class OpenAiServer {
 
     // Graceful shutdown: /health answers 503 "draining" and new API requests 503; running ones go on.
     void begin_drain() { draining_.store(true, std::memory_order_release); }
-    // Completion requests still being answered.
-    int64_t in_flight() const { return counters_.in_flight.load(); }
+    // Completion requests still being answered (every transport).
+    int64_t in_flight() const { return admission_.requests_in_flight(); }
     // Ends every running request now (finish reason "abort"); their answers still go out.
     void abort_all();
 
@@ -81,8 +89,7 @@ class OpenAiServer {
 
     struct Counters {
         std::atomic<uint64_t> requests_served{0};   // completions answered in full
-        std::atomic<uint64_t> requests_aborted{0};  // ended by a client that went away
-        std::atomic<int64_t> in_flight{0};
+        std::atomic<uint64_t> requests_aborted{0};  // ended by a client that went away or cancelled
     };
 
     // For other front ends on the same model and engine (the gRPC API, grpc_server.h).
@@ -90,32 +97,40 @@ class OpenAiServer {
     bool draining() const { return draining_.load(std::memory_order_acquire); }
     const OpenAiServerOptions& options() const { return options_; }
     Counters& counters() { return counters_; }
+    ServerMetrics& metrics() { return metrics_; }
     StreamPump& pump() { return pump_; }
+    // The one admission path of every transport. check_caller: 401 / 503 (loading, draining).
+    void check_caller(const Caller& caller) const;
+    // Requests that hold nothing in flight (tokenize, models): the caller's request rate.
+    void charge(const Caller& caller) { admission_.charge(caller); }
+    // A completion or chat body: parsed and validated, the model name checked, the prompts
+    // tokenized (chat: rendered), the context and per-request limits checked, room in flight
+    // reserved and the caller's rate limits charged. Throws ApiError.
+    PreparedCompletion prepare_completion(const Caller& caller, const Json& body, Endpoint endpoint) const;
+    // Engine::submit, its refusals as ApiError (400 naming the field; 503 when shutting down).
+    std::shared_ptr<RequestStream> submit(Request request, bool chat) const;
     // Throws ApiError(404) for a name this server does not serve (empty: the default).
     void check_model(const std::string& name) const;
-    // Whether an Authorization header value ("Bearer KEY") is accepted (always without keys).
-    bool authorized(std::string_view authorization) const;
     // Chat messages through the model's template into prompt ids; throws ApiError(400).
     std::vector<int32_t> render_chat(const CompletionParams& p) const;
 
   private:
     void handle_completion(const HttpRequest& req, std::shared_ptr<Exchange> ex, bool chat);
+    void start_completion(const Caller& caller, const Json& body, bool chat, std::shared_ptr<Exchange> ex);
     void handle_websocket(const HttpRequest& req, Exchange& ex);
     void on_ws_message(const std::shared_ptr<WsConnection>& conn, const std::string& text);
     void route(const HttpRequest& req, const std::shared_ptr<Exchange>& ex);
     void handle_health(Exchange& ex);
     void handle_metrics(Exchange& ex);
-    void check_rate(const HttpRequest& req, int64_t tokens);
     void handle_models(Exchange& ex, const std::string& id);
     void handle_tokenize(const HttpRequest& req, Exchange& ex);
     void handle_detokenize(const HttpRequest& req, Exchange& ex);
-    bool authorized(const HttpRequest& req) const;
 
     OpenAiServerOptions options_;
     std::atomic<bool> ready_{false};
     std::atomic<bool> draining_{false};
     CorsPolicy cors_;
-    RateLimiter limiter_;
+    mutable Admission admission_;
     ServerMetrics metrics_;
     std::unique_ptr<ServedModel> model_;
     jinja::Context template_functions_;  // strftime_now

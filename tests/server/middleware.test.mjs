@@ -168,9 +168,12 @@ describe('rate limits', () => {
             // Small enough for what is left: admitted.
             const small = await http(`${server.url}/v1/completions`, { body: { prompt, max_tokens: 1 } });
             assert.equal(small.status, 200, small.text);
+            // More than a whole minute's allowance: retrying cannot help, so 413 and no Retry-After.
             const huge = await http(`${server.url}/v1/completions`, { body: { prompt, max_tokens: 200 } });
-            assert.equal(huge.status, 429);
+            assert.equal(huge.status, 413);
             assert.equal(huge.json.error.param, 'max_tokens');
+            assert.equal(huge.json.error.code, 'tokens_exceed_rate_limit');
+            assert.equal(huge.headers.get('retry-after'), null);
         } finally {
             await server.stop();
         }

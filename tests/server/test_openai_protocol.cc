@@ -105,6 +105,9 @@ TEST(OpenAiProtocol, RejectsNamingTheParameter) {
     EXPECT_EQ(rejected_param(R"({"prompt": "a", "logprobs": 21})"), "logprobs");
     EXPECT_EQ(rejected_param(R"({"prompt": "a", "suffix": "b"})"), "suffix");
     EXPECT_EQ(rejected_param(R"({"prompt": "a", "stream_options": 1})"), "stream_options");
+    EXPECT_EQ(rejected_param(R"({"prompt": "a", "min_tokens": 5, "max_tokens": 4})"), "min_tokens");
+    parse(R"({"prompt": "a", "min_tokens": 4, "max_tokens": 4})");
+    parse(R"({"prompt": "a", "min_tokens": 40})");  // max_tokens left out: the engine's default applies
     EXPECT_EQ(rejected_param(R"({"messages": []})", Endpoint::ChatCompletions), "messages");
     EXPECT_EQ(rejected_param(R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
                              Endpoint::ChatCompletions),

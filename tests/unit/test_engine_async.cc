@@ -102,8 +102,9 @@ TEST(EngineAsync, SameOutputsAsWaitingForEachStep) {
             expect_same(cpu, sync, "device sampling, sync");
             expect_same(cpu, async, "device sampling, async");
             EXPECT_EQ(sync.fed, 0u);
-            // (Penalised sequences turn the overlap off while they live.)
-            EXPECT_GT(async.fed, cpu_only_features ? 20u : 100u) << "async scheduling seldom queued a step ahead";
+            // (Penalised sequences turn the overlap off while they live: with fair sharing of the
+            // running slots they overlap more in time, 10 of the steps overlapped at 40 blocks.)
+            EXPECT_GT(async.fed, cpu_only_features ? 5u : 100u) << "async scheduling seldom queued a step ahead";
             size_t stopped = 0;
             for (const auto& [k, f] : cpu.finish) stopped += f == FinishReason::Stop;
             EXPECT_GT(stopped, 0u) << "no request ended on EOS or a stop token";
