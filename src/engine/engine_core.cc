@@ -394,7 +394,7 @@ std::vector<RequestOutput> EngineCore::step() {
 EngineStats EngineCore::stats() const {
     EngineStats s = totals_;
     s.num_running = scheduler_.num_running();
-    s.num_waiting = scheduler_.num_waiting();
+    s.num_waiting = scheduler_.num_waiting_seats();
     s.num_kv_blocks = blocks_.num_blocks();
     s.num_kv_blocks_used = blocks_.num_used();
     s.prefix_queries = blocks_.stats().prefix_queries;

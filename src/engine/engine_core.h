@@ -30,7 +30,7 @@ struct EngineConfig {
 
 struct EngineStats {
     int num_running = 0;
-    int num_waiting = 0;
+    int num_waiting = 0;  // sequences, an n > 1 request not started yet counted as n
     int num_kv_blocks = 0;
     int num_kv_blocks_used = 0;
     uint64_t prefix_queries = 0;  // tokens
@@ -109,7 +109,7 @@ class EngineCore {
     std::vector<float> logits_;
     std::vector<int32_t> sampled_;
     std::vector<TokenLogprob> sampled_lps_;
-    std::optional<Launch> inflight_;          // the queued step whose draws are not collected
+    std::optional<Launch> inflight_;  // the queued step whose draws are not collected
     EngineStats totals_;
 };
 

@@ -17,12 +17,14 @@ void Scheduler::add_waiting(Sequence* seq) {
     q.insert(seq);
     if (*q.begin() == seq) heads_.insert(seq);
     ++num_waiting_;
+    waiting_seats_ += seq->seats();
 }
 
 void Scheduler::erase_waiting(Sequence* seq) {
     auto it = waiting_.find(seq->group);
     if (it == waiting_.end() || it->second.erase(seq) == 0) return;
     --num_waiting_;
+    waiting_seats_ -= seq->seats();
     if (heads_.erase(seq) > 0 && !it->second.empty()) heads_.insert(*it->second.begin());
     if (it->second.empty()) waiting_.erase(it);
 }

@@ -55,6 +55,8 @@ class Scheduler {
     void commit(const SchedulerOutput& out);
 
     int num_waiting() const { return num_waiting_; }
+    // Waiting sequences counting a not-yet-started n > 1 request as its n choices.
+    int num_waiting_seats() const { return waiting_seats_; }
     int num_running() const { return static_cast<int>(running_.size()); }
     uint64_t num_preemptions() const { return num_preemptions_; }
     const std::vector<Sequence*>& running() const { return running_; }
@@ -79,6 +81,7 @@ class Scheduler {
     std::unordered_map<uint64_t, Queue> waiting_;  // by group, each in priority order
     Queue heads_;                                  // the first of each group's queue
     int num_waiting_ = 0;
+    int waiting_seats_ = 0;
     std::vector<Sequence*> running_;
     uint64_t num_preemptions_ = 0;
 };

@@ -18,6 +18,19 @@ namespace pb = ::peregrine::v1;
 
 namespace {
 
+// A status message travels in the HTTP/2 trailers, whose size is limited (8-16 KiB): one that
+// echoes a large client input would wedge the connection. Cut to 1 KiB.
+std::string status_message(std::string m) {
+    constexpr size_t kMax = 1024;
+    if (m.size() > kMax) {
+        m.resize(kMax);
+        while (!m.empty() && (static_cast<unsigned char>(m.back()) & 0xC0) == 0x80) m.pop_back();  // whole UTF-8
+        if (!m.empty() && static_cast<unsigned char>(m.back()) >= 0xC0) m.pop_back();
+        m += "...";
+    }
+    return m;
+}
+
 grpc::Status to_status(const ApiError& e) {
     grpc::StatusCode code = grpc::StatusCode::INTERNAL;
     switch (e.status()) {
@@ -41,7 +54,7 @@ grpc::Status to_status(const ApiError& e) {
         default:
             break;
     }
-    return {code, e.param().empty() ? std::string(e.what()) : str_cat(e.param(), ": ", e.what())};
+    return {code, status_message(e.param().empty() ? std::string(e.what()) : str_cat(e.param(), ": ", e.what()))};
 }
 
 // Runs `f` and turns what it throws into a status.
@@ -52,9 +65,9 @@ grpc::Status guarded(F&& f) {
     } catch (const ApiError& e) {
         return to_status(e);
     } catch (const Error& e) {
-        return {grpc::StatusCode::INVALID_ARGUMENT, e.what()};
+        return {grpc::StatusCode::INVALID_ARGUMENT, status_message(e.what())};
     } catch (const std::exception& e) {
-        return {grpc::StatusCode::INTERNAL, e.what()};
+        return {grpc::StatusCode::INTERNAL, status_message(e.what())};
     }
 }
 

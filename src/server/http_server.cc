@@ -665,7 +665,38 @@ int default_max_connections() {
 
 namespace {
 
-// Over the connection cap: a 503 and the connection closed, without a Session.
+// Over the connection cap: a 503 and the connection closed, without a Session. What the client
+// already sent is read and dropped for up to a second after the answer (a close with unread
+// data would reset the connection and could lose the answer).
+struct Refusal : std::enable_shared_from_this<Refusal> {
+    tcp::socket socket;
+    net::steady_timer timer;
+    std::array<char, 1024> sink;
+    explicit Refusal(tcp::socket s) : socket(std::move(s)), timer(socket.get_executor()) {}
+
+    void start(const std::string& response) {
+        net::async_write(socket, net::buffer(response), [self = shared_from_this()](beast::error_code ec, size_t) {
+            if (ec) return self->finish();
+            beast::error_code ignored;
+            self->socket.shutdown(tcp::socket::shutdown_send, ignored);
+            self->timer.expires_after(std::chrono::seconds(1));
+            self->timer.async_wait([self](beast::error_code) { self->finish(); });
+            self->drain();
+        });
+    }
+    void drain() {
+        socket.async_read_some(net::buffer(sink), [self = shared_from_this()](beast::error_code ec, size_t) {
+            if (ec) return self->finish();
+            self->drain();
+        });
+    }
+    void finish() {
+        beast::error_code ignored;
+        timer.cancel();
+        socket.close(ignored);
+    }
+};
+
 void refuse_connection(tcp::socket socket) {
     static const std::string kResponse = [] {
         const std::string body =
@@ -673,12 +704,7 @@ void refuse_connection(tcp::socket socket) {
         return str_cat("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n",
                        "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
     }();
-    auto s = std::make_shared<tcp::socket>(std::move(socket));
-    net::async_write(*s, net::buffer(kResponse), [s](beast::error_code, size_t) {
-        beast::error_code ec;
-        s->shutdown(tcp::socket::shutdown_both, ec);
-        s->close(ec);
-    });
+    std::make_shared<Refusal>(std::move(socket))->start(kResponse);
 }
 
 }  // namespace

@@ -266,6 +266,7 @@ CompletionParams parse_completion_params(const Json& body, Endpoint endpoint) {
         if (auto v = get_int(body, key)) {
             if (*v < 0) bad_param(key, "'", key, "' must be at least 0, got ", *v);
             max_tokens = static_cast<int>(std::min<int64_t>(*v, kIntMax));
+            c.max_tokens_param = key;
             if (!chat && std::string(key) == "max_tokens") break;
         }
     }

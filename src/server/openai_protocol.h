@@ -30,11 +30,12 @@ struct PromptInput {
 
 struct CompletionParams {
     Endpoint endpoint = Endpoint::Completions;
-    std::string model;                 // empty when the client left it out
-    std::vector<PromptInput> prompts;  // completions
-    Json messages;                     // chat: a list of {role, content (string)}
-    SamplingParams sampling;           // logprobs: -1 or k (top alternatives)
-    bool max_tokens_given = false;     // otherwise: 16 for completions, the context left for chat
+    std::string model;                            // empty when the client left it out
+    std::vector<PromptInput> prompts;             // completions
+    Json messages;                                // chat: a list of {role, content (string)}
+    SamplingParams sampling;                      // logprobs: -1 or k (top alternatives)
+    bool max_tokens_given = false;                // otherwise: 16 for completions, the context left for chat
+    std::string max_tokens_param = "max_tokens";  // the field it came from (chat: max_completion_tokens)
     bool stream = false;
     bool include_usage = false;
     bool echo = false;           // completions: the prompt text before the completion

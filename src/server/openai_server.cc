@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -560,6 +561,10 @@ OpenAiServer::~OpenAiServer() {
 
 void OpenAiServer::set_model(std::unique_ptr<ServedModel> model) {
     model_ = std::move(model);
+    if (model_->tokenizer)
+        for (int32_t id = 0; id < model_->tokenizer->size(); ++id)
+            model_->max_token_bytes = std::max(
+                {model_->max_token_bytes, model_->tokenizer->token(id).size(), model_->tokenizer->piece(id).size()});
     ready_.store(true, std::memory_order_release);
 }
 
@@ -588,7 +593,10 @@ void OpenAiServer::check_model(const std::string& name) const {
     if (name.empty()) return;
     for (const std::string& n : options_.model_names)
         if (n == name) return;
-    throw ApiError(404, str_cat("The model '", name, "' does not exist; this server serves '", model_name(), "'"),
+    // The name is the client's: echoed back cut short (a 100 KB name in a gRPC status wedged the
+    // HTTP/2 connection: trailers have a size limit).
+    const std::string shown = name.size() > 128 ? str_cat(name.substr(0, 128), "...") : name;
+    throw ApiError(404, str_cat("The model '", shown, "' does not exist; this server serves '", model_name(), "'"),
                    "model", "model_not_found");
 }
 
@@ -641,6 +649,7 @@ void OpenAiServer::route(const HttpRequest& req, const std::shared_ptr<Exchange>
         HeaderList extra;
         if (e.status() == 401) extra.emplace_back("WWW-Authenticate", "Bearer");
         if (e.retry_after_s() > 0) extra.emplace_back("Retry-After", std::to_string(e.retry_after_s()));
+        if (e.status() == 426) extra.emplace_back("Sec-WebSocket-Version", "13");
         if (e.status() == 405)
             extra.emplace_back("Allow", req.path == "/health" || req.path == "/metrics" || req.path == "/v1/ws" ||
                                                 req.path.rfind("/v1/models", 0) == 0
@@ -653,6 +662,14 @@ void OpenAiServer::route(const HttpRequest& req, const std::shared_ptr<Exchange>
 void OpenAiServer::handle_websocket(const HttpRequest& req, Exchange& ex) {
     if (!req.websocket_upgrade)
         throw ApiError(426, "/v1/ws is a WebSocket endpoint; send a WebSocket upgrade request", "", "upgrade_required");
+    // Checked here so that a bad handshake gets a JSON error like any other (Beast's is plain text).
+    if (req.header("sec-websocket-version") != "13")
+        throw ApiError(426, "this server speaks WebSocket version 13 (Sec-WebSocket-Version: 13)", "",
+                       "upgrade_required");
+    const std::string_view key = req.header("sec-websocket-key");
+    if (key.size() != 24 || key.substr(22) != "==")
+        throw ApiError(400, "the WebSocket handshake needs a Sec-WebSocket-Key (16 bytes, base64)", "",
+                       "bad_websocket_handshake");
     auto base = std::make_shared<HttpRequest>(req);
     base->body.clear();
     ex.accept_websocket([this, base](std::shared_ptr<WebSocket> ws) {
@@ -732,7 +749,20 @@ std::vector<int32_t> OpenAiServer::render_chat(const CompletionParams& p) const 
         const size_t at = content.empty() ? std::string::npos : prompt.rfind(content);
         if (at != std::string::npos) prompt.resize(at + content.size());
     }
-    return m.tokenizer->encode(prompt, p.add_special_tokens, /*parse_special=*/true);
+    return encode_prompt(prompt, p.add_special_tokens, "messages");
+}
+
+std::vector<int32_t> OpenAiServer::encode_prompt(const std::string& text, bool add_special, const char* param) const {
+    const ServedModel& m = *model_;
+    // No token is longer than max_token_bytes, so a text this long holds more tokens than the
+    // context: refused before tokenizing (a 30 MiB prompt took ~300 MB to tokenize and reject).
+    const size_t at_least = text.size() / std::max<size_t>(1, m.max_token_bytes);
+    if (m.max_token_bytes > 0 && at_least >= static_cast<size_t>(m.max_model_len))
+        throw ApiError(400,
+                       str_cat("This model's maximum context length is ", m.max_model_len, " tokens, but the prompt (",
+                               text.size(), " bytes) has at least ", at_least, " tokens"),
+                       param, "context_length_exceeded");
+    return m.tokenizer->encode(text, add_special, /*parse_special=*/true);
 }
 
 PreparedCompletion OpenAiServer::prepare_completion(const Caller& caller, const Json& body, Endpoint endpoint) const {
@@ -748,7 +778,7 @@ PreparedCompletion OpenAiServer::prepare_completion(const Caller& caller, const 
     } else {
         for (const PromptInput& in : p.prompts) {
             if (in.is_text) {
-                out.prompts.push_back(m.tokenizer->encode(in.text, p.add_special_tokens, /*parse_special=*/true));
+                out.prompts.push_back(encode_prompt(in.text, p.add_special_tokens, "prompt"));
                 out.echo_texts.push_back(in.text);
             } else {
                 for (int32_t id : in.ids)
@@ -772,10 +802,11 @@ PreparedCompletion OpenAiServer::prepare_completion(const Caller& caller, const 
                         " tokens, which leaves no room for the completion"),
                 prompt_param, "context_length_exceeded");
         if (p.max_tokens_given && static_cast<int64_t>(len) + p.sampling.max_tokens > m.max_model_len)
-            throw ApiError(400,
-                           str_cat("This model's maximum context length is ", m.max_model_len, " tokens, but ", len,
-                                   " prompt tokens plus max_tokens ", p.sampling.max_tokens, " exceed it"),
-                           "max_tokens", "context_length_exceeded");
+            throw ApiError(
+                400,
+                str_cat("This model's maximum context length is ", m.max_model_len, " tokens, but ", len,
+                        " prompt tokens plus ", p.max_tokens_param, " ", p.sampling.max_tokens, " exceed it"),
+                p.max_tokens_param, "context_length_exceeded");
         // Each prompt once (its choices share it), plus the most each choice may generate.
         cost.sequences += p.sampling.n;
         cost.tokens += len + std::min<int64_t>(p.sampling.max_tokens, m.max_model_len - len) * p.sampling.n;

@@ -44,6 +44,7 @@ struct ServedModel {
     std::unique_ptr<Engine> engine;
     int max_model_len = 0;
     int vocab_size = 0;
+    size_t max_token_bytes = 0;  // the longest token's text (set_model): bytes per token at most
     std::string path;
 
     ~ServedModel();  // the engine first, then what it points into
@@ -116,6 +117,8 @@ class OpenAiServer {
 
   private:
     void handle_completion(const HttpRequest& req, std::shared_ptr<Exchange> ex, bool chat);
+    // A prompt's text into ids; 400 without tokenizing when it is surely over the context.
+    std::vector<int32_t> encode_prompt(const std::string& text, bool add_special, const char* param) const;
     void start_completion(const Caller& caller, const Json& body, bool chat, std::shared_ptr<Exchange> ex);
     void handle_websocket(const HttpRequest& req, Exchange& ex);
     void on_ws_message(const std::shared_ptr<WsConnection>& conn, const std::string& text);

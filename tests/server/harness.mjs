@@ -35,6 +35,7 @@ export async function startServer(args = []) {
     const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));
     return {
         url,
+        proc,
         log: () => log,
         client: (opts = {}) => new OpenAI({ baseURL: `${url}/v1`, apiKey: 'none', maxRetries: 0, ...opts }),
         async stop() {
