@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "peregrine/v1/inference.grpc.pb.h"
 #include "server/api_error.h"
+#include "server/middleware.h"
 
 namespace peregrine::server {
 
@@ -140,10 +141,11 @@ Json to_json(const pb::GenerateRequest& req, bool chat) {
 // time; a cancel (client gone, deadline passed) aborts the engine request.
 class GenerateReactor : public grpc::ServerWriteReactor<pb::GenerateResponse> {
   public:
-    GenerateReactor(OpenAiServer& app) : app_(app) {}
+    GenerateReactor(OpenAiServer& app, std::string peer)
+        : app_(app), peer_(std::move(peer)), start_(std::chrono::steady_clock::now()) {}
 
-    static GenerateReactor* create(OpenAiServer& app, std::shared_ptr<GenerateReactor>* out) {
-        auto r = std::make_shared<GenerateReactor>(app);
+    static GenerateReactor* create(OpenAiServer& app, std::string peer, std::shared_ptr<GenerateReactor>* out) {
+        auto r = std::make_shared<GenerateReactor>(app, std::move(peer));
         r->self_ = r;
         *out = r;
         return r.get();
@@ -151,8 +153,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<pb::GenerateResponse> {
 
     void fail(const grpc::Status& status) {
         std::lock_guard<std::recursive_mutex> lock(mu_);
-        finished_ = true;
-        Finish(status);
+        finish(status);
     }
 
     void start(const std::shared_ptr<GenerateReactor>& self, const std::shared_ptr<RequestStream>& stream,
@@ -190,8 +191,10 @@ class GenerateReactor : public grpc::ServerWriteReactor<pb::GenerateResponse> {
   private:
     void deliver(std::vector<RequestOutput>&& outs, bool done) {
         std::lock_guard<std::recursive_mutex> lock(mu_);
-        for (const RequestOutput& o : outs)
+        for (const RequestOutput& o : outs) {
             if (o.usage && o.timing) app_.metrics().observe_request(o.finish, *o.usage, *o.timing);
+            if (o.usage) usage_ = *o.usage;
+        }
         if (done) {
             ticket_.release();
             ++(cancelled_ || finished_ ? app_.counters().requests_aborted : app_.counters().requests_served);
@@ -202,23 +205,43 @@ class GenerateReactor : public grpc::ServerWriteReactor<pb::GenerateResponse> {
         write_next();
     }
 
+    // Ends the call (once) and writes its access-log line.
+    void finish(const grpc::Status& status) {
+        finished_ = true;
+        if (app_.options().access_log) {
+            AccessRecord r{id_,
+                           peer_,
+                           "GRPC",
+                           "/peregrine.v1.Inference/Generate",
+                           status.error_code(),
+                           0,
+                           usage_ ? usage_->prompt_tokens : -1,
+                           usage_ ? usage_->completion_tokens : -1};
+            r.duration_ms =
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
+            write_access_log(r);
+        }
+        Finish(status);
+    }
+
     void write_next() {
         if (writing_ || finished_) return;
         if (cancelled_) {
-            finished_ = true;
-            Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+            finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
         } else if (!queue_.empty()) {
             current_ = std::move(queue_.front());
             queue_.pop_front();
             writing_ = true;
             StartWrite(&current_);
         } else if (ended_) {
-            finished_ = true;
-            Finish(grpc::Status::OK);
+            finish(grpc::Status::OK);
         }
     }
 
     OpenAiServer& app_;
+    const std::string peer_;
+    const std::chrono::steady_clock::time_point start_;
+    std::optional<Usage> usage_;             // from the request's last output
     std::shared_ptr<GenerateReactor> self_;  // until OnDone
     std::recursive_mutex mu_;                // gRPC may run reactions inline
     std::string id_;
@@ -237,7 +260,9 @@ class InferenceService final : public pb::Inference::CallbackService {
     grpc::ServerWriteReactor<pb::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
                                                              const pb::GenerateRequest* req) override {
         std::shared_ptr<GenerateReactor> r;
-        GenerateReactor* raw = GenerateReactor::create(app_, &r);
+        std::string peer;
+        caller_of(ctx, peer);
+        GenerateReactor* raw = GenerateReactor::create(app_, peer, &r);
         std::shared_ptr<RequestStream> stream;
         Ticket ticket;
         grpc::Status s = guarded([&] {

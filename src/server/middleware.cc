@@ -23,6 +23,21 @@ std::string utc_now_iso8601() {
 
 }  // namespace
 
+void write_access_log(const AccessRecord& r) {
+    nlohmann::ordered_json j;
+    j["time"] = utc_now_iso8601();
+    j["request_id"] = r.request_id;
+    j["remote"] = r.remote;
+    j["method"] = r.method;
+    j["path"] = r.path;
+    j["status"] = r.status;
+    j["duration_ms"] = std::round(r.duration_ms * 1000) / 1000;
+    j["prompt_tokens"] = r.prompt_tokens >= 0 ? nlohmann::ordered_json(r.prompt_tokens) : nullptr;
+    j["completion_tokens"] = r.completion_tokens >= 0 ? nlohmann::ordered_json(r.completion_tokens) : nullptr;
+    const std::string line = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+    std::fwrite(line.data(), 1, line.size(), stderr);
+}
+
 bool CorsPolicy::allowed(std::string_view origin) const {
     if (origin.empty()) return false;
     for (const std::string& o : origins_)
@@ -116,19 +131,9 @@ void TrackedExchange::finish(int status) {
     finished_ = true;
     status_ = status;
     if (!access_log_) return;
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
-    nlohmann::ordered_json j;
-    j["time"] = utc_now_iso8601();
-    j["request_id"] = request_id_;
-    j["remote"] = remote_;
-    j["method"] = method_;
-    j["path"] = path_;
-    j["status"] = status_;
-    j["duration_ms"] = std::round(ms * 1000) / 1000;
-    j["prompt_tokens"] = prompt_tokens_ >= 0 ? nlohmann::ordered_json(prompt_tokens_) : nullptr;
-    j["completion_tokens"] = completion_tokens_ >= 0 ? nlohmann::ordered_json(completion_tokens_) : nullptr;
-    const std::string line = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
-    std::fwrite(line.data(), 1, line.size(), stderr);
+    AccessRecord r{request_id_, remote_, method_, path_, status_, 0, prompt_tokens_, completion_tokens_};
+    r.duration_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
+    write_access_log(r);
 }
 
 }  // namespace peregrine::server

@@ -29,6 +29,17 @@ class CorsPolicy {
     std::vector<std::string> origins_;
 };
 
+// One access-log line: {"time", "request_id", "remote", "method", "path", "status",
+// "duration_ms", "prompt_tokens", "completion_tokens"} on stderr (token counts null when < 0).
+// `status` is HTTP's, or for gRPC the status code's number (0 OK, 1 CANCELLED, ...).
+struct AccessRecord {
+    std::string request_id, remote, method, path;
+    int status = 0;
+    double duration_ms = 0;
+    int prompt_tokens = -1, completion_tokens = -1;
+};
+void write_access_log(const AccessRecord& r);
+
 // Forwards to the connection's exchange, adding `extra` headers to every response, and (when
 // `access_log`) writes one JSON line on stderr when the exchange ends:
 //   {"time", "request_id", "remote", "method", "path", "status", "duration_ms", "prompt_tokens",

@@ -89,3 +89,30 @@ test('256 concurrent streams finish with no error', async () => {
         assert.equal(g.text, all[0].text);
     }
 });
+
+test('gRPC calls are in the access log, like HTTP requests', async () => {
+    const port = await freePort();
+    const s = await startServer(['--grpc-port', String(port), '--access-log']);
+    const def = protoLoader.loadSync('peregrine/v1/inference.proto', { includeDirs: [protoDir], keepCase: true });
+    const c = new (grpc.loadPackageDefinition(def).peregrine.v1.Inference)(`127.0.0.1:${port}`,
+        grpc.credentials.createInsecure());
+    try {
+        await new Promise((resolve, reject) => {
+            const call = c.generate({ prompt, max_tokens: 3 });
+            call.on('data', () => {});
+            call.on('error', reject);
+            call.on('end', resolve);
+        });
+        const line = await waitFor(() => s.log().split('\n').find((l) => l.includes('"GRPC"')), 2000);
+        assert.ok(line, s.log().slice(-2000));
+        const j = JSON.parse(line);
+        assert.equal(j.path, '/peregrine.v1.Inference/Generate');
+        assert.equal(j.status, 0);
+        assert.equal(j.completion_tokens, 3);
+        assert.ok(j.prompt_tokens > 0);
+        assert.match(j.remote, /127\.0\.0\.1/);
+    } finally {
+        c.close();
+        await s.stop();
+    }
+});
