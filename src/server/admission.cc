@@ -78,24 +78,18 @@ Ticket Admission::admit(const Caller& caller, const RequestCost& cost) {
     const int64_t seqs = sequences_.fetch_add(cost.sequences) + cost.sequences;
     const int64_t toks = tokens_.fetch_add(cost.tokens) + cost.tokens;
     Ticket ticket(this, cost);
-    if (l.max_queued_requests > 0 && reqs > l.max_queued_requests)
+    // 429 when `total` in flight (this request's `adds` included) passes `limit`.
+    auto full = [](int64_t limit, int64_t total, int64_t adds, const char* what, const char* code) {
+        if (limit <= 0 || total <= limit) return;
         throw ApiError(429,
-                       str_cat("The server has ", l.max_queued_requests,
-                               " requests in flight, its configured maximum; retry shortly"),
-                       "", "too_many_requests_queued")
+                       str_cat("The server has ", total - adds, " ", what, " in flight and this request adds ", adds,
+                               ", over its maximum of ", limit, "; retry shortly"),
+                       "", code)
             .with_retry_after(1);
-    if (l.max_queued_sequences > 0 && seqs > l.max_queued_sequences)
-        throw ApiError(429,
-                       str_cat("The server has ", seqs - cost.sequences, " sequences in flight and this request adds ",
-                               cost.sequences, ", over its maximum of ", l.max_queued_sequences, "; retry shortly"),
-                       "", "too_many_sequences_queued")
-            .with_retry_after(1);
-    if (l.max_queued_tokens > 0 && toks > l.max_queued_tokens)
-        throw ApiError(429,
-                       str_cat("The server has ", toks - cost.tokens, " tokens in flight and this request adds ",
-                               cost.tokens, ", over its maximum of ", l.max_queued_tokens, "; retry shortly"),
-                       "", "too_many_tokens_queued")
-            .with_retry_after(1);
+    };
+    full(l.max_queued_requests, reqs, 1, "requests", "too_many_requests_queued");
+    full(l.max_queued_sequences, seqs, cost.sequences, "sequences", "too_many_sequences_queued");
+    full(l.max_queued_tokens, toks, cost.tokens, "tokens", "too_many_tokens_queued");
     check_rate(caller, cost.tokens);
     return ticket;
 }
