@@ -130,7 +130,7 @@ int run(ServeArgs& a) {
     hopts.idle_timeout_s = a.keep_alive_timeout_s;
     hopts.read_timeout_s = a.read_timeout_s;
     raise_descriptor_limit();
-    hopts.max_connections = a.max_connections > 0 ? a.max_connections : server::default_max_connections();
+    hopts.max_connections = a.max_connections;  // 0: the server sizes it from the (raised) limit
     server::HttpServer http(hopts, [app](const server::HttpRequest& req, std::shared_ptr<server::Exchange> ex) {
         app->handle(req, std::move(ex));
     });
