@@ -10,6 +10,11 @@ packages=(
     libboost-dev
     libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
     xz-utils
+    # CI's format check (scripts/ci-format.sh) and fuzzers (scripts/ci-fuzz.sh): Debian 12's
+    # clang 14; with --no-install-recommends the compiler-rt runtimes (libFuzzer, ASan, UBSan
+    # for clang: libclang_rt.fuzzer-x86_64.a) must be named, and llvm-14 brings llvm-symbolizer
+    # for readable sanitizer stacks. (g++'s ASan/UBSan runtimes come with build-essential.)
+    clang libclang-rt-14-dev llvm-14 clang-format
 )
 # The server tests run node (the official `openai` npm client); any recent nodejs with npm will do.
 command -v npm >/dev/null || packages+=(nodejs npm)
