@@ -4,6 +4,8 @@
 # report, leak, timeout or out-of-memory fails the run; the reproducer is left in ARTIFACTS.
 # New inputs go to a temporary copy of the corpus, so the git tree stays clean.
 #
+# The targets run side by side (one core each, at most JOBS at once).
+#
 # Environment: BUILD_DIR (default build-fuzz), FUZZ_TIME (seconds per target, default 60),
 # FUZZ_TARGETS (default "chat_template tokenizer"), ARTIFACTS (default BUILD_DIR/fuzz-artifacts),
 # KEEP_CORPUS=DIR (copy each grown corpus to DIR/<name> afterwards, e.g. to merge new seeds).
@@ -34,29 +36,45 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$ARTIFACTS"
-status=0
-for t in $FUZZ_TARGETS; do
-    bin="$root/$BUILD_DIR/fuzz/fuzz_$t"
-    seeds="$root/fuzz/corpus/$t"
-    corpus="$work/$t"
-    mkdir -p "$corpus"
-    cp -r "$seeds/." "$corpus/"
-    args=(-max_total_time="$FUZZ_TIME" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+
+# One target: libFuzzer's output to $work/<name>.log, its exit status to $work/<name>.rc.
+fuzz_one() {
+    local t="$1" rc=0
+    local args=(-max_total_time="$FUZZ_TIME" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
         -artifact_prefix="$ARTIFACTS/$t-")
     [ -f "fuzz/$t.dict" ] && args+=(-dict="$root/fuzz/$t.dict")
-    echo "ci-fuzz: fuzz_$t for ${FUZZ_TIME} s over $(find "$corpus" -type f | wc -l) seeds"
-    start=$SECONDS
-    # libFuzzer prints a status line (cov:, ft:, corp:, exec/s) at each new power of two of
-    # executions and at each new coverage; the first corpus dir is the writable one.
-    if "$bin" "${args[@]}" "$corpus" 2>"$work/$t.log"; then
-        rc=0
-    else
-        rc=$?
+    # The first corpus dir is the writable one: a copy of the seeds.
+    "$root/$BUILD_DIR/fuzz/fuzz_$t" "${args[@]}" "$work/$t" >"$work/$t.log" 2>&1 || rc=$?
+    echo "$rc" >"$work/$t.rc"
+}
+
+# The targets run side by side, at most JOBS at once (each is one process, one core).
+start=$SECONDS
+running=0
+for t in $FUZZ_TARGETS; do
+    mkdir -p "$work/$t"
+    cp -r "$root/fuzz/corpus/$t/." "$work/$t/"
+    echo "ci-fuzz: fuzz_$t for ${FUZZ_TIME} s over $(find "$work/$t" -type f | wc -l) seeds"
+    if [ "$running" -ge "$JOBS" ]; then
+        wait -n || true
+        running=$((running - 1))
     fi
+    fuzz_one "$t" &
+    running=$((running + 1))
+done
+wait
+echo "ci-fuzz: fuzzing took $((SECONDS - start)) s"
+
+status=0
+for t in $FUZZ_TARGETS; do
+    rc="$(cat "$work/$t.rc")"
+    echo "----- fuzz_$t"
+    # libFuzzer prints a status line (cov:, ft:, corp:, exec/s) at each power of two of
+    # executions (pulse) and at each new input (NEW, REDUCE: one in 50 shown here).
     grep -E '^#[0-9]+[[:space:]]+(INITED|pulse|DONE|NEW|REDUCE)' "$work/$t.log" |
-        awk '/INITED|DONE/ || /pulse/ || NR % 50 == 0' || true
+        awk '/INITED|DONE|pulse/ || NR % 50 == 0' || true
     grep -E '^(stat::|Done [0-9]+ runs)' "$work/$t.log" || true
-    echo "ci-fuzz: fuzz_$t ran $((SECONDS - start)) s, exit $rc, corpus $(find "$corpus" -type f | wc -l) files"
+    echo "ci-fuzz: fuzz_$t exit $rc, corpus $(find "$work/$t" -type f | wc -l) files"
     if [ "$rc" -ne 0 ]; then
         echo "ci-fuzz: fuzz_$t FAILED; its log:" >&2
         grep -vE '^#[0-9]+[[:space:]]+(NEW|REDUCE)' "$work/$t.log" | tail -n 150 >&2
@@ -65,7 +83,7 @@ for t in $FUZZ_TARGETS; do
     fi
     if [ -n "${KEEP_CORPUS:-}" ]; then
         mkdir -p "$KEEP_CORPUS/$t"
-        cp -r "$corpus/." "$KEEP_CORPUS/$t/"
+        cp -r "$work/$t/." "$KEEP_CORPUS/$t/"
     fi
 done
 [ "$status" -eq 0 ] && echo "ci-fuzz: no crashes"
