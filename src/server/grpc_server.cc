@@ -63,12 +63,8 @@ template <typename F>
 grpc::Status guarded(F&& f) {
     try {
         return f();
-    } catch (const ApiError& e) {
-        return to_status(e);
-    } catch (const Error& e) {
-        return {grpc::StatusCode::INVALID_ARGUMENT, status_message(e.what())};
-    } catch (const std::exception& e) {
-        return {grpc::StatusCode::INTERNAL, status_message(e.what())};
+    } catch (...) {
+        return to_status(current_api_error());  // the HTTP API's mapping, as a gRPC status
     }
 }
 
@@ -261,13 +257,13 @@ class InferenceService final : public pb::Inference::CallbackService {
                                                              const pb::GenerateRequest* req) override {
         std::shared_ptr<GenerateReactor> r;
         std::string peer;
-        caller_of(ctx, peer);
+        const Caller caller = caller_of(ctx, peer);
         GenerateReactor* raw = GenerateReactor::create(app_, peer, &r);
         std::shared_ptr<RequestStream> stream;
         Ticket ticket;
         grpc::Status s = guarded([&] {
-            admit(ctx);
-            stream = submit(ctx, *req, ticket);
+            app_.check_caller(caller);
+            stream = submit(caller, *req, ticket);
             return grpc::Status::OK;
         });
         if (!s.ok())
@@ -343,12 +339,6 @@ class InferenceService final : public pb::Inference::CallbackService {
         return Caller{"grpc", auth, peer};
     }
 
-    // The admission path every transport shares: API key, readiness, draining (ApiError).
-    void admit(grpc::CallbackServerContext* ctx) const {
-        std::string peer;
-        app_.check_caller(caller_of(ctx, peer));
-    }
-
     template <typename F>
     grpc::ServerUnaryReactor* unary(grpc::CallbackServerContext* ctx, F&& f) {
         grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
@@ -363,13 +353,11 @@ class InferenceService final : public pb::Inference::CallbackService {
     }
 
     // Checks and admits the request as the HTTP API does (one path), and submits it to the engine.
-    std::shared_ptr<RequestStream> submit(grpc::CallbackServerContext* ctx, const pb::GenerateRequest& req,
-                                          Ticket& ticket) {
+    std::shared_ptr<RequestStream> submit(const Caller& caller, const pb::GenerateRequest& req, Ticket& ticket) {
         const bool chat = req.messages_size() > 0;
         const int given = (chat ? 1 : 0) + (req.prompt_ids_size() > 0 ? 1 : 0) + (req.prompt().empty() ? 0 : 1);
         if (given != 1) bad_param("prompt", "exactly one of 'prompt', 'prompt_ids' or 'messages' is required");
-        std::string peer;
-        PreparedCompletion p = app_.prepare_completion(caller_of(ctx, peer), to_json(req, chat),
+        PreparedCompletion p = app_.prepare_completion(caller, to_json(req, chat),
                                                        chat ? Endpoint::ChatCompletions : Endpoint::Completions);
         Request r;
         r.id = str_cat("grpc-", random_hex_id());

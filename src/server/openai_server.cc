@@ -70,8 +70,8 @@ void check_json_content_type(const HttpRequest& req) {
                        "unsupported_media_type");
 }
 
-// What a client is told about the exception being handled: ApiError as it is, a template's
-// raise_exception and other Error as 400, anything else (a bug) as 500, logged.
+}  // namespace
+
 ApiError current_api_error() {
     try {
         throw;
@@ -86,6 +86,8 @@ ApiError current_api_error() {
         return ApiError(500, "internal error while handling the request", "", "internal_error");
     }
 }
+
+namespace {
 
 Json parse_body(const HttpRequest& req) {
     return parse_object(req.body, "request body");

@@ -23,6 +23,7 @@
 
 #include "peregrine/engine.h"
 #include "server/admission.h"
+#include "server/api_error.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/middleware.h"
@@ -34,6 +35,11 @@
 namespace peregrine::server {
 
 struct WsConnection;  // one /v1/ws connection (openai_server.cc)
+
+// Inside a catch block: what a client is told about the exception being handled (every
+// transport): ApiError as it is, a template's raise_exception and other Error as 400, anything
+// else (a bug) as 500, logged.
+ApiError current_api_error();
 
 // A loaded model ready to serve.
 struct ServedModel {
