@@ -3,6 +3,7 @@
 //               nothing, at 256 running sequences;
 //   batching  — continuous vs static batching of a mixed-length workload on the embedded
 //               model (CPU backend, f32).
+//   overhead-text — the same with detokenization and a stop string (a real tokenizer).
 // Usage: peregrine_bench_engine overhead
 //        peregrine_bench_engine batching [MODEL|default] [threads] [batch] [requests]
 #include <algorithm>
@@ -12,10 +13,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <memory>
 #include <string>
+#include <unordered_map>
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine_core.h"
+#include "engine/local_executor.h"
+#include "engine/output_processor.h"
+#include "engine/tokenizer_text.h"
 #include "model/llama.h"
 #include "model/loader.h"
 
@@ -53,13 +59,39 @@ class NullExecutor final : public ModelExecutor {
     int vocab_, blocks_;
 };
 
+// Draws that cost nothing, as if sampled on a device: varied real token ids, so that the
+// text side has work. The step time is then the engine's own (schedule, outputs, text).
+class DrawingExecutor final : public ModelExecutor {
+  public:
+    DrawingExecutor(int vocab, int blocks) : vocab_(vocab), blocks_(blocks) {}
+    int vocab_size() const override { return vocab_; }
+    int max_model_len() const override { return 1 << 20; }
+    int num_kv_blocks() const override { return blocks_; }
+    int block_size() const override { return 16; }
+    void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>&) override {}
+    void execute(const BatchInput&, std::vector<float>&) override {}
+    bool samples_on_device() const override { return true; }
+    void execute_on_device(const BatchInput&) override {}
+    void launch_sampling(const std::vector<SampleRow>& rows) override { n_ = rows.size(); }
+    void collect_samples(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& lps) override {
+        tokens.resize(n_);
+        lps.resize(n_);
+        for (size_t i = 0; i < n_; ++i) tokens[i] = 1000 + static_cast<int32_t>((i * 7919 + ++draws_ * 31) % 20000);
+    }
+
+  private:
+    int vocab_, blocks_;
+    size_t n_ = 0;
+    uint64_t draws_ = 0;
+};
+
 void overhead(int vocab, float temperature) {
     const int num_seqs = 256;
     NullExecutor ex(vocab, num_seqs * 80);
-    EngineConfig cfg;
+    CoreConfig cfg;
     cfg.scheduler.max_num_seqs = num_seqs;
     cfg.scheduler.max_num_batched_tokens = 8192;
-    EngineCore core(cfg, ex, nullptr);
+    EngineCore core(cfg, ex);
     std::mt19937 rng(1);
     for (int i = 0; i < num_seqs; ++i) {
         Request r;
@@ -86,6 +118,54 @@ void overhead(int vocab, float temperature) {
         (after.postprocess_seconds - before.postprocess_seconds) / steps * 1e3);
 }
 
+// As `overhead`, with text: the tokenizer in `tokenizer_dir` detokenizes every sequence and
+// watches for a stop string that never comes. The engine step no longer does this (the
+// front end does, on the consumer's thread: output_processor.h); both times are reported.
+void overhead_text(const std::string& tokenizer_dir) {
+    const int num_seqs = 256;
+    auto tok = std::make_shared<const Tokenizer>(Tokenizer::load(tokenizer_dir));
+    const int vocab = tok->size();
+    DrawingExecutor ex(vocab, num_seqs * 80);
+    CoreConfig cfg;
+    cfg.scheduler.max_num_seqs = num_seqs;
+    cfg.scheduler.max_num_batched_tokens = 8192;
+    EngineCore core(cfg, ex);
+    TokenizerText text(tok);
+    std::unordered_map<std::string, std::unique_ptr<RequestText>> texts;
+    std::mt19937 rng(1);
+    for (int i = 0; i < num_seqs; ++i) {
+        Request r;
+        r.id = std::to_string(i);
+        for (int j = 0; j < 200; ++j) r.prompt_ids.push_back(1000 + rng() % 20000);
+        r.sampling.max_tokens = 1000;
+        r.sampling.ignore_eos = true;
+        r.sampling.temperature = 0.0f;
+        r.sampling.stop = {"xyzzy never"};
+        texts[r.id] = std::make_unique<RequestText>(text, r);
+        core.add_request(std::move(r));
+    }
+    core.step();  // prefill of all 256
+    const int steps = 200;
+    double step_s = 0, text_s = 0;
+    size_t chars = 0;
+    for (int i = 0; i < steps; ++i) {
+        const auto t0 = Clock::now();
+        std::vector<RequestOutput> outs = core.step();
+        const auto t1 = Clock::now();
+        for (RequestOutput& o : outs) {
+            int stopped = -1;
+            texts.at(o.request_id)->process(o, &stopped);
+            chars += o.text.size();
+        }
+        step_s += std::chrono::duration<double>(t1 - t0).count();
+        text_s += seconds_since(t1);
+    }
+    std::printf(
+        "overhead-text: %d sequences, vocab %d (%s): engine step %.3f ms; text on the consumer side %.3f ms "
+        "per step (%zu chars)\n",
+        num_seqs, vocab, tokenizer_dir.c_str(), step_s / steps * 1e3, text_s / steps * 1e3, chars);
+}
+
 void batching(const std::string& model_path, int threads, int batch, int count) {
     CpuBackend backend(threads);
     LoadOptions opt;
@@ -108,10 +188,11 @@ void batching(const std::string& model_path, int threads, int batch, int count) 
         reqs.push_back(r);
     }
     auto run = [&](bool continuous) {
-        LlamaExecutor ex(model, backend, 1024, 16);
-        EngineConfig cfg;
+        auto ex_exec = LocalExecutor::over(backend, model, 1024, 16);
+        LocalExecutor& ex = *ex_exec;
+        CoreConfig cfg;
         cfg.scheduler.max_num_seqs = batch;
-        EngineCore core(cfg, ex, nullptr);
+        EngineCore core(cfg, ex);
         size_t next = 0;
         uint64_t tokens = 0;
         const auto t0 = Clock::now();
@@ -138,6 +219,14 @@ void batching(const std::string& model_path, int threads, int batch, int count) 
 
 int main(int argc, char** argv) {
     const std::string what = argc > 1 ? argv[1] : "all";
+    if (what == "overhead-text") {
+        if (argc < 3) {
+            std::fprintf(stderr, "usage: peregrine_bench_engine overhead-text TOKENIZER_DIR\n");
+            return 2;
+        }
+        overhead_text(argv[2]);
+        return 0;
+    }
     if (what == "overhead" || what == "all") {
         overhead(512, 0.0f);
         overhead(32000, 0.0f);

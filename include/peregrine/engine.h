@@ -1,26 +1,34 @@
-// The engine behind every front end: a thread running schedule → run → sample → emit, fed
-// by `submit` from any thread, answering through one stream per request.
+// The engine as a library: build it from an EngineConfig, submit requests from any thread,
+// read each request's outputs from its stream. A thread inside runs schedule -> run -> sample
+// -> emit. examples/embed.cc is a whole program using only this header.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
-#include <unordered_map>
 #include <vector>
 
-#include "engine/engine_core.h"
+#include "peregrine/engine_config.h"
 #include "peregrine/engine_types.h"
 
 namespace peregrine {
 
-// The outputs of one request, in order. Filled by the engine thread, read by one consumer.
+class EngineLoop;
+class GgufFile;
+class RequestText;
+class Tokenizer;
+
+// The outputs of one request, in order. Filled by the engine thread, read by one consumer,
+// on whose thread next() also turns the outputs' tokens into text (detokenization and stop
+// strings run there, not on the engine thread).
 class RequestStream {
   public:
-    explicit RequestStream(std::string id) : id_(std::move(id)) {}
+    explicit RequestStream(std::string id);
+    ~RequestStream();
     const std::string& id() const { return id_; }
 
     // Blocks until the next output; false once the request has ended and all was read.
@@ -29,21 +37,38 @@ class RequestStream {
     bool next_for(RequestOutput& out, std::chrono::milliseconds timeout, bool* timed_out);
 
   private:
-    friend class Engine;
+    friend class EngineLoop;
     void push(RequestOutput out, bool last);
+    // Text for a popped output; false when it is to be skipped (see RequestText::process).
+    bool finish(RequestOutput& out);
 
     std::string id_;
+    std::unique_ptr<RequestText> text_;          // null: token ids only
+    std::function<void(int)> stop_choice_;       // asks the engine to end choice i (a stop string)
     std::mutex mu_;
     std::condition_variable cv_;
     std::deque<RequestOutput> queue_;
     bool closed_ = false;
 };
 
+// What the loaded model is, for front ends (limits, tokenizer and chat-template sources).
+struct ModelInfo {
+    std::string path;    // as given, or the embedded model's folder
+    std::string format;  // "safetensors" | "gguf"
+    int vocab_size = 0;
+    int max_model_len = 0;  // the model's context, tokens
+    std::vector<int> eos_token_ids;
+    std::string model_dir;            // folder of tokenizer files and chat template (HF); empty for GGUF
+    std::shared_ptr<GgufFile> gguf;  // the open GGUF file (tokenizer and template inside); null for HF
+};
+
 class Engine {
   public:
-    Engine(const EngineConfig& config, std::unique_ptr<ModelExecutor> executor,
-           std::shared_ptr<const TextProcessor> text);
-    ~Engine();  // shutdown()
+    // Loads the model onto the configured device, sizes the KV cache and warms up; logs what
+    // it chose to stderr. Throws Error with a message naming the bad value or file.
+    static std::unique_ptr<Engine> create(const EngineConfig& config);
+    explicit Engine(std::unique_ptr<EngineLoop> loop);  // the project's tests build the loop themselves
+    ~Engine();                                          // shutdown()
     Engine(const Engine&) = delete;
     Engine& operator=(const Engine&) = delete;
 
@@ -57,20 +82,14 @@ class Engine {
     // Stops the loop; requests still running end with "abort".
     void shutdown();
 
+    const ModelInfo& model() const;
+    // `text` as a user's prompt: the tokenizer's BOS/EOS rules, special-token text not parsed.
+    std::vector<int32_t> tokenize(const std::string& text) const;
+    // The model's tokenizer; null when the engine was built without one.
+    std::shared_ptr<const Tokenizer> tokenizer() const;
+
   private:
-    void loop();
-
-    std::unique_ptr<ModelExecutor> executor_;
-    EngineCore core_;  // engine thread only
-
-    mutable std::mutex mu_;
-    std::condition_variable cv_;
-    std::vector<std::pair<Request, std::shared_ptr<RequestStream>>> incoming_;
-    std::vector<std::string> aborts_;
-    std::unordered_map<std::string, std::shared_ptr<RequestStream>> live_;  // id -> stream, submit to end
-    EngineStats stats_;
-    bool stop_ = false;
-    std::thread thread_;
+    std::unique_ptr<EngineLoop> loop_;
 };
 
 }  // namespace peregrine

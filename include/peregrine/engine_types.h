@@ -12,7 +12,7 @@ namespace peregrine {
 
 struct SamplingParams {
     int n = 1;                 // completions per prompt; they share the prompt's KV blocks
-    float temperature = 1.0f;  // 0 = greedy
+    float temperature = 1.0f;  // below 1e-5 (0 included) = greedy, as is top_k 1
     float top_p = 1.0f;
     int top_k = 0;                                      // 0 = no limit
     float min_p = 0.0f;                                 // drop tokens below min_p * p(most likely)
@@ -26,8 +26,36 @@ struct SamplingParams {
     bool ignore_eos = false;
     int min_tokens = 0;   // EOS and stop tokens are masked until this many are generated
     int max_tokens = 16;  // clamped to the context left
-    int logprobs = -1;    // -1: none; k >= 0: the sampled token's logprob and the top k (k <= 20)
+    int logprobs = -1;    // -1: none; k >= 0: the sampled token's logprob and the top k (k <= kMaxLogprobs)
 };
+
+// Limits on the sampling fields, and the bounds that depend on the running engine. A 0 bound
+// is not checked (e.g. vocab_size 0: token ids are not checked against a vocabulary).
+constexpr int kMaxN = 128;               // completions per prompt
+constexpr int kMaxLogprobs = 20;         // top logprobs per token
+constexpr float kMaxLogitBias = 100.0f;  // |bias| per token, as OpenAI
+constexpr float kMaxPenalty = 2.0f;      // |presence_penalty|, |frequency_penalty|, as OpenAI
+
+struct SamplingLimits {
+    int vocab_size = 0;    // logit_bias token ids must be below it
+    int max_num_seqs = 0;  // n must not exceed it (the n choices run at once)
+    int max_n = kMaxN;
+    int max_logprobs = kMaxLogprobs;
+    bool has_tokenizer = true;  // stop strings need one (to match text)
+};
+
+// One rejected field: `field` as the OpenAI API spells it ("top_p", "logit_bias"; "logprobs"
+// for SamplingParams::logprobs, which chat requests call "top_logprobs"), `message` a sentence
+// fit for an API client that names the value ("'top_p' must be in (0, 1], got 2").
+struct FieldError {
+    std::string field;
+    std::string message;
+};
+
+// Every rule a SamplingParams must satisfy, in one place (HTTP, WebSocket, gRPC, the CLI and
+// the engine all call it). Returns one error per bad field, in the order of the struct's
+// fields; empty when the parameters are valid.
+std::vector<FieldError> validate(const SamplingParams& params, const SamplingLimits& limits);
 
 struct Request {
     std::string id;

@@ -1,8 +1,5 @@
 #include "backend/backend.h"
 
-#include <cstring>
-#include <vector>
-
 #include "core/half.h"
 
 namespace peregrine {
@@ -23,7 +20,7 @@ float uniform_hash(uint64_t seed, uint64_t index, float lo, float hi) {
     return lo + (hi - lo) * u;
 }
 
-void Backend::fill_random(const Tensor& t, uint64_t seed, float lo, float hi) {
+void DeviceServices::fill_random(const Tensor& t, uint64_t seed, float lo, float hi) {
     PG_CHECK(t.device == Device::CPU, "fill_random: host tensors only in the base implementation");
     const int64_t n = t.numel();
     if (t.dtype == DType::F32) {
@@ -35,40 +32,25 @@ void Backend::fill_random(const Tensor& t, uint64_t seed, float lo, float hi) {
     }
 }
 
-Tensor Backend::place_stacked(const std::vector<Tensor>&, bool) {
-    fail(name(), ": no stacked weights (packs_projections is false)");
-}
-void Backend::rope_and_cache_packed(const Tensor&, const Tensor&, const BatchInput&, const RopeTable&, int, int,
-                                    const Tensor&, const Tensor&) {
-    fail(name(), ": no packed projections");
-}
-void Backend::silu_mul_packed(const Tensor&, const Tensor&) {
-    fail(name(), ": no packed projections");
-}
-void Backend::rope_cache_attention(const Tensor& qkv, const Tensor& q, const BatchInput& batch, const RopeTable& rope,
-                                   int head_dim, int num_kv_heads, const Tensor& k_cache, const Tensor& v_cache,
-                                   int num_heads, float scale, int window, const Tensor& out) {
-    rope_and_cache_packed(qkv, q, batch, rope, head_dim, num_kv_heads, k_cache, v_cache);
-    attention(q, k_cache, v_cache, batch, num_heads, head_dim, scale, window, out);
-}
-void Backend::matmul_silu(const Tensor& x, const Tensor& w_gate_up, const Tensor& out, const Tensor& scratch) {
-    matmul(x, w_gate_up, Tensor(), scratch);
-    silu_mul_packed(scratch, out);
-}
-
-void Backend::norm_matmul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w, const Tensor& bias,
-                          const Tensor& out, const Tensor& normed) {
-    rms_norm(x, Tensor(), norm_weight, eps, normed);
-    matmul(normed, w, bias, out);
-}
-void Backend::norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w_gate_up,
-                               const Tensor& out, const Tensor& normed, const Tensor& scratch) {
-    rms_norm(x, Tensor(), norm_weight, eps, normed);
-    matmul_silu(normed, w_gate_up, out, scratch);
-}
-void Backend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& residual, const Tensor& scratch) {
-    matmul(x, w, Tensor(), scratch);
-    add(scratch, residual);
+LayerWeights Backend::place_layer(const LayerWeights& host) {
+    auto matrix = [&](const Tensor& t) { return t.empty() ? t : place_weight(t, true); };
+    auto vec = [&](const Tensor& t) { return t.empty() ? t : place_weight(t, false); };
+    LayerWeights p;
+    p.attn_norm = vec(host.attn_norm);
+    p.wq = matrix(host.wq);
+    p.wk = matrix(host.wk);
+    p.wv = matrix(host.wv);
+    p.bq = vec(host.bq);
+    p.bk = vec(host.bk);
+    p.bv = vec(host.bv);
+    p.q_norm = vec(host.q_norm);
+    p.k_norm = vec(host.k_norm);
+    p.wo = matrix(host.wo);
+    p.ffn_norm = vec(host.ffn_norm);
+    p.w_gate = matrix(host.w_gate);
+    p.w_up = matrix(host.w_up);
+    p.w_down = matrix(host.w_down);
+    return p;
 }
 
 }  // namespace peregrine

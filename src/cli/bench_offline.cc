@@ -10,6 +10,9 @@
 #include "cli/commands.h"
 #include "cli/engine_options.h"
 #include "core/error.h"
+#include "engine/engine_core.h"
+#include "engine/engine_loop.h"
+#include "engine/local_executor.h"
 
 namespace peregrine::cli {
 
@@ -18,7 +21,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct OfflineArgs {
-    EngineOptions engine;
+    EngineConfig engine;
     int num_prompts = 256;
     int batch_size = 1;
     int input_len = 128;
@@ -50,8 +53,22 @@ struct RunResult {
     EngineStats stats;
 };
 
-RunResult run_all(EngineStack& s, const std::vector<Request>& reqs) {
-    EngineCore core(s.config, *s.executor, nullptr);
+// The core is stepped on this thread (no engine thread in the measurement), without text.
+struct Bench {
+    std::unique_ptr<LocalExecutor> executor;
+    CoreConfig core;
+};
+
+Bench make_bench(const EngineConfig& config) {
+    config.validate();
+    Bench b;
+    b.executor = LocalExecutor::create(config);
+    b.core = core_config(config, b.executor->worker().model_config().eos_token_ids);
+    return b;
+}
+
+RunResult run_all(Bench& s, const std::vector<Request>& reqs) {
+    EngineCore core(s.core, *s.executor);
     const auto t0 = Clock::now();
     for (const Request& r : reqs) core.add_request(r);
     RunResult res;
@@ -74,8 +91,8 @@ RunResult run_all(EngineStack& s, const std::vector<Request>& reqs) {
 }
 
 int run_throughput(OfflineArgs& a) {
-    EngineStack s = build_engine_stack(a.engine);
-    const int vocab = s.loaded->config.vocab_size;
+    Bench s = make_bench(a.engine);
+    const int vocab = s.executor->vocab_size();
     for (int w = 0; w < a.warmup; ++w)
         run_all(s, make_requests(a.num_prompts, a.input_len, a.output_len, vocab, a.seed, -1 - w));
     RunResult best;
@@ -103,8 +120,8 @@ int run_throughput(OfflineArgs& a) {
 }
 
 int run_latency(OfflineArgs& a) {
-    EngineStack s = build_engine_stack(a.engine);
-    const int vocab = s.loaded->config.vocab_size;
+    Bench s = make_bench(a.engine);
+    const int vocab = s.executor->vocab_size();
     for (int w = 0; w < a.warmup; ++w)
         run_all(s, make_requests(a.batch_size, a.input_len, a.output_len, vocab, a.seed, -1 - w));
     double best_decode = 0, best_total = 1e30, best_prefill = 1e30;

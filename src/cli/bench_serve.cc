@@ -1,5 +1,5 @@
 // `peregrine bench serve`: load-test an OpenAI-compatible server (ours or another engine's) with
-// streamed requests and report throughput and latency (src/bench/serve_bench.h).
+// streamed requests and report throughput and latency (bench/serve_bench.h).
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>

@@ -1,4 +1,5 @@
 // `peregrine generate`: one prompt, one continuation through the engine, streamed to stdout.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -8,6 +9,8 @@
 #include "cli/engine_options.h"
 #include "core/error.h"
 #include "engine/engine_core.h"
+#include "engine/engine_loop.h"
+#include "engine/local_executor.h"
 #include "engine/tokenizer_text.h"
 #include "tokenizer/tokenizer.h"
 
@@ -16,7 +19,7 @@ namespace peregrine::cli {
 namespace {
 
 struct GenerateArgs {
-    EngineOptions engine;
+    EngineConfig engine;
     // Options the user gave (the others fall back to generation_config.json, then ours).
     CLI::Option *temperature_opt = nullptr, *top_p_opt = nullptr, *top_k_opt = nullptr, *min_p_opt = nullptr;
     std::string prompt;
@@ -53,11 +56,30 @@ std::vector<int32_t> parse_ids(const std::string& s, int vocab) {
     return ids;
 }
 
+// The sampling rules every front end shares (peregrine::validate), reported by the flag that
+// set the field; the others came from the model's generation_config.json.
+void check_sampling(const SamplingParams& p, int vocab) {
+    SamplingLimits limits;
+    limits.vocab_size = vocab;
+    const std::vector<FieldError> errors = validate(p, limits);
+    if (errors.empty()) return;
+    const std::string& field = errors.front().field;
+    std::string flag = "generation_config.json";
+    for (const char* f : {"temperature", "top_p", "top_k", "min_p", "max_tokens", "stop"})
+        if (field == f) {
+            flag = "--" + field;
+            std::replace(flag.begin(), flag.end(), '_', '-');
+        }
+    fail(flag, ": ", errors.front().message);
+}
+
 int run(const GenerateArgs& a) {
-    EngineStack s = build_engine_stack(a.engine);
-    const ModelConfig& c = s.loaded->config;
-    auto tokenizer = std::make_shared<const Tokenizer>(s.loaded->gguf ? Tokenizer::from_gguf(*s.loaded->gguf)
-                                                                      : Tokenizer::load(s.loaded->model_dir));
+    a.engine.validate();
+    std::unique_ptr<LocalExecutor> executor = LocalExecutor::create(a.engine);
+    const LoadedModel& loaded = executor->worker().loaded();  // owned by the executor, then by the loop
+    const ModelConfig& c = loaded.config;
+    auto tokenizer = std::make_shared<const Tokenizer>(loaded.gguf ? Tokenizer::from_gguf(*loaded.gguf)
+                                                                   : Tokenizer::load(loaded.model_dir));
 
     Request req;
     req.id = "generate";
@@ -79,9 +101,12 @@ int run(const GenerateArgs& a) {
     p.stop = a.stop;
     p.ignore_eos = a.ignore_eos;
     if (a.seed >= 0) p.seed = static_cast<uint64_t>(a.seed);
+    check_sampling(p, c.vocab_size);
 
-    EngineCore core(s.config, *s.executor, std::make_shared<TokenizerText>(tokenizer));
-    core.add_request(req);
+    // The engine's thread runs the steps; this one makes the text (as a server's would).
+    EngineLoop engine(core_config(a.engine, c.eos_token_ids), std::move(executor),
+                      std::make_shared<TokenizerText>(tokenizer));
+    const std::shared_ptr<RequestStream> stream = engine.submit(req);
     if (!a.json) {
         const std::string shown = tokenizer->decode(req.prompt_ids);
         std::fwrite(shown.data(), 1, shown.size(), stdout);
@@ -91,15 +116,13 @@ int run(const GenerateArgs& a) {
     std::string text;
     const auto t0 = std::chrono::steady_clock::now();
     auto t_first = t0;
-    while (core.has_unfinished()) {
-        for (const RequestOutput& o : core.step()) {
-            if (ids.empty() && !o.token_ids.empty()) t_first = std::chrono::steady_clock::now();
-            ids.insert(ids.end(), o.token_ids.begin(), o.token_ids.end());
-            text += o.text;
-            if (!a.json) {
-                std::fwrite(o.text.data(), 1, o.text.size(), stdout);
-                std::fflush(stdout);
-            }
+    for (RequestOutput o; stream->next(o);) {
+        if (ids.empty() && !o.token_ids.empty()) t_first = std::chrono::steady_clock::now();
+        ids.insert(ids.end(), o.token_ids.begin(), o.token_ids.end());
+        text += o.text;
+        if (!a.json) {
+            std::fwrite(o.text.data(), 1, o.text.size(), stdout);
+            std::fflush(stdout);
         }
     }
     const auto t_end = std::chrono::steady_clock::now();

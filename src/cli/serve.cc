@@ -17,11 +17,11 @@
 #include "cli/config.h"
 #include "cli/engine_options.h"
 #include "core/error.h"
-#include "engine/tokenizer_text.h"
 #include "formats/gguf.h"
-#include "server/grpc_server.h"
-#include "server/http_server.h"
-#include "server/openai_server.h"
+#include "model/loader.h"
+#include "server/grpc/grpc_server.h"
+#include "server/http/http_server.h"
+#include "server/openai/openai_server.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -30,7 +30,7 @@ namespace peregrine::cli {
 namespace {
 
 struct ServeArgs {
-    EngineOptions engine;
+    EngineConfig engine;
     std::string host = "127.0.0.1";
     int port = 8000;
     int grpc_port = 0;  // 0 = no gRPC API
@@ -79,25 +79,21 @@ std::string default_model_name(const std::string& path) {
     return name.empty() ? "peregrine" : name;
 }
 
-std::unique_ptr<server::ServedModel> load(const EngineOptions& opts) {
-    auto stack = std::make_shared<EngineStack>(build_engine_stack(opts));
+std::unique_ptr<server::ServedModel> load(const EngineConfig& config) {
     auto m = std::make_unique<server::ServedModel>();
-    const LoadedModel& loaded = *stack->loaded;
-    m->path = loaded.path;
-    m->max_model_len = loaded.config.max_position_embeddings;
-    m->vocab_size = loaded.config.vocab_size;
-    m->tokenizer = std::make_shared<const Tokenizer>(loaded.gguf ? Tokenizer::from_gguf(*loaded.gguf)
-                                                                 : Tokenizer::load(loaded.model_dir));
+    m->engine = Engine::create(config);
+    const ModelInfo& info = m->engine->model();
+    m->path = info.path;
+    m->max_model_len = info.max_model_len;
+    m->vocab_size = info.vocab_size;
+    m->tokenizer = m->engine->tokenizer();
     try {
-        m->chat_template = std::make_shared<const ChatTemplate>(
-            loaded.gguf ? ChatTemplate::from_gguf(*loaded.gguf) : ChatTemplate::from_model(loaded.model_dir));
+        m->chat_template = std::make_shared<const ChatTemplate>(info.gguf ? ChatTemplate::from_gguf(*info.gguf)
+                                                                          : ChatTemplate::from_model(info.model_dir));
     } catch (const Error& e) {
         m->chat_template_error = e.what();
         std::fprintf(stderr, "  chat template: none (%s); /v1/chat/completions will answer 400\n", e.what());
     }
-    m->engine = std::make_unique<Engine>(stack->config, std::move(stack->executor),
-                                         std::make_shared<TokenizerText>(m->tokenizer));
-    m->owner = stack;
     return m;
 }
 
@@ -139,7 +135,7 @@ int run(ServeArgs& a) {
         str_cat("http://", a.host.find(':') != std::string::npos ? "[" + a.host + "]" : a.host, ":", http.port());
     std::unique_ptr<server::GrpcServer> grpc;
     if (a.grpc_port > 0) {
-        grpc = std::make_unique<server::GrpcServer>(server::GrpcServerOptions{a.host, a.grpc_port}, app);
+        grpc = std::make_unique<server::GrpcServer>(server::GrpcServerOptions{a.host, a.grpc_port}, app->service());
         grpc->start();
         std::fprintf(stderr, "gRPC listening on %s:%d\n", a.host.c_str(), grpc->port());
     }

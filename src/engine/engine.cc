@@ -1,25 +1,51 @@
 #include "peregrine/engine.h"
 
 #include "core/error.h"
+#include "engine/engine_loop.h"
+#include "engine/local_executor.h"
+#include "engine/output_processor.h"
+#include "engine/tokenizer_text.h"
+#include "tokenizer/tokenizer.h"
 
 namespace peregrine {
 
+RequestStream::RequestStream(std::string id) : id_(std::move(id)) {}
+
+RequestStream::~RequestStream() = default;
+
+bool RequestStream::finish(RequestOutput& out) {
+    if (!text_) return true;
+    int stopped = -1;
+    const bool keep = text_->process(out, &stopped);
+    if (stopped >= 0 && stop_choice_) stop_choice_(stopped);
+    return keep;
+}
+
 bool RequestStream::next(RequestOutput& out) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !queue_.empty() || closed_; });
-    if (queue_.empty()) return false;
-    out = std::move(queue_.front());
-    queue_.pop_front();
-    return true;
+    for (;;) {
+        {
+            std::unique_lock<std::mutex> lock(mu_);
+            cv_.wait(lock, [&] { return !queue_.empty() || closed_; });
+            if (queue_.empty()) return false;
+            out = std::move(queue_.front());
+            queue_.pop_front();
+        }
+        if (finish(out)) return true;
+    }
 }
 
 bool RequestStream::next_for(RequestOutput& out, std::chrono::milliseconds timeout, bool* timed_out) {
-    std::unique_lock<std::mutex> lock(mu_);
-    *timed_out = !cv_.wait_for(lock, timeout, [&] { return !queue_.empty() || closed_; });
-    if (*timed_out || queue_.empty()) return false;
-    out = std::move(queue_.front());
-    queue_.pop_front();
-    return true;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+        {
+            std::unique_lock<std::mutex> lock(mu_);
+            *timed_out = !cv_.wait_until(lock, deadline, [&] { return !queue_.empty() || closed_; });
+            if (*timed_out || queue_.empty()) return false;
+            out = std::move(queue_.front());
+            queue_.pop_front();
+        }
+        if (finish(out)) return true;
+    }
 }
 
 void RequestStream::push(RequestOutput out, bool last) {
@@ -31,102 +57,77 @@ void RequestStream::push(RequestOutput out, bool last) {
     cv_.notify_all();
 }
 
-Engine::Engine(const EngineConfig& config, std::unique_ptr<ModelExecutor> executor,
-               std::shared_ptr<const TextProcessor> text)
-    : executor_(std::move(executor)), core_(config, *executor_, std::move(text)) {
-    stats_ = core_.stats();
-    thread_ = std::thread([this] { loop(); });
+void EngineConfig::validate() const {
+    auto one_of = [](const std::string& v, std::initializer_list<const char*> names) {
+        for (const char* n : names)
+            if (v == n) return true;
+        return false;
+    };
+    if (!one_of(load_format, {"auto", "dummy"})) fail("load_format must be auto or dummy, got '", load_format, "'");
+    if (!one_of(device, {"auto", "cuda", "cpu"})) fail("device must be auto, cuda or cpu, got '", device, "'");
+    if (!one_of(dtype, {"auto", "float32", "bfloat16"}))
+        fail("dtype must be auto, float32 or bfloat16, got '", dtype, "'");
+    if (!one_of(kv_eviction, {"lru", "lfu", "fifo"}))
+        fail("kv_eviction must be lru, lfu or fifo, got '", kv_eviction, "'");
+    if (threads < 0) fail("threads must be >= 0 (0 = one per core), got ", threads);
+    if (!(gpu_memory_utilization >= 0.05 && gpu_memory_utilization <= 1.0))
+        fail("gpu_memory_utilization must be in [0.05, 1], got ", gpu_memory_utilization);
+    if (block_size < 1 || block_size > 1024) fail("block_size must be in [1, 1024], got ", block_size);
+    if (kv_cache_memory < 0) fail("kv_cache_memory must be >= 0, got ", kv_cache_memory);
+    if (max_num_seqs < 1) fail("max_num_seqs must be >= 1, got ", max_num_seqs);
+    if (max_num_batched_tokens < 1) fail("max_num_batched_tokens must be >= 1, got ", max_num_batched_tokens);
 }
 
-Engine::~Engine() {
-    shutdown();
+std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
+    config.validate();
+    auto executor = LocalExecutor::create(config);
+    const LoadedModel& loaded = executor->worker().loaded();
+    ModelInfo info;
+    info.path = loaded.path;
+    info.format = loaded.format;
+    info.vocab_size = loaded.config.vocab_size;
+    info.max_model_len = loaded.config.max_position_embeddings;
+    info.eos_token_ids = loaded.config.eos_token_ids;
+    info.model_dir = loaded.model_dir;
+    info.gguf = loaded.gguf;
+    auto tokenizer = std::make_shared<const Tokenizer>(loaded.gguf ? Tokenizer::from_gguf(*loaded.gguf)
+                                                                   : Tokenizer::load(loaded.model_dir));
+    const CoreConfig core = core_config(config, info.eos_token_ids);
+    return std::make_unique<Engine>(std::make_unique<EngineLoop>(
+        core, std::move(executor), std::make_shared<TokenizerText>(tokenizer), std::move(info), tokenizer));
 }
+
+Engine::Engine(std::unique_ptr<EngineLoop> loop) : loop_(std::move(loop)) {}
+
+Engine::~Engine() = default;
 
 std::shared_ptr<RequestStream> Engine::submit(Request request) {
-    core_.check_request(request);  // immutable state only
-    auto stream = std::make_shared<RequestStream>(request.id);
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (stop_) fail("the engine is shutting down");
-        if (!live_.emplace(request.id, stream).second) fail("a request with id '", request.id, "' is already running");
-        incoming_.emplace_back(std::move(request), stream);
-    }
-    cv_.notify_all();
-    return stream;
+    return loop_->submit(std::move(request));
 }
 
 void Engine::abort(const std::string& id) {
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        aborts_.push_back(id);
-    }
-    cv_.notify_all();
+    loop_->abort(id);
 }
 
 EngineStats Engine::stats() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
+    return loop_->stats();
 }
 
 void Engine::shutdown() {
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        stop_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
+    loop_->shutdown();
 }
 
-void Engine::loop() {
-    std::unordered_map<std::string, std::shared_ptr<RequestStream>> streams;  // engine-thread copy
-    for (;;) {
-        std::vector<std::pair<Request, std::shared_ptr<RequestStream>>> incoming;
-        std::vector<std::string> aborts;
-        bool stopping;
-        {
-            std::unique_lock<std::mutex> lock(mu_);
-            cv_.wait(lock, [&] { return stop_ || !incoming_.empty() || !aborts_.empty() || core_.has_unfinished(); });
-            incoming.swap(incoming_);
-            aborts.swap(aborts_);
-            stopping = stop_;
-        }
-        for (auto& [req, stream] : incoming) {
-            const std::string id = req.id;
-            try {
-                core_.add_request(std::move(req));
-                streams[id] = stream;
-            } catch (const Error& e) {  // checked at submit; only a race could get here
-                RequestOutput out;
-                out.request_id = id;
-                out.finish = FinishReason::Abort;
-                out.stop_reason = e.what();
-                stream->push(std::move(out), true);
-                std::lock_guard<std::mutex> lock(mu_);
-                live_.erase(id);
-            }
-        }
-        for (const std::string& id : aborts) core_.abort_request(id);
-        if (stopping)
-            for (const auto& [id, stream] : streams) core_.abort_request(id);
+const ModelInfo& Engine::model() const {
+    return loop_->model();
+}
 
-        std::vector<RequestOutput> outputs = core_.step();
-        {
-            // Free the ids before the final outputs arrive, so that a client that read its
-            // last output can reuse the id at once.
-            std::lock_guard<std::mutex> lock(mu_);
-            for (const RequestOutput& out : outputs)
-                if (out.usage) live_.erase(out.request_id);
-            stats_ = core_.stats();
-        }
-        for (RequestOutput& out : outputs) {
-            auto it = streams.find(out.request_id);
-            if (it == streams.end()) continue;
-            const bool last = out.usage.has_value();
-            it->second->push(std::move(out), last);
-            if (last) streams.erase(it);
-        }
-        if (stopping && !core_.has_unfinished()) return;
-    }
+std::vector<int32_t> Engine::tokenize(const std::string& text) const {
+    if (!loop_->tokenizer()) fail("this engine has no tokenizer");
+    return loop_->tokenizer()->encode(text, /*add_special_tokens=*/true, /*parse_special=*/false);
+}
+
+std::shared_ptr<const Tokenizer> Engine::tokenizer() const {
+    return loop_->tokenizer();
 }
 
 }  // namespace peregrine

@@ -28,7 +28,6 @@ struct EngineCore::RequestState {
     Clock::time_point arrived, scheduled, first_token;
     bool was_scheduled = false, has_token = false;
     std::vector<std::unique_ptr<Sequence>> seqs;  // choice i at index i once forked
-    std::vector<std::unique_ptr<ChoiceText>> texts;
     std::vector<bool> finished;
     int num_finished = 0;
     bool forked = false;
@@ -45,8 +44,9 @@ uint64_t choice_seed(uint64_t base, int index) {
     return z ^ (z >> 31);
 }
 
-void validate(const Request& r, int vocab, int max_model_len, int kv_tokens, int max_num_seqs, bool has_text) {
-    const SamplingParams& p = r.sampling;
+// The prompt's checks here; the sampling parameters' in peregrine::validate (sampling_params.cc),
+// which the server also calls before it submits. Throws the first problem found.
+void check_prompt(const Request& r, int vocab, int max_model_len, int kv_tokens) {
     if (r.prompt_ids.empty()) fail("the prompt is empty");
     for (int32_t t : r.prompt_ids)
         if (t < 0 || t >= vocab) fail("prompt token id ", t, " is outside the vocabulary (0..", vocab - 1, ")");
@@ -55,30 +55,13 @@ void validate(const Request& r, int vocab, int max_model_len, int kv_tokens, int
              max_model_len, " tokens");
     if (static_cast<int>(r.prompt_ids.size()) >= kv_tokens)
         fail("the prompt has ", r.prompt_ids.size(), " tokens; the KV cache holds only ", kv_tokens);
-    if (p.n < 1 || p.n > 128) fail("n must be between 1 and 128, got ", p.n);
-    if (p.n > max_num_seqs)
-        fail("n (", p.n, ") is more than the engine runs at once (max_num_seqs ", max_num_seqs, ")");
-    if (!(p.temperature >= 0.0f)) fail("temperature must be >= 0, got ", p.temperature);
-    if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) fail("top_p must be in (0, 1], got ", p.top_p);
-    if (p.top_k < 0) fail("top_k must be >= 0 (0 = no limit), got ", p.top_k);
-    if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) fail("min_p must be in [0, 1], got ", p.min_p);
-    if (!(p.repetition_penalty > 0.0f)) fail("repetition_penalty must be > 0, got ", p.repetition_penalty);
-    if (p.max_tokens < 1) fail("max_tokens must be at least 1, got ", p.max_tokens);
-    if (p.min_tokens < 0) fail("min_tokens must be >= 0, got ", p.min_tokens);
-    if (p.logprobs > kMaxLogprobs) fail("logprobs must be at most ", kMaxLogprobs, ", got ", p.logprobs);
-    for (const auto& [tok, bias] : p.logit_bias)
-        if (tok < 0 || tok >= vocab) fail("logit_bias token id ", tok, " is outside the vocabulary");
-    if (!p.stop.empty() && !has_text) fail("stop strings need a tokenizer");
-    for (const std::string& s : p.stop)
-        if (s.empty()) fail("stop strings must not be empty");
 }
 
 }  // namespace
 
-EngineCore::EngineCore(const EngineConfig& config, ModelExecutor& executor, std::shared_ptr<const TextProcessor> text)
+EngineCore::EngineCore(const CoreConfig& config, ModelExecutor& executor)
     : config_(config),
       executor_(executor),
-      text_(std::move(text)),
       blocks_(executor.num_kv_blocks(), executor.block_size(), config.eviction, config.prefix_caching),
       scheduler_(config.scheduler, blocks_),
       sampler_(config.eos_token_ids) {}
@@ -86,8 +69,14 @@ EngineCore::EngineCore(const EngineConfig& config, ModelExecutor& executor, std:
 EngineCore::~EngineCore() = default;
 
 void EngineCore::check_request(const Request& request) const {
-    validate(request, executor_.vocab_size(), executor_.max_model_len(),
-             executor_.num_kv_blocks() * executor_.block_size(), config_.scheduler.max_num_seqs, text_ != nullptr);
+    check_prompt(request, executor_.vocab_size(), executor_.max_model_len(),
+                 executor_.num_kv_blocks() * executor_.block_size());
+    SamplingLimits limits;
+    limits.vocab_size = executor_.vocab_size();
+    limits.max_num_seqs = config_.scheduler.max_num_seqs;
+    limits.has_tokenizer = true;  // stop strings are matched by the front end (output_processor.h)
+    const std::vector<FieldError> errors = validate(request.sampling, limits);
+    if (!errors.empty()) fail(errors.front().message);
 }
 
 void EngineCore::add_request(Request request) {
@@ -115,7 +104,6 @@ void EngineCore::add_request(Request request) {
     seq->max_tokens = std::min(p.max_tokens, room - seq->num_prompt_tokens);
     seq->seed = choice_seed(r->base_seed, 0);
     seq->rng.seed(seq->seed);
-    if (text_) r->texts.push_back(text_->start(r->req.prompt_ids, p.stop));
     totals_.prompt_tokens += seq->num_prompt_tokens;
     scheduler_.add_waiting(seq.get());
     r->seqs.push_back(std::move(seq));
@@ -144,6 +132,19 @@ void EngineCore::abort_request(const std::string& id) {
     finish_request(r, pending_.back());
 }
 
+void EngineCore::stop_choice(const std::string& id, int index) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) return;
+    RequestState& r = *it->second;
+    if (index < 0 || index >= static_cast<int>(r.seqs.size()) || r.finished[index]) return;
+    RequestOutput out;
+    out.request_id = id;
+    out.index = index;
+    finish_choice(r, *r.seqs[index], FinishReason::Stop, "", out);
+    pending_.push_back(std::move(out));
+    if (r.num_finished == r.req.sampling.n) finish_request(r, pending_.back());
+}
+
 void EngineCore::finish_request(RequestState& r, RequestOutput& last) {
     Usage usage;
     usage.prompt_tokens = r.seqs[0]->num_prompt_tokens;
@@ -166,9 +167,6 @@ void EngineCore::finish_request(RequestState& r, RequestOutput& last) {
 
 void EngineCore::finish_choice(RequestState& r, Sequence& seq, FinishReason reason, std::string stop,
                                RequestOutput& out) {
-    if (reason != FinishReason::Stop || stop.empty()) {
-        if (!r.texts.empty()) out.text += r.texts[seq.index]->flush();
-    }
     out.finish = reason;
     out.stop_reason = std::move(stop);
     seq.status = SeqStatus::Finished;
@@ -189,14 +187,13 @@ void EngineCore::fork_choices(RequestState& r, Sequence& parent) {
         child->rng.seed(child->seed);
         blocks_.fork(parent, *child);
         scheduler_.add_running(child.get());
-        if (text_) r.texts.push_back(text_->start(r.req.prompt_ids, r.req.sampling.stop));
         r.seqs.push_back(std::move(child));
     }
 }
 
 bool EngineCore::can_overlap(const Launch& l) const {
-    if (!config_.async_scheduling || !l.on_device || l.specs.empty() ||
-        static_cast<int>(l.specs.size()) > executor_.max_fed_draws())
+    if (!config_.async_scheduling || !l.on_device || l.rows.empty() ||
+        static_cast<int>(l.rows.size()) > executor_.max_fed_draws())
         return false;
     for (const auto& [id, r] : requests_)
         for (const auto& s : r->seqs)
@@ -239,9 +236,7 @@ std::optional<EngineCore::Launch> EngineCore::launch(bool overlapped) {
     // (An overlapped launch was allowed only when every live sequence qualifies.)
     l.on_device = executor_.samples_on_device();
     for (size_t i = 0; l.on_device && i < l.sched.seqs.size(); ++i) {
-        const Sequence& q = *l.sched.seqs[i].seq;
-        l.on_device =
-            !l.sched.seqs[i].sample || (q.sampling->logit_bias.empty() && q.num_output() >= q.sampling->min_tokens);
+        l.on_device = !l.sched.seqs[i].sample || !needs_host_sampler(*l.sched.seqs[i].seq);
     }
     PG_CHECK(l.on_device || !overlapped, "an overlapped step must sample on the device");
     const Clock::time_point t1 = Clock::now();
@@ -278,17 +273,17 @@ void EngineCore::start_sampling(Launch& l, const std::vector<const Sequence*>& e
     for (const auto& [r_row, seq] : sampling) {
         RequestState& r = *requests_.at(seq->request_id);
         const bool want_lp = r.req.sampling.logprobs >= 0;
-        l.specs.push_back({r_row, seq, want_lp});
+        l.rows.push_back(sample_row(*seq, r_row, want_lp));
         l.draws.push_back({r.req.id, seq->index, -1});
         if (!r.forked && r.req.sampling.n > 1 && seq->index == 0 && seq->num_output() == 0) {
             fork_choices(r, *seq);
             for (size_t i = 1; i < r.seqs.size(); ++i) {
-                l.specs.push_back({r_row, r.seqs[i].get(), want_lp});
+                l.rows.push_back(sample_row(*r.seqs[i], r_row, want_lp));
                 l.draws.push_back({r.req.id, static_cast<int>(i), -1});
             }
         }
     }
-    if (l.on_device && !l.specs.empty()) executor_.launch_sampling(l.specs);
+    if (l.on_device && !l.rows.empty()) executor_.launch_sampling(l.rows);
 }
 
 // Takes the step's draws: tokens into their sequences (over placeholders where a later step
@@ -298,20 +293,21 @@ void EngineCore::collect(Launch& l, std::vector<RequestOutput>& outputs, std::ve
     const Clock::time_point t0 = Clock::now();
     std::vector<int32_t>& tokens = sampled_;
     std::vector<TokenLogprob>& lps = sampled_lps_;
-    if (l.specs.empty()) {
+    if (l.rows.empty()) {
         tokens.clear();
     } else if (l.on_device) {
         executor_.collect_samples(tokens, lps);
-    } else {  // sampled here, right after the step (never overlapped)
+    } else {  // sampled here, right after the step (never overlapped): the rows' sequences are as built
         const int vocab = executor_.vocab_size();
-        tokens.resize(l.specs.size());
-        lps.resize(l.specs.size());
-        for (size_t i = 0; i < l.specs.size(); ++i) {
-            const float* logits = logits_.data() + static_cast<size_t>(l.specs[i].row) * vocab;
-            tokens[i] = sampler_.sample(logits, vocab, *l.specs[i].seq, l.specs[i].logprobs ? &lps[i] : nullptr);
+        tokens.resize(l.rows.size());
+        lps.resize(l.rows.size());
+        for (size_t i = 0; i < l.rows.size(); ++i) {
+            const SampleRow& row = l.rows[i];
+            const float* logits = logits_.data() + static_cast<size_t>(row.logits_row) * vocab;
+            tokens[i] = sampler_.sample(logits, vocab, row, row.num_logprobs >= 0 ? &lps[i] : nullptr);
         }
     }
-    PG_CHECK(tokens.size() == l.specs.size());
+    PG_CHECK(tokens.size() == l.rows.size());
 
     // The draws of one request are consecutive (a sequence, or a prompt's n choices).
     for (size_t g = 0; g < l.draws.size();) {
@@ -339,23 +335,17 @@ void EngineCore::collect(Launch& l, std::vector<RequestOutput>& outputs, std::ve
                 seq->tokens.push_back(tok);
             ++totals_.generation_tokens;
             out.token_ids.push_back(tok);
-            if (l.specs[i].logprobs) out.logprobs.push_back(std::move(lps[i]));
+            if (l.rows[i].num_logprobs >= 0) out.logprobs.push_back(std::move(lps[i]));
 
             const SamplingParams& p = r.req.sampling;
             const bool is_eos = std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), tok) !=
                                 config_.eos_token_ids.end();
             const bool is_stop_token =
                 std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end();
-            std::string stop;
-            if ((is_eos && !p.ignore_eos) || is_stop_token) {
+            if ((is_eos && !p.ignore_eos) || is_stop_token)
                 finish_choice(r, *seq, FinishReason::Stop, is_stop_token ? std::to_string(tok) : "", out);
-            } else {
-                if (!r.texts.empty()) out.text = r.texts[seq->index]->push(tok, &stop);
-                if (!stop.empty())
-                    finish_choice(r, *seq, FinishReason::Stop, stop, out);
-                else if (seq->num_output() >= seq->max_tokens)
-                    finish_choice(r, *seq, FinishReason::Length, "", out);
-            }
+            else if (seq->num_output() >= seq->max_tokens)
+                finish_choice(r, *seq, FinishReason::Length, "", out);
             if (seq->status == SeqStatus::Finished) ended.push_back(seq);
             outputs.push_back(std::move(out));
         }

@@ -10,15 +10,17 @@
 #include <vector>
 
 #include "engine/block_manager.h"
-#include "engine/model_runner.h"
+#include "engine/batch_builder.h"
+#include "engine/executor.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
-#include "engine/text_output.h"
+#include "peregrine/engine_config.h"
 #include "peregrine/engine_types.h"
 
 namespace peregrine {
 
-struct EngineConfig {
+// The core's own settings (Engine::create derives them from the public EngineConfig).
+struct CoreConfig {
     SchedulerConfig scheduler;
     EvictionPolicy eviction = EvictionPolicy::Lru;
     bool prefix_caching = true;
@@ -28,28 +30,11 @@ struct EngineConfig {
     bool async_scheduling = true;
 };
 
-struct EngineStats {
-    int num_running = 0;
-    int num_waiting = 0;  // sequences, an n > 1 request not started yet counted as n
-    int num_kv_blocks = 0;
-    int num_kv_blocks_used = 0;
-    uint64_t prefix_queries = 0;  // tokens
-    uint64_t prefix_hits = 0;     // tokens
-    uint64_t evictions = 0;
-    uint64_t preemptions = 0;
-    uint64_t prompt_tokens = 0;  // of finished and running requests, counted at submit
-    uint64_t generation_tokens = 0;
-    uint64_t steps = 0;
-    // Cumulative wall time of the step's phases, seconds.
-    double schedule_seconds = 0;     // scheduler + block manager + batch building
-    double execute_seconds = 0;      // the model
-    double postprocess_seconds = 0;  // sampling, text, outputs
-};
-
 class EngineCore {
   public:
-    // `text` may be null: then outputs carry token ids only and stop strings are refused.
-    EngineCore(const EngineConfig& config, ModelExecutor& executor, std::shared_ptr<const TextProcessor> text);
+    // Outputs carry token ids only: text and stop strings are the front end's
+    // (output_processor.h), off the engine thread.
+    EngineCore(const CoreConfig& config, ModelExecutor& executor);
     ~EngineCore();
 
     // Throws Error (with a message fit for an API client) when the request is malformed:
@@ -61,6 +46,11 @@ class EngineCore {
     // Ends every unfinished choice of the request now (finish reason "abort"), freeing its
     // blocks; the outputs come with the next `step()`. Unknown ids are ignored.
     void abort_request(const std::string& id);
+
+    // Ends choice `index` of the request now (finish reason "stop"), as when a stop string was
+    // matched in its text; the output comes with the next `step()`. Unknown or ended choices
+    // are ignored.
+    void stop_choice(const std::string& id, int index);
 
     // One iteration: the outputs of one model step (and any pending abort outputs). Under
     // async scheduling the next step is already queued when it returns.
@@ -78,13 +68,15 @@ class EngineCore {
     // A queued model step and who draws from its logits.
     struct Launch {
         SchedulerOutput sched;
-        std::vector<SampleSpec> specs;  // their sequence pointers are checked through `draws` later
+        // One per draw, read by the sampler at launch_sampling (device) or in collect (host, with
+        // the sequences unchanged since); afterwards only logits_row and num_logprobs are valid.
+        std::vector<SampleRow> rows;
         struct Draw {
             std::string request_id;
             int index = 0;      // choice index in the request
             int token_at = -1;  // >= 0: the slot in the sequence's tokens holding this draw's placeholder
         };
-        std::vector<Draw> draws;  // one per spec
+        std::vector<Draw> draws;  // one per row
         bool on_device = false;
     };
     std::optional<Launch> launch(bool overlapped);
@@ -95,9 +87,8 @@ class EngineCore {
     void finish_request(RequestState& r, RequestOutput& last);
     void fork_choices(RequestState& r, Sequence& parent);
 
-    EngineConfig config_;
+    CoreConfig config_;
     ModelExecutor& executor_;
-    std::shared_ptr<const TextProcessor> text_;
     BlockManager blocks_;
     Scheduler scheduler_;
     Sampler sampler_;

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
+
+#include "core/error.h"
 
 namespace peregrine {
 
@@ -47,23 +50,48 @@ void Sampler::raw_logprobs(const float* logits, int vocab, int top, TokenLogprob
     for (int i = 0; i < top; ++i) out->top.emplace_back(cand_[i].second, cand_[i].first - log_z);
 }
 
-bool processes_logits(const Sequence& seq) {
+SampleRow sample_row(Sequence& seq, int logits_row, bool logprobs) {
     const SamplingParams& p = *seq.sampling;
-    return !p.logit_bias.empty() || seq.num_output() < p.min_tokens || p.repetition_penalty != 1.0f ||
-           p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+    SampleRow r;
+    r.logits_row = logits_row;
+    r.temperature = p.temperature;
+    r.top_p = p.top_p;
+    r.top_k = p.top_k;
+    r.min_p = p.min_p;
+    r.repetition_penalty = p.repetition_penalty;
+    r.presence_penalty = p.presence_penalty;
+    r.frequency_penalty = p.frequency_penalty;
+    r.seed = seq.seed;
+    r.offset = static_cast<uint64_t>(seq.num_output());
+    r.rng = &seq.rng;
+    const std::span<const int32_t> tokens(seq.tokens);
+    r.prompt = tokens.first(seq.num_prompt_tokens);
+    r.output = tokens.subspan(seq.num_prompt_tokens);
+    r.num_logprobs = logprobs ? std::min(p.logprobs, kMaxLogprobs) : -1;
+    r.logit_bias = p.logit_bias;
+    r.stop_token_ids = p.stop_token_ids;
+    r.mask_end = seq.num_output() < p.min_tokens;
+    return r;
 }
 
-int32_t Sampler::sample(const float* logits, int vocab, Sequence& seq, TokenLogprob* logprob) {
+// (These two read the parameters directly: the same tests as SampleRow's, without building one.)
+bool needs_host_sampler(const Sequence& seq) {
+    return !seq.sampling->logit_bias.empty() || seq.num_output() < seq.sampling->min_tokens;
+}
+
+bool processes_logits(const Sequence& seq) {
     const SamplingParams& p = *seq.sampling;
-    const bool mask_end = seq.num_output() < p.min_tokens;
-    const bool processed = processes_logits(seq);
+    return needs_host_sampler(seq) || is_penalised(p.repetition_penalty, p.presence_penalty, p.frequency_penalty);
+}
+
+int32_t Sampler::sample(const float* logits, int vocab, const SampleRow& p, TokenLogprob* logprob) {
     const float* l = logits;
-    if (processed) {
+    if (p.processes_logits()) {
         work_.assign(logits, logits + vocab);
         float* w = work_.data();
         for (const auto& [tok, bias] : p.logit_bias)
             if (tok >= 0 && tok < vocab) w[tok] += bias;
-        if (mask_end) {
+        if (p.mask_end) {
             for (int32_t t : eos_ids_)
                 if (t >= 0 && t < vocab) w[t] = kNegInf;
             for (int32_t t : p.stop_token_ids)
@@ -71,19 +99,20 @@ int32_t Sampler::sample(const float* logits, int vocab, Sequence& seq, TokenLogp
         }
         if (p.repetition_penalty != 1.0f) {
             seen_.resize(vocab);
-            for (int32_t t : seq.tokens) {
-                if (t < 0 || t >= vocab || seen_[t]) continue;
-                seen_[t] = 1;
-                w[t] = w[t] > 0 ? w[t] / p.repetition_penalty : w[t] * p.repetition_penalty;
-            }
-            for (int32_t t : seq.tokens)
-                if (t >= 0 && t < vocab) seen_[t] = 0;
+            for (std::span<const int32_t> part : {p.prompt, p.output})
+                for (int32_t t : part) {
+                    if (t < 0 || t >= vocab || seen_[t]) continue;
+                    seen_[t] = 1;
+                    w[t] = w[t] > 0 ? w[t] / p.repetition_penalty : w[t] * p.repetition_penalty;
+                }
+            for (std::span<const int32_t> part : {p.prompt, p.output})
+                for (int32_t t : part)
+                    if (t >= 0 && t < vocab) seen_[t] = 0;
         }
         if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
             counts_.resize(vocab);
-            for (int i = seq.num_prompt_tokens; i < seq.num_tokens(); ++i) ++counts_[seq.tokens[i]];
-            for (int i = seq.num_prompt_tokens; i < seq.num_tokens(); ++i) {
-                const int32_t t = seq.tokens[i];
+            for (int32_t t : p.output) ++counts_[t];
+            for (int32_t t : p.output) {
                 if (counts_[t] == 0) continue;  // already applied
                 w[t] -= p.frequency_penalty * counts_[t] + p.presence_penalty;
                 counts_[t] = 0;
@@ -93,7 +122,7 @@ int32_t Sampler::sample(const float* logits, int vocab, Sequence& seq, TokenLogp
     }
 
     int32_t chosen;
-    if (p.temperature <= 0.0f || p.top_k == 1) {
+    if (p.greedy()) {
         chosen = argmax(l, vocab);
     } else {
         const float mx = l[argmax(l, vocab)];
@@ -136,7 +165,8 @@ int32_t Sampler::sample(const float* logits, int vocab, Sequence& seq, TokenLogp
                 head = std::min(keep, head * 8);
             }
         }
-        double u = std::uniform_real_distribution<double>(0.0, total)(seq.rng);
+        PG_CHECK(p.rng != nullptr, "a sampled (not greedy) row without a generator");
+        double u = std::uniform_real_distribution<double>(0.0, total)(*p.rng);
         chosen = cand_[keep - 1].second;
         for (size_t i = 0; i < keep; ++i) {
             u -= cand_[i].first;
@@ -148,7 +178,7 @@ int32_t Sampler::sample(const float* logits, int vocab, Sequence& seq, TokenLogp
     }
     if (logprob) {
         logprob->token = chosen;
-        raw_logprobs(logits, vocab, std::min(p.logprobs, kMaxLogprobs), logprob);
+        raw_logprobs(logits, vocab, std::min(p.num_logprobs, kMaxLogprobs), logprob);
     }
     return chosen;
 }

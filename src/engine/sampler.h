@@ -1,32 +1,38 @@
-// Choosing each sequence's next token from its logits row, applying the request's
+// Choosing a sequence's next token from its logits row on the CPU, applying the request's
 // sampling parameters in vLLM's order: logit bias, min_tokens masking, repetition /
 // presence / frequency penalties, temperature, top-k, top-p, min-p. Logprobs are of the raw
 // model distribution (before any processing), as vLLM reports by default.
 #pragma once
 
 #include <cstdint>
-#include <random>
 #include <utility>
 #include <vector>
 
+#include "backend/sampling_row.h"
 #include "engine/sequence.h"
 
 namespace peregrine {
 
-constexpr int kMaxLogprobs = 20;
+// The draw of seq's next token from row `logits_row` of a step's logits, as the samplers take
+// it: the request's parameters, seq's seed, RNG and token history (the row points into seq).
+SampleRow sample_row(Sequence& seq, int logits_row, bool logprobs);
 
-// Whether drawing seq's next token reads more than its raw logits: logit_bias, min_tokens
-// masking, or penalties over its token history.
+// Whether drawing seq's next token needs the CPU sampler (SampleRow::needs_host: logit_bias,
+// min_tokens masking).
+bool needs_host_sampler(const Sequence& seq);
+// Whether drawing seq's next token reads more than its raw logits (SampleRow::processes_logits:
+// the above, or penalties over its token history).
 bool processes_logits(const Sequence& seq);
 
 class Sampler {
   public:
-    // `eos_ids`: the model's end tokens (masked while min_tokens is not reached).
+    // `eos_ids`: the model's end tokens (masked while the row's mask_end is set).
     explicit Sampler(std::vector<int32_t> eos_ids) : eos_ids_(std::move(eos_ids)) {}
 
-    // logits: [vocab] raw. Uses seq's RNG (one draw when sampling, none when greedy).
-    // Fills `logprob` when the request asked for logprobs.
-    int32_t sample(const float* logits, int vocab, Sequence& seq, TokenLogprob* logprob);
+    // logits: [vocab] raw (the row's logits_row is the caller's to apply). Takes one value from
+    // *row.rng when the row is not greedy, none when it is. Fills `logprob` when given (the
+    // top row.num_logprobs alternatives, at most kMaxLogprobs).
+    int32_t sample(const float* logits, int vocab, const SampleRow& row, TokenLogprob* logprob);
 
   private:
     void raw_logprobs(const float* logits, int vocab, int top, TokenLogprob* out);

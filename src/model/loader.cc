@@ -9,9 +9,10 @@
 #include "core/error.h"
 #include "core/quant.h"
 #include "formats/gguf.h"
-#include "formats/gguf_config.h"
-#include "formats/hf_config.h"
 #include "formats/safetensors.h"
+#include "model/config_gguf.h"
+#include "model/config_hf.h"
+#include "model/registry.h"
 
 namespace peregrine {
 
@@ -75,59 +76,12 @@ class GgufSource final : public TensorSource {
     const GgufFile& g_;
 };
 
-// Tensor names of the two layouts.
-struct Names {
-    std::string embed, final_norm, lm_head;
-    std::function<std::string(int, const char*)> layer;  // (layer, canonical part) -> name
-};
-
-Names hf_names() {
-    static const std::map<std::string, std::string> parts = {
-        {"attn_norm", "input_layernorm.weight"},
-        {"wq", "self_attn.q_proj.weight"},
-        {"wk", "self_attn.k_proj.weight"},
-        {"wv", "self_attn.v_proj.weight"},
-        {"bq", "self_attn.q_proj.bias"},
-        {"bk", "self_attn.k_proj.bias"},
-        {"bv", "self_attn.v_proj.bias"},
-        {"q_norm", "self_attn.q_norm.weight"},
-        {"k_norm", "self_attn.k_norm.weight"},
-        {"wo", "self_attn.o_proj.weight"},
-        {"ffn_norm", "post_attention_layernorm.weight"},
-        {"w_gate", "mlp.gate_proj.weight"},
-        {"w_up", "mlp.up_proj.weight"},
-        {"w_down", "mlp.down_proj.weight"},
-    };
-    return {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
-            [](int l, const char* p) { return "model.layers." + std::to_string(l) + "." + parts.at(p); }};
-}
-
-Names gguf_names() {
-    static const std::map<std::string, std::string> parts = {
-        {"attn_norm", "attn_norm.weight"},
-        {"wq", "attn_q.weight"},
-        {"wk", "attn_k.weight"},
-        {"wv", "attn_v.weight"},
-        {"bq", "attn_q.bias"},
-        {"bk", "attn_k.bias"},
-        {"bv", "attn_v.bias"},
-        {"q_norm", "attn_q_norm.weight"},
-        {"k_norm", "attn_k_norm.weight"},
-        {"wo", "attn_output.weight"},
-        {"ffn_norm", "ffn_norm.weight"},
-        {"w_gate", "ffn_gate.weight"},
-        {"w_up", "ffn_up.weight"},
-        {"w_down", "ffn_down.weight"},
-    };
-    return {"token_embd.weight", "output_norm.weight", "output.weight",
-            [](int l, const char* p) { return "blk." + std::to_string(l) + "." + parts.at(p); }};
-}
-
 class Builder {
   public:
     Builder(LoadedModel& m, const TensorSource& src, const LoadOptions& opt) : m_(m), src_(src), opt_(opt) {}
 
-    void build(const Names& names) {
+    // Every tensor of ModelWeights, found through the architecture's `names` for this layout.
+    void build(const WeightNames& names) {
         const ModelConfig& c = m_.config;
         const int64_t H = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
         const int64_t Q = c.q_dim(), KV = c.kv_dim(), D = c.head_dim;
@@ -139,28 +93,28 @@ class Builder {
         for (int l = 0; l < c.num_layers; ++l) {
             LayerWeights& L = w.layers[l];
             auto mat = [&](const char* part, int64_t rows, int64_t cols) {
-                const std::string name = names.layer(l, part);
+                const std::string name = names.in_layer(l, part);
                 return matrix(name, src_.get(name, {rows, cols}));
             };
             auto vec = [&](const char* part, int64_t n, bool required) {
-                const std::string name = names.layer(l, part);
+                const std::string name = names.in_layer(l, part);
                 Tensor t = required ? src_.get(name, {n}) : src_.get_optional(name, {n});
                 return t.empty() ? t : vector_f32(name, t);
             };
-            L.attn_norm = vec("attn_norm", H, true);
-            L.wq = mat("wq", Q, H);
-            L.wk = mat("wk", KV, H);
-            L.wv = mat("wv", KV, H);
-            L.bq = vec("bq", Q, c.attention_bias);
-            L.bk = vec("bk", KV, c.attention_bias);
-            L.bv = vec("bv", KV, c.attention_bias);
-            L.q_norm = vec("q_norm", D, c.qk_norm);
-            L.k_norm = vec("k_norm", D, c.qk_norm);
-            L.wo = mat("wo", H, Q);
-            L.ffn_norm = vec("ffn_norm", H, true);
-            L.w_gate = mat("w_gate", F, H);
-            L.w_up = mat("w_up", F, H);
-            L.w_down = mat("w_down", H, F);
+            L.attn_norm = vec(names.layer.attn_norm, H, true);
+            L.wq = mat(names.layer.wq, Q, H);
+            L.wk = mat(names.layer.wk, KV, H);
+            L.wv = mat(names.layer.wv, KV, H);
+            L.bq = vec(names.layer.bq, Q, c.attention_bias);
+            L.bk = vec(names.layer.bk, KV, c.attention_bias);
+            L.bv = vec(names.layer.bv, KV, c.attention_bias);
+            L.q_norm = vec(names.layer.q_norm, D, c.qk_norm);
+            L.k_norm = vec(names.layer.k_norm, D, c.qk_norm);
+            L.wo = mat(names.layer.wo, H, Q);
+            L.ffn_norm = vec(names.layer.ffn_norm, H, true);
+            L.w_gate = mat(names.layer.w_gate, F, H);
+            L.w_up = mat(names.layer.w_up, F, H);
+            L.w_down = mat(names.layer.w_down, H, F);
         }
         Tensor head = src_.get_optional(names.lm_head, {V, H});
         if (head.empty()) {
@@ -256,16 +210,6 @@ std::unique_ptr<LoadedModel> open_model_config(const std::string& path_in) {
         m->format = "gguf";
         m->gguf = std::make_shared<GgufFile>(path);
         m->config = read_gguf_config(*m->gguf);
-        ModelConfig& c = m->config;
-        // Facts GGUF keeps in the tensor list rather than the metadata.
-        c.attention_bias = m->gguf->find_tensor("blk.0.attn_q.bias") != nullptr;
-        c.tie_word_embeddings = m->gguf->find_tensor("output.weight") == nullptr;
-        if (m->gguf->find_tensor("rope_freqs.weight")) {
-            Tensor t = m->gguf->tensor("rope_freqs.weight");
-            if (t.dtype != DType::F32) fail(path, ": tensor 'rope_freqs.weight' must be f32");
-            c.rope.freq_factors.assign(t.ptr<float>(), t.ptr<float>() + t.numel());
-        }
-        c.validate(path);
         return m;
     }
     fail(path, ": not a model (expected a folder with config.json, a .safetensors file, or a GGUF file)");
@@ -273,18 +217,19 @@ std::unique_ptr<LoadedModel> open_model_config(const std::string& path_in) {
 
 std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptions& options) {
     std::unique_ptr<LoadedModel> m = open_model_config(path);
+    const Architecture& arch = architecture_named(m->config.arch);
     if (m->gguf) {
         GgufSource src(*m->gguf);
         Builder b(*m, src, options);
         for (const GgufTensorInfo& t : m->gguf->tensors()) b.total_bytes_ += t.nbytes;
-        b.build(gguf_names());
+        b.build(*arch.gguf_weights);
         return m;
     }
     m->safetensors = std::make_shared<SafetensorsSet>(SafetensorsSet::open_dir(m->path));
     SafetensorsSource src(*m->safetensors, m->path);
     Builder b(*m, src, options);
     for (const auto& [name, e] : m->safetensors->entries()) b.total_bytes_ += e.view.nbytes();
-    b.build(hf_names());
+    b.build(*arch.hf_weights);
     return m;
 }
 

@@ -1,4 +1,6 @@
-// Opens a model (a Hugging Face folder or a GGUF file) into a config and weight views.
+// Opens a model (a Hugging Face folder or a GGUF file) into a config and weight views. The
+// config readers (model/config_hf.h, model/config_gguf.h) detect the architecture; its registry
+// entry (model/registry.h) names the tensors of each layout.
 #pragma once
 
 #include <functional>
@@ -7,7 +9,7 @@
 #include <vector>
 
 #include "model/model_config.h"
-#include "model/weights.h"
+#include "backend/weights.h"
 
 namespace peregrine {
 

@@ -4,20 +4,6 @@
 
 namespace peregrine {
 
-const char* arch_name(Arch a) {
-    switch (a) {
-        case Arch::Llama:
-            return "llama";
-        case Arch::Mistral:
-            return "mistral";
-        case Arch::Qwen2:
-            return "qwen2";
-        case Arch::Qwen3:
-            return "qwen3";
-    }
-    return "?";
-}
-
 void ModelConfig::validate(const std::string& source) const {
     auto positive = [&](int v, const char* key) {
         if (v <= 0) fail(source, ": '", key, "' must be positive, got ", v);
@@ -45,8 +31,8 @@ void ModelConfig::validate(const std::string& source) const {
 
 std::string ModelConfig::summary() const {
     static const char* scalings[] = {"none", "linear", "llama3", "yarn"};
-    return str_cat(peregrine::arch_name(arch), ": layers ", num_layers, ", hidden ", hidden_size, ", heads ", num_heads,
-                   "/", num_kv_heads, " x ", head_dim, ", ffn ", intermediate_size, ", vocab ", vocab_size, ", rope ",
+    return str_cat(arch, ": layers ", num_layers, ", hidden ", hidden_size, ", heads ", num_heads, "/", num_kv_heads,
+                   " x ", head_dim, ", ffn ", intermediate_size, ", vocab ", vocab_size, ", rope ",
                    scalings[static_cast<int>(rope.scaling)], " theta ", rope.theta,
                    rope.style == RopeStyle::Interleaved ? " (interleaved)" : "", qk_norm ? ", qk-norm" : "",
                    attention_bias ? ", qkv-bias" : "",

@@ -1,21 +1,16 @@
-// Architecture and hyper-parameters of a llama-family model, whatever file it came from.
+// Architecture and hyper-parameters of a llama-family model, whatever file it came from
+// (model/config_hf.h and model/config_gguf.h read them).
 #pragma once
 
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "backend/rope_table.h"
+
 namespace peregrine {
 
-enum class Arch { Llama, Mistral, Qwen2, Qwen3 };
-
 enum class RopeScaling { None, Linear, Llama3, Yarn };
-
-// Which elements of a head form a rotation pair.
-enum class RopeStyle {
-    Neox,         // (i, i + rotary_dim/2): Hugging Face's rotate-half order
-    Interleaved,  // (2i, 2i+1): Meta's order, which llama.cpp's converter uses for the `llama` arch
-};
 
 struct RopeConfig {
     double theta = 10000.0;
@@ -36,8 +31,8 @@ struct RopeConfig {
 };
 
 struct ModelConfig {
-    Arch arch = Arch::Llama;
-    std::string arch_name;  // as written in the file, for messages
+    // The registry's name for the architecture (model/registry.h): "llama", "qwen2", ...
+    std::string arch = "llama";
     int vocab_size = 0;
     int hidden_size = 0;
     int intermediate_size = 0;
@@ -69,7 +64,5 @@ struct ModelConfig {
     void validate(const std::string& source) const;
     std::string summary() const;
 };
-
-const char* arch_name(Arch a);
 
 }  // namespace peregrine

@@ -56,6 +56,11 @@ class ApiError : public std::runtime_error {
     int retry_after_s_ = 0;
 };
 
+// Inside a catch block: what a client is told about the exception being handled (every
+// transport): ApiError as it is, a template's raise_exception and other Error as 400, anything
+// else (a bug) as 500, logged.
+ApiError current_api_error();
+
 // 400 naming the request field at fault.
 template <typename... Args>
 [[noreturn]] void bad_param(const std::string& param, Args&&... args) {

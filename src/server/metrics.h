@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/engine_core.h"
+#include "peregrine/engine_config.h"
 #include "peregrine/engine_types.h"
 
 namespace peregrine::server {

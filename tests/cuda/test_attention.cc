@@ -23,7 +23,7 @@
 #include "backend/cuda/attention_hooks.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "cuda_test_util.h"
-#include "model/batch.h"
+#include "backend/batch.h"
 
 namespace peregrine {
 namespace {

@@ -10,7 +10,8 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_sampler.h"
 #include "engine/engine_core.h"
-#include "engine/model_runner.h"
+#include "engine/local_executor.h"
+#include "engine/executor.h"
 #include "golden/engine_runs.h"
 #include "golden/golden_util.h"
 
@@ -167,13 +168,14 @@ TEST(GpuEngine, AsyncSchedulingMatchesWaiting) {
         for (size_t i = 1; i < reqs.size(); i += 4) reqs[i].sampling.ignore_eos = false;
         TokensById got[2];
         for (int async : {0, 1}) {
-            LlamaExecutor ex(*g.model, *g.backend, 512, 16, &sampler);
-            EngineConfig cfg;
+            auto ex_exec = LocalExecutor::over(*g.backend, *g.model, 512, 16, &sampler);
+            LocalExecutor& ex = *ex_exec;
+            CoreConfig cfg;
             cfg.async_scheduling = async;
             cfg.scheduler.max_num_seqs = 64;
             cfg.scheduler.max_num_batched_tokens = 256;
             cfg.eos_token_ids = g.loaded->config.eos_token_ids;
-            EngineCore core(cfg, ex, nullptr);
+            EngineCore core(cfg, ex);
             std::mt19937 rng(3);
             size_t next = 0;
             while (next < reqs.size() || core.has_unfinished()) {

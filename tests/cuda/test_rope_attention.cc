@@ -26,7 +26,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "cuda_test_util.h"
-#include "model/batch.h"
+#include "backend/batch.h"
 #include "model/rope.h"
 
 namespace peregrine {

@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/sampling_row.h"
 #include "cuda/cuda_test_util.h"
+#include "engine/sampler.h"
 
 namespace peregrine {
 namespace {
@@ -170,6 +172,44 @@ TEST(CudaSampling, GreedyIsTheFirstArgmax) {
         for (int r = 0; r < n; ++r)
             EXPECT_EQ(res.tokens[r], argmax(logits.data() + static_cast<size_t>(r) * vocab, vocab))
                 << "vocab " << vocab << " row " << r;
+    }
+}
+
+// The greedy rule is one (backend/sampling_row.h): the GPU and the CPU Sampler agree on which
+// rows draw. At temperature 0, 1e-6 and top_k 1 both take the first of two equal maxima for
+// every seed; at 1e-5 both draw between them.
+TEST(CudaSampling, GreedyRuleMatchesTheCpuSampler) {
+    PG_SKIP_WITHOUT_CUDA();
+    const int vocab = 1000, seeds = 64;
+    std::mt19937 rng(5);
+    std::vector<float> row = cuda_test::random_floats(vocab, rng, -10.0f, 4.0f);
+    row[3] = row[7] = 5.0f;
+    Sampler cpu({});
+    for (auto [t, k] : {std::pair{0.0f, 0}, {1e-6f, 0}, {1.0f, 1}, {1e-5f, 0}}) {
+        SCOPED_TRACE(::testing::Message() << "temperature " << t << ", top_k " << k);
+        std::vector<SamplingRow> rows(seeds);
+        std::vector<float> logits;
+        for (int s = 0; s < seeds; ++s) {
+            rows[s].temperature = t;
+            rows[s].top_k = k;
+            rows[s].seed = 1000 + s;
+            logits.insert(logits.end(), row.begin(), row.end());
+        }
+        SampleRow host_row;
+        host_row.temperature = t;
+        host_row.top_k = k;
+        ASSERT_EQ(host_row.greedy(), rows[0].greedy());
+        const Result gpu = run_sample(logits, vocab, rows);
+        std::set<int32_t> gpu_drawn, cpu_drawn;
+        for (int s = 0; s < seeds; ++s) {
+            std::mt19937_64 gen(1000 + s);
+            host_row.rng = &gen;
+            gpu_drawn.insert(gpu.tokens[s]);
+            cpu_drawn.insert(cpu.sample(row.data(), vocab, host_row, nullptr));
+        }
+        const std::set<int32_t> want = is_greedy(t, k) ? std::set<int32_t>{3} : std::set<int32_t>{3, 7};
+        EXPECT_EQ(gpu_drawn, want);
+        EXPECT_EQ(cpu_drawn, want);
     }
 }
 

@@ -10,7 +10,8 @@
 #include <vector>
 
 #include "engine/engine_core.h"
-#include "engine/model_runner.h"
+#include "engine/local_executor.h"
+#include "engine/executor.h"
 #include "golden/golden_util.h"
 
 namespace peregrine::testing {
@@ -21,8 +22,9 @@ using TokensById = std::map<std::string, std::vector<int32_t>>;
 inline TokensById run_alone(TestModel& m, const std::vector<Request>& reqs) {
     TokensById out;
     for (const Request& r : reqs) {
-        LlamaExecutor ex(*m.model, *m.backend, 16, 16);
-        EngineCore core({}, ex, nullptr);
+        auto ex_exec = LocalExecutor::over(*m.backend, *m.model, 16, 16);
+        LocalExecutor& ex = *ex_exec;
+        EngineCore core({}, ex);
         core.add_request(r);
         while (core.has_unfinished())
             for (const RequestOutput& o : core.step())
@@ -35,11 +37,12 @@ inline TokensById run_alone(TestModel& m, const std::vector<Request>& reqs) {
 // arriving before each step (random, from arrival_seed). Checks every block is free at the end.
 inline TokensById run_crowd(TestModel& m, const std::vector<Request>& reqs, int budget, int blocks,
                             uint32_t arrival_seed, EngineStats* stats = nullptr) {
-    LlamaExecutor ex(*m.model, *m.backend, blocks, 16);
-    EngineConfig cfg;
+    auto ex_exec = LocalExecutor::over(*m.backend, *m.model, blocks, 16);
+    LocalExecutor& ex = *ex_exec;
+    CoreConfig cfg;
     cfg.scheduler.max_num_batched_tokens = budget;
     cfg.eos_token_ids = m.loaded->config.eos_token_ids;
-    EngineCore core(cfg, ex, nullptr);
+    EngineCore core(cfg, ex);
     std::mt19937 rng(arrival_seed);
     TokensById got;
     size_t next = 0;

@@ -66,13 +66,15 @@ TEST(EngineBatching, SharedPrefixHitsAndSameOutput) {
             }
         return std::make_pair(toks, u);
     };
-    LlamaExecutor ex(*m.model, *m.backend, 64, 16);
-    EngineCore core({}, ex, nullptr);
+    auto ex_exec = LocalExecutor::over(*m.backend, *m.model, 64, 16);
+    LocalExecutor& ex = *ex_exec;
+    EngineCore core({}, ex);
     generate(core, a);
     const auto [toks_b, usage_b] = generate(core, b);
     EXPECT_GE(usage_b.cached_tokens, 96);
-    LlamaExecutor ex2(*m.model, *m.backend, 64, 16);
-    EngineCore fresh({}, ex2, nullptr);
+    auto ex2_exec = LocalExecutor::over(*m.backend, *m.model, 64, 16);
+    LocalExecutor& ex2 = *ex2_exec;
+    EngineCore fresh({}, ex2);
     EXPECT_EQ(generate(fresh, b).first, toks_b);
     Request c = b;
     c.id = std::string(1, 'c');

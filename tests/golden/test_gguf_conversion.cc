@@ -21,10 +21,10 @@
 #include <vector>
 
 #include "core/half.h"
-#include "formats/hf_config.h"
 #include "formats/safetensors.h"
 #include "golden/gguf_writer.h"
 #include "golden/golden_util.h"
+#include "model/config_hf.h"
 #include "model/rope.h"
 
 namespace peregrine::testing {
@@ -231,7 +231,7 @@ TEST(GgufConversion, Llama3TinyMatchesTransformersOnlyWithPermutedQkAndRopeFreqs
     TestModel m(path);
     const ModelConfig& c = m.loaded->config;
     ASSERT_EQ(m.loaded->format, "gguf");
-    EXPECT_EQ(c.arch, Arch::Llama);
+    EXPECT_EQ(c.arch, "llama");
     EXPECT_EQ(c.rope.style, RopeStyle::Interleaved);
     EXPECT_EQ(c.rope.scaling, RopeScaling::None);  // llama3 scaling only through rope_freqs
     EXPECT_TRUE(c.tie_word_embeddings);

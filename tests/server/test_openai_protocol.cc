@@ -4,10 +4,11 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "engine/engine_loop.h"
 #include "engine/sampler.h"
 #include "peregrine/engine.h"
 #include "server/api_error.h"
-#include "server/openai_protocol.h"
+#include "server/openai/completion_request.h"
 #include "server/stream_pump.h"
 #include "unit/fake_executor.h"
 
@@ -135,7 +136,8 @@ TEST(OpenAiProtocol, ErrorBody) {
 
 TEST(StreamPump, DeliversEveryOutputInOrderThenDoneOnce) {
     // 300 concurrent requests through a real Engine on the fake model, read by one pump thread.
-    Engine engine({}, std::make_unique<testing::FakeExecutor>(4096, 4, 97, 512), nullptr);
+    Engine engine(
+        std::make_unique<EngineLoop>(CoreConfig{}, std::make_unique<testing::FakeExecutor>(4096, 4, 97, 512), nullptr));
     StreamPump pump(std::chrono::microseconds(200));
     constexpr int kJobs = 300;
     struct Seen {

@@ -8,10 +8,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/error.h"
-#include "engine/model_runner.h"
+#include "engine/executor.h"
 #include "engine/sampler.h"
 
 namespace peregrine::testing {
@@ -78,16 +79,17 @@ public:
             }
         execute(resolved, logits_);
     }
-    void launch_sampling(const std::vector<SampleSpec>& specs) override {
+    void launch_sampling(const std::vector<SampleRow>& rows) override {
         PG_CHECK(device_ && !launched_, "launch_sampling before the last launch was collected");
         launched_ = true;
-        draws_.assign(specs.size(), 0);
-        lps_.assign(specs.size(), TokenLogprob{});
-        for (size_t i = 0; i < specs.size(); ++i) {
+        draws_.assign(rows.size(), 0);
+        lps_.assign(rows.size(), TokenLogprob{});
+        for (size_t i = 0; i < rows.size(); ++i) {
             // A real device sampler reads the history here (penalties): it must be known.
-            for (int32_t t : specs[i].seq->tokens) PG_CHECK(t >= 0, "a placeholder token reached the sampler");
-            draws_[i] = sampler_.sample(logits_.data() + static_cast<size_t>(specs[i].row) * vocab_, vocab_,
-                                        *specs[i].seq, specs[i].logprobs ? &lps_[i] : nullptr);
+            for (std::span<const int32_t> part : {rows[i].prompt, rows[i].output})
+                for (int32_t t : part) PG_CHECK(t >= 0, "a placeholder token reached the sampler");
+            draws_[i] = sampler_.sample(logits_.data() + static_cast<size_t>(rows[i].logits_row) * vocab_, vocab_,
+                                        rows[i], rows[i].num_logprobs >= 0 ? &lps_[i] : nullptr);
         }
     }
     void collect_samples(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& logprobs) override {

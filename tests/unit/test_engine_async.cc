@@ -1,4 +1,4 @@
-// Async scheduling (EngineConfig::async_scheduling): step N+1 is queued before step N's draws
+// Async scheduling (CoreConfig::async_scheduling): step N+1 is queued before step N's draws
 // come back, its sequences naming those draws as input tokens. On the fake executor's device
 // mode the outputs must equal those of waiting for every step, and of CPU sampling, under
 // preemption, prefix caching, n > 1, stops, penalties (which turn the overlap off) and aborts.
@@ -32,12 +32,12 @@ Outcome run(const std::vector<Request>& reqs, Mode mode, int blocks, int budget,
             const std::map<int, std::string>& aborts = {}) {
     FakeExecutor ex(blocks, 4);
     if (mode != Mode::Cpu) ex.enable_device_sampling(64);
-    EngineConfig cfg;
+    CoreConfig cfg;
     cfg.scheduler.max_num_batched_tokens = budget;
     cfg.scheduler.max_num_seqs = 16;
     cfg.eos_token_ids = {kEos};
     cfg.async_scheduling = mode == Mode::DeviceAsync;
-    EngineCore core(cfg, ex, nullptr);
+    EngineCore core(cfg, ex);
     std::mt19937 rng(seed);
     Outcome o;
     size_t next = 0;
@@ -129,9 +129,9 @@ TEST(EngineAsync, GeneratedBlocksAreCachedUnderTheirRealTokens) {
     for (Mode m : {Mode::DeviceSync, Mode::DeviceAsync}) {
         FakeExecutor ex(64, 4);
         ex.enable_device_sampling(64);
-        EngineConfig cfg;
+        CoreConfig cfg;
         cfg.async_scheduling = m == Mode::DeviceAsync;
-        EngineCore core(cfg, ex, nullptr);
+        EngineCore core(cfg, ex);
         core.add_request(a);
         while (core.has_unfinished()) core.step();
         core.add_request(b);
@@ -151,9 +151,9 @@ TEST(EngineAsync, ForkedChoicesDoNotRecomputeThePrompt) {
     for (Mode m : {Mode::Cpu, Mode::DeviceSync, Mode::DeviceAsync}) {
         FakeExecutor ex(64, 4);
         if (m != Mode::Cpu) ex.enable_device_sampling(64);
-        EngineConfig cfg;
+        CoreConfig cfg;
         cfg.async_scheduling = m == Mode::DeviceAsync;
-        EngineCore core(cfg, ex, nullptr);
+        EngineCore core(cfg, ex);
         Request r;
         r.id = "n4";
         r.prompt_ids = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};

@@ -59,17 +59,17 @@ Request make_request(const std::string& id, std::vector<int32_t> prompt, int max
 
 std::vector<int32_t> alone(const Request& r, int num_blocks = 64, int block_size = 4) {
     FakeExecutor ex(num_blocks, block_size);
-    EngineCore core({}, ex, nullptr);
+    EngineCore core({}, ex);
     core.add_request(r);
     return drain(core)[{r.id, 0}];
 }
 
 TEST(EngineCore, RandomTrafficKeepsBlockInvariants) {
     FakeExecutor ex(32, 4);
-    EngineConfig cfg;
+    CoreConfig cfg;
     cfg.scheduler.max_num_batched_tokens = 24;
     cfg.scheduler.max_num_seqs = 8;
-    EngineCore core(cfg, ex, nullptr);
+    EngineCore core(cfg, ex);
     std::mt19937 rng(1234);
     std::vector<std::vector<int32_t>> prefixes = {{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12},
                                                   {50, 51, 52, 53, 54, 55, 56, 57}};
@@ -121,9 +121,9 @@ TEST(EngineCore, BatchCompositionDoesNotChangeGreedyOutput) {
     for (int budget : {512, 7}) {
         for (int blocks : {256, 24}) {  // 24 blocks of 4: preemption
             FakeExecutor ex(blocks, 4);
-            EngineConfig cfg;
+            CoreConfig cfg;
             cfg.scheduler.max_num_batched_tokens = budget;
-            EngineCore core(cfg, ex, nullptr);
+            EngineCore core(cfg, ex);
             std::map<std::pair<std::string, int>, std::vector<int32_t>> got;
             size_t next = 0;
             while (next < reqs.size() || core.has_unfinished()) {
@@ -145,7 +145,7 @@ TEST(EngineCore, BatchCompositionDoesNotChangeGreedyOutput) {
 
 TEST(EngineCore, SharedPrefixIsCachedAndSaltIsolates) {
     FakeExecutor ex(128, 16);
-    EngineCore core({}, ex, nullptr);
+    EngineCore core({}, ex);
     std::vector<int32_t> prefix;
     for (int i = 0; i < 100; ++i) prefix.push_back((i * 13) % 97);
     std::vector<int32_t> p1 = prefix, p2 = prefix;
@@ -176,7 +176,7 @@ TEST(EngineCore, SharedPrefixIsCachedAndSaltIsolates) {
 
 TEST(EngineCore, NChoicesShareThePromptBlocks) {
     FakeExecutor ex(64, 4);
-    EngineCore core({}, ex, nullptr);
+    EngineCore core({}, ex);
     Request r = make_request("n4", {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 6, 1.0f);
     r.sampling.n = 4;
     r.sampling.seed = 3;
@@ -208,7 +208,7 @@ TEST(EngineCore, SeedReproducibleAloneAndInABatch) {
     };
     const std::vector<int32_t> solo = alone(seeded("s", 42), 256, 4);
     FakeExecutor ex(256, 4);
-    EngineCore core({}, ex, nullptr);
+    EngineCore core({}, ex);
     for (int i = 0; i < 31; ++i) core.add_request(seeded("other" + std::to_string(i), 1000 + i));
     core.add_request(seeded("s", 42));
     auto out = drain(core);
@@ -219,7 +219,7 @@ TEST(EngineCore, SeedReproducibleAloneAndInABatch) {
 
 TEST(EngineCore, AbortFreesEverything) {
     FakeExecutor ex(64, 4);
-    EngineCore core({}, ex, nullptr);
+    EngineCore core({}, ex);
     Request r = make_request("x", {1, 2, 3, 4, 5, 6, 7}, 50, 1.0f);
     r.sampling.n = 3;
     core.add_request(r);
@@ -237,7 +237,7 @@ TEST(EngineCore, AbortFreesEverything) {
 
 TEST(EngineCore, RejectsBadRequests) {
     FakeExecutor ex(8, 4, 97, 64);
-    EngineCore core({}, ex, nullptr);
+    EngineCore core({}, ex);
     auto bad = [&](auto edit) {
         Request r = make_request("bad", {1, 2, 3}, 4);
         edit(r);
@@ -251,7 +251,6 @@ TEST(EngineCore, RejectsBadRequests) {
     bad([](Request& r) { r.sampling.top_p = 0; });
     bad([](Request& r) { r.sampling.n = 0; });
     bad([](Request& r) { r.sampling.logprobs = 21; });
-    bad([](Request& r) { r.sampling.stop = {"x"}; });      // no tokenizer here
     core.add_request(make_request("ok", {1, 2, 3}, 100));  // clamped to the room left
     auto out = drain(core);
     EXPECT_EQ(out[std::make_pair(std::string("ok"), 0)].size(), 29u);

@@ -25,8 +25,8 @@ Request request(const std::string& id, int max_tokens, int n = 1, const std::str
     return r;
 }
 
-EngineConfig config(int max_num_seqs) {
-    EngineConfig cfg;
+CoreConfig config(int max_num_seqs) {
+    CoreConfig cfg;
     cfg.scheduler.max_num_seqs = max_num_seqs;
     return cfg;
 }
@@ -44,7 +44,7 @@ int steps_until_done(EngineCore& core, const std::string& id, int max_num_seqs, 
 
 TEST(EngineFairness, ForkedChoicesStayWithinMaxNumSeqs) {
     FakeExecutor ex(1024, 4);
-    EngineCore core(config(8), ex, nullptr);
+    EngineCore core(config(8), ex);
     for (int i = 0; i < 6; ++i) core.add_request(request("r" + std::to_string(i), 20, 4));
     int peak = 0;
     while (core.has_unfinished()) {
@@ -58,7 +58,7 @@ TEST(EngineFairness, ForkedChoicesStayWithinMaxNumSeqs) {
 
 TEST(EngineFairness, NAboveMaxNumSeqsIsRefused) {
     FakeExecutor ex(64, 4);
-    EngineCore core(config(4), ex, nullptr);
+    EngineCore core(config(4), ex);
     try {
         core.add_request(request("big", 4, 5));
         FAIL() << "n = 5 with max_num_seqs 4 was accepted";
@@ -73,7 +73,7 @@ TEST(EngineFairness, NAboveMaxNumSeqsIsRefused) {
 // runs as soon as one of the big call's sequences ends, not after all 64.
 TEST(EngineFairness, ASmallCallDoesNotWaitBehindABigOne) {
     FakeExecutor ex(4096, 4);
-    EngineCore core(config(4), ex, nullptr);
+    EngineCore core(config(4), ex);
     for (int i = 0; i < 64; ++i) core.add_request(request("big-" + std::to_string(i), 10, 1, "big"));
     core.step();  // the big call takes every slot
     core.add_request(request("small", 5));
@@ -90,7 +90,7 @@ TEST(EngineFairness, ASmallCallDoesNotWaitBehindABigOne) {
 // already holds its share, and with one group only every slot is used.
 TEST(EngineFairness, PriorityFirstAndWorkConserving) {
     FakeExecutor ex(4096, 4);
-    EngineCore core(config(4), ex, nullptr);
+    EngineCore core(config(4), ex);
     for (int i = 0; i < 8; ++i) core.add_request(request("big-" + std::to_string(i), 6, 1, "big"));
     core.step();
     EXPECT_EQ(core.stats().num_running, 4);  // alone, the big call takes every slot

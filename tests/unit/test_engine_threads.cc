@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "engine/engine_loop.h"
 #include "peregrine/engine.h"
 #include "unit/fake_executor.h"
 
@@ -23,7 +24,7 @@ Request request(const std::string& id, int max_tokens, int n = 1) {
 }
 
 TEST(EngineThreads, ConcurrentClientsStreamAndAbort) {
-    Engine engine({}, std::make_unique<FakeExecutor>(256, 4), nullptr);
+    Engine engine(std::make_unique<EngineLoop>(CoreConfig{}, std::make_unique<FakeExecutor>(256, 4), nullptr));
     std::atomic<int> finished{0}, aborted{0}, tokens{0};
     std::vector<std::thread> clients;
     for (int c = 0; c < 8; ++c) {
@@ -58,10 +59,13 @@ TEST(EngineThreads, ConcurrentClientsStreamAndAbort) {
 }
 
 TEST(EngineThreads, SubmitChecksOnTheCallersThread) {
-    Engine engine({}, std::make_unique<FakeExecutor>(2048, 4, 97, 8192), nullptr);
+    Engine engine(std::make_unique<EngineLoop>(CoreConfig{}, std::make_unique<FakeExecutor>(2048, 4, 97, 8192), nullptr));
     Request r = request("bad", 4);
     r.prompt_ids = {1, 1000};
     EXPECT_THROW(engine.submit(r), Error);
+    Request s = request("stops", 4);
+    s.sampling.stop = {"x"};  // this engine has no tokenizer to match them
+    EXPECT_THROW(engine.submit(s), Error);
     auto a = engine.submit(request("dup", 8000));  // runs until aborted
     EXPECT_THROW(engine.submit(request("dup", 4)), Error);
     engine.abort("dup");
@@ -72,7 +76,8 @@ TEST(EngineThreads, SubmitChecksOnTheCallersThread) {
 }
 
 TEST(EngineThreads, ShutdownAbortsWhatIsRunning) {
-    auto engine = std::make_unique<Engine>(EngineConfig{}, std::make_unique<FakeExecutor>(2048, 4, 97, 8192), nullptr);
+    auto engine =
+        std::make_unique<Engine>(std::make_unique<EngineLoop>(CoreConfig{}, std::make_unique<FakeExecutor>(2048, 4, 97, 8192), nullptr));
     auto stream = engine->submit(request("long", 8000));
     RequestOutput out;
     ASSERT_TRUE(stream->next(out));

@@ -7,7 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "formats/hf_config.h"
+#include "model/config_hf.h"
+#include "model/registry.h"
 #include "model/rope.h"
 
 namespace peregrine {
@@ -39,7 +40,7 @@ class HfConfigTest : public ::testing::Test {
 
 TEST_F(HfConfigTest, Defaults) {
     const ModelConfig c = read(json::object());
-    EXPECT_EQ(c.arch, Arch::Llama);
+    EXPECT_EQ(c.arch, "llama");
     EXPECT_EQ(c.head_dim, 16);
     EXPECT_EQ(c.rope.rotary_dim, 16);
     EXPECT_EQ(c.rope.theta, 10000.0);
@@ -107,6 +108,47 @@ TEST_F(HfConfigTest, Errors) {
     EXPECT_THROW(read({{"rope_scaling", {{"rope_type", "yarn"}}}}), Error);  // no factor
     std::ofstream(dir_ / "config.json") << "{not json";
     EXPECT_THROW(read_hf_config(dir_.string()), Error);
+}
+
+TEST_F(HfConfigTest, ArchitectureByModelTypeOrClassName) {
+    EXPECT_EQ(read({{"model_type", "qwen3"}}).arch, "qwen3");
+    EXPECT_EQ(read({{"model_type", ""}, {"architectures", {"MistralForCausalLM"}}}).arch, "mistral");
+    try {
+        read({{"model_type", "gpt_neox"}});
+        FAIL() << "gpt_neox was accepted";
+    } catch (const Error& e) {
+        EXPECT_EQ(std::string(e.what()), (dir_ / "config.json").string() +
+                                             ": model_type 'gpt_neox' is not supported (llama, mistral, qwen2, qwen3)");
+    }
+}
+
+// Detection is one function for both formats; each entry names its weights in both layouts.
+TEST(ModelRegistry, DetectsEveryArchitectureInBothFormats) {
+    for (const char* name : {"llama", "mistral", "qwen2", "qwen3"}) {
+        const Architecture& hf = detect_architecture(ModelFormat::HuggingFace, name, "config.json");
+        EXPECT_EQ(&detect_architecture(ModelFormat::Gguf, name, "m.gguf"), &hf);
+        EXPECT_EQ(&architecture_named(name), &hf);
+        EXPECT_STREQ(hf.name, name);
+        ASSERT_NE(hf.hf_weights, nullptr);
+        ASSERT_NE(hf.gguf_weights, nullptr);
+        ASSERT_NE(hf.build, nullptr);
+    }
+    EXPECT_STREQ(detect_architecture(ModelFormat::HuggingFace, "Qwen2ForCausalLM", "config.json").name, "qwen2");
+    EXPECT_EQ(architecture_named("llama").hf_weights->in_layer(3, architecture_named("llama").hf_weights->layer.wq),
+              "model.layers.3.self_attn.q_proj.weight");
+    EXPECT_EQ(
+        architecture_named("qwen3").gguf_weights->in_layer(0, architecture_named("qwen3").gguf_weights->layer.k_norm),
+        "blk.0.attn_k_norm.weight");
+    try {
+        detect_architecture(ModelFormat::Gguf, "bloom", "m.gguf");
+        FAIL() << "bloom was accepted";
+    } catch (const Error& e) {
+        EXPECT_EQ(std::string(e.what()),
+                  "m.gguf: general.architecture 'bloom' is not supported (llama, mistral, qwen2, qwen3)");
+    }
+    // Hugging Face class names are not GGUF names.
+    EXPECT_THROW(detect_architecture(ModelFormat::Gguf, "LlamaForCausalLM", "m.gguf"), Error);
+    EXPECT_THROW(architecture_named("bloom"), Error);
 }
 
 constexpr double kPi = 3.14159265358979323846;

@@ -1,10 +1,12 @@
 #include "backend/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "backend/unfused_blocks.h"
 #include "core/cpu_features.h"
 #include "core/error.h"
 #include "core/quant.h"
@@ -54,7 +56,9 @@ CpuBackend::CpuBackend(int num_threads, CpuPrecision precision)
     PG_CHECK(precision_ == CpuPrecision::Float32 || kernels_->matmul_bf16_rows, "bf16 precision without AVX512-BF16");
 }
 
-CpuBackend::~CpuBackend() = default;
+CpuBackend::~CpuBackend() {
+    scratch_.clear();
+}
 
 int CpuBackend::num_threads() const {
     return pool_->num_threads();
@@ -89,6 +93,24 @@ void CpuBackend::download(const Tensor& src, void* dst) {
 
 bool CpuBackend::supports_weight_dtype(DType t) const {
     return cpu::matmul_supports(t) || cpu::qmatmul_supports(t);
+}
+
+void CpuBackend::begin_step(const BatchInput& batch) {
+    scratch_.reserve(batch.num_tokens(), std::max<int64_t>(static_cast<int64_t>(batch.logits_indices.size()), 1));
+}
+
+void CpuBackend::attention_block(const Tensor& residual, const LayerWeights& w, const AttentionParams& p,
+                                 const BatchInput& batch, const Tensor& k_cache, const Tensor& v_cache) {
+    unfused::attention_block(*this, scratch_, residual, w, p, batch, k_cache, v_cache);
+}
+
+void CpuBackend::mlp_block(const Tensor& residual, const LayerWeights& w, float norm_eps) {
+    unfused::mlp_block(*this, scratch_, residual, w, norm_eps);
+}
+
+void CpuBackend::logits(const Tensor& residual, const Tensor& final_norm, float norm_eps, const Tensor& lm_head,
+                        const BatchInput& batch, const Tensor& out) {
+    unfused::logits(*this, scratch_, residual, final_norm, norm_eps, lm_head, batch, out);
 }
 
 void CpuBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out) {
@@ -184,6 +206,11 @@ void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, co
     // Ranges of 16 rows: the prefill GEMM reduces 16 rows' accumulators at once.
     pool_->parallel_for_dynamic(
         a.m, [&](int64_t begin, int64_t end) { kernels_->matmul_rows(a, begin, end); }, 16, a.n * a.m * a.k);
+}
+
+void CpuBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& residual, const Tensor& product) {
+    matmul(x, w, Tensor(), product);
+    add(product, residual);
 }
 
 void CpuBackend::rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& v, const BatchInput& batch,

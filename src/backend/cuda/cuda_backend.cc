@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_sampler.h"
 #include "core/half.h"
 #include "core/quant.h"
 
@@ -111,6 +112,7 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
 }
 
 CudaBackend::~CudaBackend() {
+    scratch_.clear();
     cudaStreamSynchronize(stream_);
     graphs_.clear();
     gemms_.clear();
@@ -136,8 +138,9 @@ void CudaBackend::synchronize() {
     PG_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-void CudaBackend::memory_info(size_t& free_bytes, size_t& total_bytes) const {
+bool CudaBackend::memory_info(size_t& free_bytes, size_t& total_bytes) const {
     PG_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return true;
 }
 
 bool CudaBackend::capturing() const {
@@ -306,6 +309,7 @@ void CudaBackend::set_token_feed(const int32_t* feed, int rows) {
 
 void CudaBackend::begin_step(const BatchInput& b) {
     const int n = b.num_tokens(), s = b.num_seqs();
+    scratch_.reserve(n, std::max<int64_t>(static_cast<int64_t>(b.logits_indices.size()), 1));
     ensure_meta(n, s, b.max_blocks_per_seq);
     for (int32_t id : b.token_ids)
         PG_CHECK(id >= -feed_rows_, "CUDA backend: token id ", id, " is neither a token nor one of ", feed_rows_,
@@ -458,7 +462,8 @@ bool CudaBackend::use_gemv(const Tensor& x, const Tensor& w) const {
 void CudaBackend::matmul_silu(const Tensor& x, const Tensor& w_gate_up, const Tensor& out, const Tensor& scratch) {
     const int64_t n = x.rows(), k = x.cols(), m = w_gate_up.rows();
     if (!use_gemv(x, w_gate_up)) {
-        Backend::matmul_silu(x, w_gate_up, out, scratch);
+        matmul(x, w_gate_up, Tensor(), scratch);
+        silu_mul_packed(scratch, out);
         return;
     }
     PG_CHECK(w_gate_up.cols() == k && out.rows() == n && 2 * out.cols() == m && out.dtype == DType::BF16,
@@ -477,7 +482,8 @@ bool CudaBackend::use_gemv_norm(const Tensor& x, const Tensor& norm_weight, cons
 void CudaBackend::norm_matmul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w,
                               const Tensor& bias, const Tensor& out, const Tensor& normed) {
     if (!use_gemv_norm(x, norm_weight, w)) {
-        Backend::norm_matmul(x, norm_weight, eps, w, bias, out, normed);
+        rms_norm(x, Tensor(), norm_weight, eps, normed);
+        matmul(normed, w, bias, out);
         return;
     }
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
@@ -494,7 +500,8 @@ void CudaBackend::norm_matmul(const Tensor& x, const Tensor& norm_weight, float 
 void CudaBackend::norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w_gate_up,
                                    const Tensor& out, const Tensor& normed, const Tensor& scratch) {
     if (!use_gemv_norm(x, norm_weight, w_gate_up)) {
-        Backend::norm_matmul_silu(x, norm_weight, eps, w_gate_up, out, normed, scratch);
+        rms_norm(x, Tensor(), norm_weight, eps, normed);
+        matmul_silu(normed, w_gate_up, out, scratch);
         return;
     }
     const int64_t n = x.rows(), k = x.cols(), m = w_gate_up.rows();
@@ -516,7 +523,8 @@ void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& res
     } else if (!options_.batch_invariant) {
         cublas_matmul(x, w, residual, 1.0f, scratch);  // cuBLASLt adds into D = C (beta 1)
     } else {
-        Backend::matmul_add(x, w, residual, scratch);
+        matmul(x, w, Tensor(), scratch);
+        add(scratch, residual);
     }
 }
 
@@ -660,8 +668,8 @@ void CudaBackend::rope_cache_attention(const Tensor& qkv, const Tensor& q, const
     a.neox = rope.style == RopeStyle::Neox;
     // (The choice depends only on the batch's shape, fixed for a recorded decode bucket.)
     if (options_.batch_invariant || !cuda::rope_cache_attention_supported(a)) {
-        Backend::rope_cache_attention(qkv, q, batch, rope, head_dim, num_kv_heads, k_cache, v_cache, num_heads, scale,
-                                      window, out);
+        rope_and_cache_packed(qkv, q, batch, rope, head_dim, num_kv_heads, k_cache, v_cache);
+        attention(q, k_cache, v_cache, batch, num_heads, head_dim, scale, window, out);
         return;
     }
     a.inv_freq = rope_inv_freq(rope);
@@ -720,6 +728,10 @@ void CudaBackend::gather_rows(const Tensor& x, const std::vector<int32_t>& rows,
                                 ? d_logits_indices_
                                 : device_ints(rows.data(), static_cast<int64_t>(rows.size()), scratch_ints_);
     cuda::gather_rows(bf(x), d_rows, static_cast<int>(rows.size()), static_cast<int>(x.cols()), bf(out), stream_);
+}
+
+std::unique_ptr<DeviceSampler> CudaBackend::make_sampler(int max_rows, int vocab) {
+    return std::make_unique<CudaSampler>(*this, max_rows, vocab);
 }
 
 }  // namespace peregrine

@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/scratch.h"
 
 typedef struct CUevent_st* cudaEvent_t;  // as cuda_runtime.h has it
 
@@ -40,61 +41,104 @@ class CudaBackend final : public Backend {
     Device device() const override { return Device::CUDA; }
     std::string name() const override;
 
+    // ---- device services (device.h) -------------------------------------------------------------
     Tensor allocate(DType dtype, std::initializer_list<int64_t> shape) override;
     void release(Tensor& t) override;
     void upload(const void* src, const Tensor& dst) override;
     void download(const Tensor& src, void* dst) override;
-    bool supports_weight_dtype(DType t) const override;
-    DType activation_dtype() const override { return DType::BF16; }
-    DType kv_cache_dtype() const override { return DType::BF16; }
     Tensor place_weight(const Tensor& host, bool matrix) override;
-    bool packs_projections() const override { return true; }
-    Tensor place_stacked(const std::vector<Tensor>& parts, bool matrix) override;
-    void rope_and_cache_packed(const Tensor& qkv, const Tensor& q_out, const BatchInput& batch, const RopeTable& rope,
-                               int head_dim, int num_kv_heads, const Tensor& k_cache, const Tensor& v_cache) override;
-    void silu_mul_packed(const Tensor& gate_up, const Tensor& out) override;
-    // One kernel (cuda::rope_cache_attention) for pure-decode batches of <= 4 sequences outside
-    // batch-invariant mode; otherwise the two ops.
-    void rope_cache_attention(const Tensor& qkv, const Tensor& q, const BatchInput& batch, const RopeTable& rope,
-                              int head_dim, int num_kv_heads, const Tensor& k_cache, const Tensor& v_cache,
-                              int num_heads, float scale, int window, const Tensor& out) override;
-    void matmul_silu(const Tensor& x, const Tensor& w_gate_up, const Tensor& out, const Tensor& scratch) override;
-    void norm_matmul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w, const Tensor& bias,
-                     const Tensor& out, const Tensor& normed) override;
-    void norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w_gate_up,
-                          const Tensor& out, const Tensor& normed, const Tensor& scratch) override;
-    void matmul_add(const Tensor& x, const Tensor& w, const Tensor& residual, const Tensor& scratch) override;
-    void add(const Tensor& x, const Tensor& out) override;
     void fill_random(const Tensor& t, uint64_t seed, float lo, float hi) override;
-
+    void copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
+    void synchronize() override;
+    bool memory_info(size_t& free_bytes, size_t& total_bytes) const override;
     void begin_step(const BatchInput& batch) override;
     int step_bucket(int num_seqs) const override;
     void run_step(int key, const std::function<void()>& ops) override;
     void forget_steps() override { clear_graphs(); }
 
+    // ---- blocks (backend.h) ---------------------------------------------------------------------
+    bool supports_weight_dtype(DType t) const override;
+    DType activation_dtype() const override { return DType::BF16; }
+    DType kv_cache_dtype() const override { return DType::BF16; }
+    // Stacks q/k/v into wqkv (+ bqkv) unless the layer has qk-norm, and gate/up into w_gate_up.
+    LayerWeights place_layer(const LayerWeights& host) override;
     void embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out) override;
-    void rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps, const Tensor& out) override;
-    void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out, bool exact = false) override;
+    // Stacked q/k/v: norm_matmul, rope_cache_attention, matmul_add. qk-norm: the ops apart
+    // (unfused_blocks.h), then matmul_add.
+    void attention_block(const Tensor& residual, const LayerWeights& w, const AttentionParams& p,
+                         const BatchInput& batch, const Tensor& k_cache, const Tensor& v_cache) override;
+    // norm_matmul_silu, matmul_add.
+    void mlp_block(const Tensor& residual, const LayerWeights& w, float norm_eps) override;
+    // rms_norm, gather_rows (unless every row is wanted), matmul: not norm_matmul, as folding
+    // the norm into the LM head's many CTAs cost more than the norm kernel on an H100.
+    void logits(const Tensor& residual, const Tensor& final_norm, float norm_eps, const Tensor& lm_head,
+                const BatchInput& batch, const Tensor& out) override;
+
+    // ---- the ops the blocks run -----------------------------------------------------------------
+    // Not part of Backend: public so tests/cuda can hold fused forms against the ops apart.
+    // Activations bf16 [rows, cols] unless noted; the residual stream f32. Ops that read the
+    // step's batch must get the one given to begin_step.
+
+    // With `residual` non-empty: residual += x, then out = rms_norm(residual) * weight; else
+    // out = rms_norm(x) * weight. x, out: f32 or bf16 [rows, dim]; weight: [dim] f32.
+    void rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps, const Tensor& out);
+    // out [n, m] (f32 or bf16) = x [n, k] · w [m, k]ᵀ (+ bias [m] f32). `exact` is ignored
+    // (bf16 inputs with f32 accumulation in every mode).
+    void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out, bool exact = false);
+    // As CpuBackend::rope_and_cache: rotates q, k in place, writes k, v to the cache.
     void rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& v, const BatchInput& batch,
-                        const RopeTable& rope, int head_dim, const Tensor& k_cache, const Tensor& v_cache) override;
+                        const RopeTable& rope, int head_dim, const Tensor& k_cache, const Tensor& v_cache);
+    // Paged attention, as CpuBackend::attention. q, out: [n, num_heads * head_dim].
     void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchInput& batch,
-                   int num_heads, int head_dim, float scale, int window, const Tensor& out) override;
-    void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override;
-    void copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
-    void gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const Tensor& out) override;
+                   int num_heads, int head_dim, float scale, int window, const Tensor& out);
+    // out = silu(gate) * up; all [n, dim].
+    void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out);
+    // out += x, both f32 of one shape.
+    void add(const Tensor& x, const Tensor& out);
+    // out[i] = x[rows[i]]; x: [n, dim], out: [rows.size(), dim].
+    void gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const Tensor& out);
+
+    // The stacked forms: qkv [n, q_dim + 2 kv_dim] holds q | k | v per row; rotates like
+    // rope_and_cache, writes the rotated q to q_out [n, q_dim] and k, v to the cache.
+    void rope_and_cache_packed(const Tensor& qkv, const Tensor& q_out, const BatchInput& batch, const RopeTable& rope,
+                               int head_dim, int num_kv_heads, const Tensor& k_cache, const Tensor& v_cache);
+    // gate_up [n, 2 dim] holds gate | up per row; out [n, dim] = silu(gate) * up.
+    void silu_mul_packed(const Tensor& gate_up, const Tensor& out);
+
+    // Fused steps, each one kernel where it applies, else the ops apart:
+    // rope_and_cache_packed(qkv, q, ...) then attention(q, ...) into out [n, num_heads * head_dim].
+    // One kernel (cuda::rope_cache_attention) for pure-decode batches of <= 4 sequences outside
+    // batch-invariant mode, which may leave q unwritten (attention is its only reader).
+    void rope_cache_attention(const Tensor& qkv, const Tensor& q, const BatchInput& batch, const RopeTable& rope,
+                              int head_dim, int num_kv_heads, const Tensor& k_cache, const Tensor& v_cache,
+                              int num_heads, float scale, int window, const Tensor& out);
+    // out [n, dim] = silu(x · gateᵀ) * (x · upᵀ) for w_gate_up [2 dim, k]; scratch [n, 2 dim]
+    // holds the product where the steps run apart (matmul, silu_mul_packed).
+    void matmul_silu(const Tensor& x, const Tensor& w_gate_up, const Tensor& out, const Tensor& scratch);
+    // out = (rms_norm(x) * norm_weight) · wᵀ (+ bias) for x [n, k] f32 (the residual stream);
+    // `normed` [n, k] bf16 holds the normalised rows where the steps run apart.
+    void norm_matmul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w, const Tensor& bias,
+                     const Tensor& out, const Tensor& normed);
+    // The same before matmul_silu: out [n, dim] = silu(h · gateᵀ) * (h · upᵀ), h = rms_norm(x) * norm_weight.
+    void norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w_gate_up,
+                          const Tensor& out, const Tensor& normed, const Tensor& scratch);
+    // residual [n, m] f32 += x · wᵀ; `scratch` [n, m] f32 holds the product where the steps run
+    // apart (batch-invariant mode) and the candidates' outputs while cuBLASLt is timed.
+    void matmul_add(const Tensor& x, const Tensor& w, const Tensor& residual, const Tensor& scratch);
 
     cudaStream_t stream() const { return stream_; }
-    void synchronize();
     // The device buffer [rows] where the sampler leaves its draws: a step's token id -1 - i is
     // replaced by feed[i] on the device. Drops graph recordings (they hold the old address).
     void set_token_feed(const int32_t* feed, int rows);
-    // Device memory free and total, bytes.
-    void memory_info(size_t& free_bytes, size_t& total_bytes) const;
     // Bytes of device memory this backend allocated for weights.
-    size_t weight_bytes() const { return weight_bytes_; }
+    size_t weight_bytes() const override { return weight_bytes_; }
+    std::unique_ptr<DeviceSampler> make_sampler(int max_rows, int vocab) override;
     int num_graphs() const { return static_cast<int>(graphs_.size()); }
 
   private:
+    // One weight whose rows are the rows of `parts` in order (same columns; vectors concatenate),
+    // placed like place_weight. Parts may already be on the device (dummy weights).
+    Tensor place_stacked(const std::vector<Tensor>& parts, bool matrix);
     struct Gemm;  // a cached cuBLASLt plan for one (n, m, k, out dtype)
     struct Graph;
     void ensure_meta(int tokens, int seqs, int stride);
@@ -155,6 +199,7 @@ class CudaBackend final : public Backend {
     size_t stage_bytes_ = 0;
 
     std::map<int, std::unique_ptr<Graph>> graphs_;
+    Scratch scratch_{*this};  // the blocks' buffers (scratch.h)
 };
 
 }  // namespace peregrine

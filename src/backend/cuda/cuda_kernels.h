@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/sampling_row.h"
+
 typedef struct CUstream_st* cudaStream_t;
 
 namespace peregrine::cuda {
@@ -209,9 +211,10 @@ bool rope_cache_attention_supported(const RopeCacheAttentionArgs& args);
 void rope_cache_attention(const RopeCacheAttentionArgs& args, cudaStream_t stream);
 
 // ---- sampling ------------------------------------------------------------------------------
-// One row's sampling parameters, in vLLM's order: penalties, temperature, top-k, top-p, min-p.
+// One row's sampling parameters as the kernels read them from device memory (CudaSampler packs
+// them from the engine's SampleRow), in vLLM's order: penalties, temperature, top-k, top-p, min-p.
 struct SamplingRow {
-    float temperature = 0.0f;  // <= 0 (or < 1e-5): greedy argmax (lowest id on ties)
+    float temperature = 0.0f;  // is_greedy (backend/sampling_row.h): argmax, lowest id on ties
     int32_t top_k = 0;         // <= 0: off
     float top_p = 1.0f;        // 1: off
     float min_p = 0.0f;        // 0: off
@@ -222,12 +225,10 @@ struct SamplingRow {
     uint64_t offset = 0;        // Philox counter: the number of tokens this sequence sampled before
     int32_t num_logprobs = -1;  // -1: none; k >= 0: sampled token's raw logprob + top k (k <= 20)
 
-    // The sampler's rules, shared by the host (which picks the greedy fast path and sends the
-    // penalty lists) and the kernels.
-    constexpr bool greedy() const { return !(temperature >= 1e-5f) || top_k == 1; }
-    constexpr bool penalised() const {
-        return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
-    }
+    // The rules every sampler shares (the CPU one too), used by the host (which picks the
+    // greedy fast path and sends the penalty lists) and by the kernels.
+    constexpr bool greedy() const { return is_greedy(temperature, top_k); }
+    constexpr bool penalised() const { return is_penalised(repetition_penalty, presence_penalty, frequency_penalty); }
 };
 
 // Penalty inputs of row r: tokens pen_tokens[pen_offsets[r] .. pen_offsets[r+1]) with their

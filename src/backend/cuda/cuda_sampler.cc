@@ -8,7 +8,6 @@
 #include <unordered_map>
 
 #include "backend/cuda/cuda_check.h"
-#include "engine/sequence.h"
 #include "peregrine/engine_types.h"
 
 namespace peregrine {
@@ -81,18 +80,18 @@ CudaSampler::~CudaSampler() {
     if (b_->done) cudaEventDestroy(b_->done);
 }
 
-void CudaSampler::launch(const Tensor& logits, const std::vector<SampleSpec>& specs) {
+void CudaSampler::launch(const Tensor& logits, const std::vector<SampleRow>& rows) {
     PG_CHECK(!queued_, "CudaSampler: launch before the previous launch was collected");
-    const int n = static_cast<int>(specs.size());
+    const int n = static_cast<int>(rows.size());
     done_tokens_.clear();
     done_logprobs_.clear();
     if (n <= max_rows_) {
-        enqueue(logits, specs);
+        enqueue(logits, rows);
         return;
     }
     // More draws than rows (choices forked this step): in pieces, each waited for.
     for (int i = 0; i < n; i += max_rows_) {
-        const std::vector<SampleSpec> part(specs.begin() + i, specs.begin() + std::min(n, i + max_rows_));
+        const std::vector<SampleRow> part(rows.begin() + i, rows.begin() + std::min(n, i + max_rows_));
         std::vector<int32_t> t;
         std::vector<TokenLogprob> l;
         enqueue(logits, part);
@@ -129,12 +128,12 @@ void CudaSampler::collect(std::vector<int32_t>& tokens, std::vector<TokenLogprob
 
 // The pinned parameter / penalty buffers written here were last read by the previous launch's
 // copies, which finished before its collect returned (launch and collect alternate).
-void CudaSampler::enqueue(const Tensor& logits, const std::vector<SampleSpec>& specs) {
-    const int n = static_cast<int>(specs.size());
+void CudaSampler::enqueue(const Tensor& logits, const std::vector<SampleRow>& draws) {
+    const int n = static_cast<int>(draws.size());
     queued_ = true;
     top_.assign(n, -1);
     for (int i = 0; i < n; ++i)
-        if (specs[i].logprobs) top_[i] = std::min(specs[i].seq->sampling->logprobs, cuda::kMaxSampleLogprobs);
+        if (draws[i].num_logprobs >= 0) top_[i] = std::min(draws[i].num_logprobs, cuda::kMaxSampleLogprobs);
     if (n == 0) return;
     PG_CHECK(logits.dtype == DType::F32 && logits.cols() == vocab_);
     cudaStream_t stream = backend_.stream();
@@ -142,12 +141,12 @@ void CudaSampler::enqueue(const Tensor& logits, const std::vector<SampleSpec>& s
     // The kernel edits rows in place, one per draw: use the logits directly when draws map to
     // rows 0..n-1 in order (the usual case), else gather copies (choices sharing a prompt row).
     bool identity = logits.rows() >= n;
-    for (int i = 0; identity && i < n; ++i) identity = specs[i].row == i;
+    for (int i = 0; identity && i < n; ++i) identity = draws[i].logits_row == i;
     float* rows = logits.ptr<float>();
     if (!identity) {
         for (int i = 0; i < n; ++i)
             PG_CUDA_CHECK(cudaMemcpyAsync(b_->gathered + static_cast<size_t>(i) * vocab_,
-                                          logits.ptr<float>() + static_cast<size_t>(specs[i].row) * vocab_,
+                                          logits.ptr<float>() + static_cast<size_t>(draws[i].logits_row) * vocab_,
                                           vocab_ * sizeof(float), cudaMemcpyDeviceToDevice, stream));
         rows = b_->gathered;
     }
@@ -158,30 +157,28 @@ void CudaSampler::enqueue(const Tensor& logits, const std::vector<SampleSpec>& s
     std::vector<int32_t> offsets(1, 0);
     std::unordered_map<int32_t, int32_t> count;
     for (int i = 0; i < n; ++i) {
-        const Sequence& seq = *specs[i].seq;
-        const SamplingParams& p = *seq.sampling;
+        const SampleRow& d = draws[i];
+        PG_CHECK(!d.needs_host(), "CudaSampler: a row that needs host-only processing");
         cuda::SamplingRow& r = b_->rows_host[i];
         r = cuda::SamplingRow{};
-        r.temperature = p.temperature;
-        r.top_k = p.top_k;
-        r.top_p = p.top_p;
-        r.min_p = p.min_p;
-        r.repetition_penalty = p.repetition_penalty;
-        r.presence_penalty = p.presence_penalty;
-        r.frequency_penalty = p.frequency_penalty;
-        r.seed = seq.seed;
-        r.offset = static_cast<uint64_t>(seq.num_output());
-        r.num_logprobs = specs[i].logprobs ? std::min(p.logprobs, cuda::kMaxSampleLogprobs) : -1;
-        any_logprobs |= specs[i].logprobs;
+        r.temperature = d.temperature;
+        r.top_k = d.top_k;
+        r.top_p = d.top_p;
+        r.min_p = d.min_p;
+        r.repetition_penalty = d.repetition_penalty;
+        r.presence_penalty = d.presence_penalty;
+        r.frequency_penalty = d.frequency_penalty;
+        r.seed = d.seed;
+        r.offset = d.offset;
+        r.num_logprobs = top_[i];
+        any_logprobs |= d.num_logprobs >= 0;
         if (r.penalised()) {
             any_penalty = true;
             count.clear();
-            const bool all_tokens = p.repetition_penalty != 1.0f;
-            for (int t = all_tokens ? 0 : seq.num_prompt_tokens; t < seq.num_tokens(); ++t) {
-                const int32_t tok = seq.tokens[t];
-                int32_t& c = count[tok];
-                if (t >= seq.num_prompt_tokens) ++c;
-            }
+            // Prompt tokens count for the repetition penalty only (with an output count of 0).
+            if (d.repetition_penalty != 1.0f)
+                for (int32_t tok : d.prompt) count.try_emplace(tok, 0);
+            for (int32_t tok : d.output) ++count[tok];
             for (const auto& [tok, c] : count) {
                 pen_tokens.push_back(tok);
                 pen_counts.push_back(c);
@@ -191,8 +188,7 @@ void CudaSampler::enqueue(const Tensor& logits, const std::vector<SampleSpec>& s
     }
     // Greedy rows without penalties or logprobs take the argmax fast path (no parameters to send).
     bool all_greedy = !any_penalty && !any_logprobs;
-    for (int i = 0; all_greedy && i < n; ++i)
-        all_greedy = b_->rows_host[i].greedy();
+    for (int i = 0; all_greedy && i < n; ++i) all_greedy = b_->rows_host[i].greedy();
     if (!all_greedy)
         PG_CUDA_CHECK(cudaMemcpyAsync(b_->rows_dev, b_->rows_host, n * sizeof(cuda::SamplingRow),
                                       cudaMemcpyHostToDevice, stream));
@@ -222,8 +218,7 @@ void CudaSampler::enqueue(const Tensor& logits, const std::vector<SampleSpec>& s
     } else {
         cuda::sample(rows, n, vocab_, b_->rows_dev, pen, b_->tok_dev, b_->lp_dev, b_->top_ids_dev, b_->top_lp_dev,
                      b_->workspace, stream);
-        PG_CUDA_CHECK(
-            cudaMemcpyAsync(b_->tok_host, b_->tok_dev, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+        PG_CUDA_CHECK(cudaMemcpyAsync(b_->tok_host, b_->tok_dev, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
     }
     const size_t k = cuda::kMaxSampleLogprobs;
     if (any_logprobs) {

@@ -1,14 +1,14 @@
-// The engine's DeviceSampler on the CUDA backend: builds each draw's parameters and penalty
-// lists on the host, queues cuda::sample on the step's logits where they lie, and copies back
-// only token ids (and logprobs when asked). The drawn ids stay in a device buffer that the
-// backend's embedding reads for the next step's placeholder tokens (async scheduling).
+// DeviceSampler on the CUDA backend: packs each row's parameters and penalty lists on the
+// host, queues cuda::sample on the step's logits where they lie, and copies back only token ids
+// (and logprobs when asked). The drawn ids stay in a device buffer that the backend's embedding
+// reads for the next step's placeholder tokens (async scheduling).
 #pragma once
 
 #include <memory>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
-#include "engine/model_runner.h"
+#include "backend/device_sampler.h"
 
 namespace peregrine {
 
@@ -21,14 +21,14 @@ class CudaSampler final : public DeviceSampler {
     CudaSampler(const CudaSampler&) = delete;
     CudaSampler& operator=(const CudaSampler&) = delete;
 
-    void launch(const Tensor& logits, const std::vector<SampleSpec>& specs) override;
+    void launch(const Tensor& logits, const std::vector<SampleRow>& rows) override;
     void collect(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& logprobs) override;
     int max_fed_draws() const override { return max_rows_; }
 
   private:
     struct Buffers;
     // Queues at most max_rows_ draws; the results land in the pinned buffers when done_ fires.
-    void enqueue(const Tensor& logits, const std::vector<SampleSpec>& specs);
+    void enqueue(const Tensor& logits, const std::vector<SampleRow>& rows);
     CudaBackend& backend_;
     int max_rows_, vocab_;
     std::unique_ptr<Buffers> b_;

@@ -3,7 +3,8 @@
 // Per row, in vLLM's order (the CPU Sampler's semantics, src/engine/sampler.cc):
 //   1. logprobs (when asked): log-sum-exp and the top ids of the RAW row, before anything else;
 //   2. penalties, written into the row in place (repetition, then presence/frequency);
-//   3. greedy (temperature < 1e-5 or top_k == 1): the first index of the maximum;
+//   3. greedy (is_greedy, backend/sampling_row.h: temperature < 1e-5 or top_k == 1): the first
+//      index of the maximum;
 //   4. otherwise the candidate set, as the CPU builds it: logits >= floor, where floor is
 //      max + T ln(min_p) (min_p) or max - 30 T (tokens below e^-30 of the best carry nothing),
 //      then the top_k best, then the smallest best-first prefix holding top_p of their mass;

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Fails when a source file includes a header of a layer above its own. The layers, lowest
+# first (each may include itself, the layers listed after its colon, and include/peregrine
+# where marked); docs/ARCHITECTURE.md draws the same graph:
+#
+#   core          : -
+#   formats       : core
+#   tokenizer     : core formats
+#   template      : core formats tokenizer
+#   backend       : core                        (src/backend/*.h: the ops and device contract)
+#   backend/cpu   : core backend
+#   backend/cuda  : core backend
+#   model         : core formats backend
+#   engine        : core formats tokenizer backend backend/cpu backend/cuda model public
+#   server        : everything below, template included, public
+#   cli, bench    : everything
+#
+# Run by the build (target check_layers, which every library depends on) and by ctest.
+# usage: scripts/check-layers.sh [REPO_ROOT]
+set -euo pipefail
+root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
+cd "$root"
+
+allowed() {  # layer -> the include prefixes it may use
+    case $1 in
+        core) echo "core" ;;
+        formats) echo "core formats" ;;
+        tokenizer) echo "core formats tokenizer" ;;
+        template) echo "core formats tokenizer template" ;;
+        backend) echo "core backend" ;;
+        backend/cpu) echo "core backend backend/cpu" ;;
+        backend/cuda) echo "core backend backend/cuda" ;;
+        model) echo "core formats backend model" ;;
+        engine) echo "core formats tokenizer backend backend/cpu backend/cuda model engine peregrine" ;;
+        server) echo "core formats tokenizer template backend model engine server peregrine" ;;
+        public) echo "peregrine" ;;
+        *) echo "*" ;;
+    esac
+}
+
+layer_of() {  # a file's layer from its path
+    case $1 in
+        include/peregrine/*) echo public ;;
+        src/backend/cpu/*) echo backend/cpu ;;
+        src/backend/cuda/*) echo backend/cuda ;;
+        src/backend/*) echo backend ;;
+        src/*/*) local d=${1#src/}; echo "${d%%/*}" ;;
+        *) echo other ;;
+    esac
+}
+
+# The layer a quoted include names: "backend/cuda/x.h" -> backend/cuda, "engine/x.h" -> engine.
+target_of() {
+    case $1 in
+        backend/cpu/*) echo backend/cpu ;;
+        backend/cuda/*) echo backend/cuda ;;
+        */*) echo "${1%%/*}" ;;
+        *) echo "" ;;  # same-folder include
+    esac
+}
+
+bad=0
+while IFS= read -r file; do
+    layer=$(layer_of "$file")
+    ok=$(allowed "$layer")
+    [[ $ok == "*" ]] && continue
+    while IFS= read -r inc; do
+        t=$(target_of "$inc")
+        [[ -z $t ]] && continue
+        case " $ok " in
+            *" $t "*) ;;
+            *)
+                echo "$file: includes \"$inc\" ($t), above its layer ($layer may use: $ok)" >&2
+                bad=1
+                ;;
+        esac
+    done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$file")
+done < <(find src include -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh' \) | sort)
+if [[ $bad -ne 0 ]]; then
+    echo "layering violated: see the layers at the top of scripts/check-layers.sh" >&2
+    exit 1
+fi
+echo "layers ok"

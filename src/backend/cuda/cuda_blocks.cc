@@ -1,0 +1,75 @@
+// The CUDA backend's weight layout and blocks: q/k/v and gate/up stacked into one product each,
+// pre-norms and residual adds folded into the products (the decode kernels fuse them), RoPE,
+// the cache write and attention in one step. Scratch buffers: backend/scratch.h.
+#include "backend/cuda/cuda_backend.h"
+#include "backend/unfused_blocks.h"
+
+namespace peregrine {
+
+LayerWeights CudaBackend::place_layer(const LayerWeights& l) {
+    auto matrix = [&](const Tensor& t) { return t.empty() ? t : place_weight(t, true); };
+    auto vec = [&](const Tensor& t) { return t.empty() ? t : place_weight(t, false); };
+    LayerWeights p;
+    p.attn_norm = vec(l.attn_norm);
+    // qk-norm (qwen3) works on whole q and k heads between the projection and RoPE, so those
+    // layers keep q/k/v apart.
+    if (l.q_norm.empty()) {
+        p.wqkv = place_stacked({l.wq, l.wk, l.wv}, true);
+        if (!l.bq.empty()) p.bqkv = place_stacked({l.bq, l.bk, l.bv}, false);
+    } else {
+        p.wq = matrix(l.wq);
+        p.wk = matrix(l.wk);
+        p.wv = matrix(l.wv);
+        p.bq = vec(l.bq);
+        p.bk = vec(l.bk);
+        p.bv = vec(l.bv);
+    }
+    p.q_norm = vec(l.q_norm);
+    p.k_norm = vec(l.k_norm);
+    p.wo = matrix(l.wo);
+    p.ffn_norm = vec(l.ffn_norm);
+    p.w_gate_up = place_stacked({l.w_gate, l.w_up}, true);
+    p.w_down = matrix(l.w_down);
+    return p;
+}
+
+void CudaBackend::attention_block(const Tensor& residual, const LayerWeights& w, const AttentionParams& p,
+                                  const BatchInput& batch, const Tensor& k_cache, const Tensor& v_cache) {
+    if (w.wqkv.empty()) {  // qk-norm: q, k and v apart
+        unfused::attention_block(*this, scratch_, residual, w, p, batch, k_cache, v_cache);
+        return;
+    }
+    const int64_t n = residual.rows(), H = residual.cols();
+    const int64_t q_dim = static_cast<int64_t>(p.num_heads) * p.head_dim;
+    const int64_t kv_dim = static_cast<int64_t>(p.num_kv_heads) * p.head_dim;
+    const Tensor normed = scratch_.get(ScratchSlot::Normed, DType::BF16, n, H);
+    const Tensor qkv = scratch_.get(ScratchSlot::Qkv, DType::BF16, n, q_dim + 2 * kv_dim);
+    const Tensor q = scratch_.get(ScratchSlot::Q, DType::BF16, n, q_dim);
+    const Tensor attn = scratch_.get(ScratchSlot::Attn, DType::BF16, n, q_dim);
+    const Tensor product = scratch_.get(ScratchSlot::Product, DType::F32, n, H);
+
+    norm_matmul(residual, w.attn_norm, p.norm_eps, w.wqkv, w.bqkv, qkv, normed);
+    // RoPE, the cache write and attention: one step (one kernel for small decode batches).
+    rope_cache_attention(qkv, q, batch, *p.rope, p.head_dim, p.num_kv_heads, k_cache, v_cache, p.num_heads, p.scale,
+                         p.window, attn);
+    matmul_add(attn, w.wo, residual, product);
+}
+
+void CudaBackend::mlp_block(const Tensor& residual, const LayerWeights& w, float norm_eps) {
+    PG_CHECK(!w.w_gate_up.empty(), "CUDA backend: mlp_block of a layer not placed by place_layer");
+    const int64_t n = residual.rows(), H = residual.cols(), F = w.w_gate_up.rows() / 2;
+    const Tensor normed = scratch_.get(ScratchSlot::Normed, DType::BF16, n, H);
+    const Tensor gate = scratch_.get(ScratchSlot::Gate, DType::BF16, n, F);
+    const Tensor gate_up = scratch_.get(ScratchSlot::GateUp, DType::BF16, n, 2 * F);
+    const Tensor product = scratch_.get(ScratchSlot::Product, DType::F32, n, H);
+
+    norm_matmul_silu(residual, w.ffn_norm, norm_eps, w.w_gate_up, gate, normed, gate_up);
+    matmul_add(gate, w.w_down, residual, product);
+}
+
+void CudaBackend::logits(const Tensor& residual, const Tensor& final_norm, float norm_eps, const Tensor& lm_head,
+                         const BatchInput& batch, const Tensor& out) {
+    unfused::logits(*this, scratch_, residual, final_norm, norm_eps, lm_head, batch, out);
+}
+
+}  // namespace peregrine

@@ -1,0 +1,41 @@
+// The executor contract between the engine core and the devices.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "backend/batch.h"
+#include "backend/device_sampler.h"
+
+namespace peregrine {
+
+struct TokenLogprob;
+
+// What the engine core needs from the model's side: run a flattened batch against the KV
+// cache and, where the device samples, draw there. LocalExecutor (local_executor.h) runs it
+// on its workers; tests use a fake with the same contract.
+class ModelExecutor {
+  public:
+    virtual ~ModelExecutor() = default;
+    virtual int vocab_size() const = 0;
+    virtual int max_model_len() const = 0;
+    virtual int num_kv_blocks() const = 0;
+    virtual int block_size() const = 0;
+    // Copy-on-write of KV blocks, before the batch that writes them.
+    virtual void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) = 0;
+    // logits: [batch.logits_indices.size(), vocab].
+    virtual void execute(const BatchInput& batch, std::vector<float>& logits) = 0;
+    // Whether execute_on_device / launch_sampling / collect_samples are available.
+    virtual bool samples_on_device() const { return false; }
+    // Queues the batch and keeps its logits where they are computed, for launch_sampling. Token
+    // ids -1 - i stand for draw i of the last launch_sampling (see max_fed_draws).
+    virtual void execute_on_device(const BatchInput& batch);
+    // Queues draws from the last execute_on_device's logits; collect_samples waits for them.
+    virtual void launch_sampling(const std::vector<SampleRow>& rows);
+    virtual void collect_samples(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& logprobs);
+    // DeviceSampler::max_fed_draws: 0 when the next batch cannot take draws before they return.
+    virtual int max_fed_draws() const { return 0; }
+};
+
+}  // namespace peregrine

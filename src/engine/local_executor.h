@@ -1,0 +1,44 @@
+// The executor the engine core talks to in one process: it owns the workers (one per rank of
+// the model; one today, one per GPU once tensor/pipeline parallelism lands) and runs each
+// scheduled batch on them.
+#pragma once
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "engine/executor.h"
+#include "engine/worker.h"
+#include "peregrine/engine_config.h"
+
+namespace peregrine {
+
+class LocalExecutor final : public ModelExecutor {
+  public:
+    explicit LocalExecutor(std::unique_ptr<Worker> worker);
+    // Builds the workers of `config` and readies them: device, weights, KV cache, warm-up.
+    static std::unique_ptr<LocalExecutor> create(const EngineConfig& config);
+    // An executor over a backend and a model the caller owns (tests, benchmarks).
+    static std::unique_ptr<LocalExecutor> over(Backend& backend, Model& model, int num_blocks, int block_size,
+                                               DeviceSampler* sampler = nullptr);
+
+    Worker& worker() { return *worker_; }
+    const Worker& worker() const { return *worker_; }
+
+    int vocab_size() const override;
+    int max_model_len() const override;
+    int num_kv_blocks() const override;
+    int block_size() const override;
+    void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
+    void execute(const BatchInput& batch, std::vector<float>& logits) override;
+    bool samples_on_device() const override;
+    void execute_on_device(const BatchInput& batch) override;
+    void launch_sampling(const std::vector<SampleRow>& rows) override;
+    void collect_samples(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& logprobs) override;
+    int max_fed_draws() const override;
+
+  private:
+    std::unique_ptr<Worker> worker_;
+};
+
+}  // namespace peregrine

@@ -1,0 +1,232 @@
+#include "engine/worker.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "model/kv_cache.h"
+#include "model/registry.h"
+#ifdef PG_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace peregrine {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+
+// The backend `device` names: cuda when built with CUDA and a GPU is present for "auto".
+std::unique_ptr<Backend> make_backend(const EngineConfig& c) {
+#ifdef PG_WITH_CUDA
+    if (c.device == "cuda" || (c.device == "auto" && cuda_device_available())) {
+        CudaOptions co;
+        co.graphs = !c.enforce_eager;
+        co.batch_invariant = c.batch_invariant;
+        co.max_graph_batch = std::min(c.max_num_seqs, 256);
+        return std::make_unique<CudaBackend>(co);
+    }
+#else
+    if (c.device == "cuda") fail("device cuda: this build has no CUDA backend (nvcc was not found at build time)");
+#endif
+    return std::make_unique<CpuBackend>(c.threads, cpu_precision_from_name(c.dtype));
+}
+
+// A prefill of `tokens` tokens over `seqs` sequences, each sampling its last token: the
+// largest step the scheduler can send, run once to size activations and scratch.
+void profile_step(Model& model, Backend& backend, int tokens, int seqs, int block_size) {
+    seqs = std::max(1, std::min(seqs, tokens));
+    const int per = tokens / seqs;
+    BatchInput b;
+    b.query_start.push_back(0);
+    const int blocks_per_seq = (per + tokens % seqs + block_size - 1) / block_size;
+    b.max_blocks_per_seq = blocks_per_seq;
+    int next_block = 0;
+    for (int s = 0; s < seqs; ++s) {
+        const int len = per + (s == seqs - 1 ? tokens % seqs : 0);
+        for (int p = 0; p < len; ++p) {
+            b.token_ids.push_back(p % 2);
+            b.positions.push_back(p);
+            b.slot_mapping.push_back((next_block + p / block_size) * block_size + p % block_size);
+        }
+        for (int i = 0; i < blocks_per_seq; ++i) b.block_tables.push_back(next_block + i);
+        next_block += blocks_per_seq;
+        b.context_lens.push_back(len);
+        b.query_start.push_back(static_cast<int32_t>(b.token_ids.size()));
+        b.logits_indices.push_back(static_cast<int32_t>(b.token_ids.size()) - 1);
+    }
+    KvCache cache(backend, model.kv_cache_shape(next_block, block_size));
+    std::vector<float> logits;
+    model.forward(b, cache, logits);
+}
+
+}  // namespace
+
+Worker::Worker(const EngineConfig& config) : config_(config), device_logits_(std::make_unique<Tensor>()) {}
+
+Worker::Worker(Backend& backend, Model& model, int num_blocks, int block_size, DeviceSampler* sampler)
+    : backend_(&backend), model_(&model), sampler_(sampler), device_logits_(std::make_unique<Tensor>()) {
+    config_.block_size = block_size;
+    init_kv_cache(num_blocks);
+}
+
+Worker::~Worker() = default;
+
+void Worker::init_device() {
+    own_backend_ = make_backend(config_);
+    backend_ = own_backend_.get();
+}
+
+void Worker::load_model() {
+    PG_CHECK(backend_ && !model_, "load_model: call init_device first, once");
+    Backend* backend = backend_;
+    LoadOptions opt;
+    opt.matmul_dtype_ok = [backend](DType t) { return backend->supports_weight_dtype(t); };
+    opt.progress = config_.load_progress;
+    const std::string path = config_.model.empty() ? default_model_path() : config_.model;
+    const auto t0 = Clock::now();
+    loaded_ = config_.load_format == "dummy" ? load_dummy_model(path, *backend_, config_.dummy_seed)
+                                             : peregrine::load_model(path, opt);
+    own_model_ = create_model(*loaded_, *backend_);  // places the weights
+    model_ = own_model_.get();
+    std::fprintf(stderr, "model: %s (%s, %.2fs)\n  %s\n  weights: %s\n  backend: %s\n", path.c_str(),
+                 loaded_->format.c_str(), seconds_since(t0), loaded_->config.summary().c_str(),
+                 loaded_->weight_dtypes.c_str(), backend_->name().c_str());
+    if (backend_->device() == Device::CUDA && config_.batch_invariant) std::fprintf(stderr, "  batch-invariant kernels (--batch-invariant)\n");
+}
+
+int Worker::determine_kv_blocks() {
+    PG_CHECK(model_, "determine_kv_blocks: call load_model first");
+    const int block_size = config_.block_size;
+    const int64_t per_block = static_cast<int64_t>(model_->kv_cache_shape(1, block_size).bytes_per_block());
+    int64_t bytes = config_.kv_cache_memory;
+    size_t free_b = 0, total_b = 0;
+    if (backend_->memory_info(free_b, total_b)) {
+        // A device with memory of its own: weights are in place; one step of the largest size
+        // sizes activations and scratch; the KV cache takes what is left of the utilisation target.
+        profile_step(*model_, *backend_, config_.max_num_batched_tokens, config_.max_num_seqs, block_size);
+        backend_->synchronize();
+        backend_->memory_info(free_b, total_b);
+        const int64_t used = static_cast<int64_t>(total_b - free_b);
+        const int64_t budget =
+            static_cast<int64_t>(config_.gpu_memory_utilization * static_cast<double>(total_b)) - used;
+        std::fprintf(stderr, "  GPU memory: %.2f GiB total, weights %.2f GiB, in use after profiling %.2f GiB\n",
+                     total_b / 1073741824.0, backend_->weight_bytes() / 1073741824.0, used / 1073741824.0);
+        if (bytes == 0) {
+            if (budget < per_block)
+                fail("--gpu-memory-utilization ", config_.gpu_memory_utilization,
+                     " leaves no room for the KV cache (", used >> 20, " MiB in use of ", total_b >> 20, " MiB)");
+            bytes = budget;
+        }
+    }
+    if (bytes == 0) {
+        const int64_t want = static_cast<int64_t>(config_.max_num_seqs) *
+                             model_->config().max_position_embeddings / block_size * per_block;
+        bytes = std::min<int64_t>(want, int64_t{4} << 30);
+    }
+    const int blocks = static_cast<int>(std::min<int64_t>(bytes / per_block, 1 << 30));
+    if (blocks < 1) fail("--kv-cache-memory ", bytes, " is less than one KV block (", per_block, " bytes)");
+    return blocks;
+}
+
+void Worker::init_kv_cache(int num_blocks) {
+    PG_CHECK(model_ && !cache_, "init_kv_cache: call load_model first, once");
+    const KvCacheShape shape = model_->kv_cache_shape(num_blocks, config_.block_size);
+    cache_ = std::make_unique<KvCache>(*backend_, shape);
+    if (own_model_)
+        std::fprintf(stderr, "  KV cache: %d blocks of %d tokens (%.1f MiB, %s), holds %lld tokens\n", num_blocks,
+                     shape.block_size, num_blocks * static_cast<double>(shape.bytes_per_block()) / (1 << 20),
+                     std::string(dtype_name(shape.dtype)).c_str(),
+                     static_cast<long long>(num_blocks) * shape.block_size);
+    if (!sampler_) {
+        own_sampler_ = backend_->make_sampler(config_.max_num_seqs, model_->config().vocab_size);
+        sampler_ = own_sampler_.get();
+    }
+}
+
+// Runs one decode step of every batch bucket the backend records (CUDA graphs), so the
+// recordings, the first launch of each kernel and the decode products' algorithm timing happen
+// before the first request instead of inside its time to first token. A recording may also
+// depend on the context length (CUDA: the decode attention's shape at <= 4 sequences), so
+// each bucket runs at 1 and at 512 tokens of context. The steps write one cache slot per
+// sequence in blocks [0, bucket * blocks per sequence): free blocks, written again before any read.
+void Worker::warm_up() {
+    PG_CHECK(cache_, "warm_up: call init_kv_cache first");
+    const int block_size = config_.block_size;
+    const auto t0 = Clock::now();
+    int steps = 0, last = 0;
+    for (int n = 1; n <= config_.max_num_seqs; ++n) {
+        const int bucket = backend_->step_bucket(n);
+        if (bucket <= 0 || bucket == last) continue;
+        last = bucket;
+        for (const int context : {1, 512}) {
+            const int blocks = (context + block_size - 1) / block_size, pos = context - 1;
+            if (static_cast<int64_t>(bucket) * blocks > num_kv_blocks()) continue;
+            BatchInput b;
+            b.max_blocks_per_seq = blocks;
+            b.query_start.push_back(0);
+            for (int s = 0; s < bucket; ++s) {
+                b.token_ids.push_back(0);
+                b.positions.push_back(pos);
+                b.slot_mapping.push_back((s * blocks + pos / block_size) * block_size + pos % block_size);
+                for (int i = 0; i < blocks; ++i) b.block_tables.push_back(s * blocks + i);
+                b.context_lens.push_back(context);
+                b.query_start.push_back(s + 1);
+                b.logits_indices.push_back(s);
+            }
+            execute_on_device(b);
+            ++steps;
+        }
+    }
+    if (steps > 0)
+        std::fprintf(stderr, "  ran %d decode steps to record their graphs (%.2fs)\n", steps, seconds_since(t0));
+    backend_->synchronize();
+}
+
+int Worker::num_kv_blocks() const {
+    return cache_->shape().num_blocks;
+}
+
+int Worker::block_size() const {
+    return cache_->shape().block_size;
+}
+
+void Worker::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+    if (pairs.empty()) return;
+    for (int l = 0; l < cache_->shape().num_layers; ++l) {
+        backend_->copy_blocks(cache_->k(l), pairs);
+        backend_->copy_blocks(cache_->v(l), pairs);
+    }
+}
+
+void Worker::execute(const BatchInput& batch, std::vector<float>& logits) {
+    model_->forward(batch, *cache_, logits);
+}
+
+void Worker::execute_on_device(const BatchInput& batch) {
+    *device_logits_ = model_->forward_device(batch, *cache_);
+}
+
+void Worker::launch_sampling(const std::vector<SampleRow>& rows) {
+    PG_CHECK(sampler_ && !device_logits_->empty(), "launch_sampling without execute_on_device");
+    sampler_->launch(*device_logits_, rows);
+}
+
+void Worker::collect_samples(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& logprobs) {
+    PG_CHECK(sampler_, "collect_samples without a device sampler");
+    sampler_->collect(tokens, logprobs);
+}
+
+int Worker::max_fed_draws() const {
+    return sampler_ ? sampler_->max_fed_draws() : 0;
+}
+
+}  // namespace peregrine

@@ -1,0 +1,79 @@
+// The device side of one rank: its backend, the model's weights placed there, the paged KV
+// cache and, where the backend has one, a sampler that draws where the logits lie. A worker is
+// built in steps so that an executor with several ranks can size every rank's cache alike:
+//
+//   Worker w(config);
+//   w.init_device();                          // the backend
+//   w.load_model();                           // weights, placed by the backend
+//   w.init_kv_cache(w.determine_kv_blocks());  // profiles memory (CUDA) and allocates the pool
+//   w.warm_up();                              // records the decode steps' graphs (CUDA)
+//
+// Then `execute*` run flattened batches. One thread drives a worker (the engine's).
+#pragma once
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "backend/device_sampler.h"
+#include "backend/batch.h"
+#include "model/loader.h"
+#include "model/model.h"
+#include "peregrine/engine_config.h"
+
+namespace peregrine {
+
+class Backend;
+class KvCache;
+struct TokenLogprob;
+
+class Worker {
+  public:
+    explicit Worker(const EngineConfig& config);
+    // A worker over a backend and a model that the caller built and keeps alive (tests,
+    // benchmarks): device and model steps are done; the KV cache is allocated here.
+    // `sampler` (may be null) draws from logits left on the device.
+    Worker(Backend& backend, Model& model, int num_blocks, int block_size, DeviceSampler* sampler = nullptr);
+    ~Worker();
+    Worker(const Worker&) = delete;
+    Worker& operator=(const Worker&) = delete;
+
+    void init_device();
+    void load_model();
+    // KV blocks that fit: on CUDA what the utilisation target leaves after a profiling step of
+    // the largest batch; else config.kv_cache_memory, or max_num_seqs full contexts (<= 4 GiB).
+    int determine_kv_blocks();
+    void init_kv_cache(int num_blocks);
+    void warm_up();
+
+    const ModelConfig& model_config() const { return model_->config(); }
+    const LoadedModel& loaded() const { return *loaded_; }  // not for borrowed models
+    Backend& backend() { return *backend_; }
+    int num_kv_blocks() const;
+    int block_size() const;
+
+    // Copy-on-write of KV blocks, before the batch that writes them.
+    void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs);
+    // logits: [batch.logits_indices.size(), vocab] f32 on the host.
+    void execute(const BatchInput& batch, std::vector<float>& logits);
+    // Device sampling (samples_on_device()): the logits stay on the device for launch_sampling.
+    bool samples_on_device() const { return sampler_ != nullptr; }
+    void execute_on_device(const BatchInput& batch);
+    void launch_sampling(const std::vector<SampleRow>& rows);
+    void collect_samples(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& logprobs);
+    int max_fed_draws() const;
+
+  private:
+    EngineConfig config_;
+    std::unique_ptr<Backend> own_backend_;
+    std::unique_ptr<LoadedModel> loaded_;
+    std::unique_ptr<Model> own_model_;
+    std::unique_ptr<DeviceSampler> own_sampler_;
+    Backend* backend_ = nullptr;
+    Model* model_ = nullptr;
+    DeviceSampler* sampler_ = nullptr;
+    std::unique_ptr<KvCache> cache_;
+    std::unique_ptr<Tensor> device_logits_;  // the last execute_on_device's logits
+};
+
+}  // namespace peregrine

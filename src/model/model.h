@@ -1,0 +1,30 @@
+// What the engine's worker needs from a model's forward pass, whatever its architecture:
+// run a flattened batch against a paged KV cache. Architectures are built by the registry
+// (model/registry.h); the llama family's decoder (model/llama.h) is the one body today.
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+#include "backend/batch.h"
+#include "model/kv_cache.h"
+#include "model/model_config.h"
+
+namespace peregrine {
+
+class Model {
+  public:
+    virtual ~Model() = default;
+    virtual const ModelConfig& config() const = 0;
+    // The cache this model's layers read and write: [num_layers] K and V of
+    // [num_blocks, block_size, num_kv_heads, head_dim].
+    virtual KvCacheShape kv_cache_shape(int num_blocks, int block_size) const = 0;
+    // Runs every token of `batch`, writing its keys and values into `cache`, and returns the
+    // logits of the rows in `batch.logits_indices`: [logits_indices.size(), vocab] f32.
+    virtual void forward(const BatchInput& batch, KvCache& cache, std::vector<float>& logits) = 0;
+    // The same, leaving the logits in the backend's memory: a view [logits_indices.size(), vocab]
+    // valid until the next step (empty when no row is wanted).
+    virtual Tensor forward_device(const BatchInput& batch, KvCache& cache) = 0;
+};
+
+}  // namespace peregrine

@@ -1,0 +1,41 @@
+// The gRPC API's messages (proto/peregrine/v1/inference.proto) to and from the server's own
+// types, with no JSON in between: a GenerateRequest becomes the same typed CompletionParams the
+// REST API parses from JSON, an engine output a GenerateResponse, an ApiError a grpc::Status.
+#pragma once
+
+#include <grpcpp/support/status.h>
+
+#include "peregrine/engine_types.h"
+#include "peregrine/v1/inference.pb.h"
+#include "server/api_error.h"
+#include "server/openai/completion_request.h"
+
+namespace peregrine::server {
+
+// Exactly one of prompt, prompt_ids or messages; the sampling fields as the HTTP API takes them
+// (0 / absent: its defaults), checked by check_sampling(limits). Throws ApiError(400).
+CompletionParams completion_params_from_proto(const ::peregrine::v1::GenerateRequest& req,
+                                              const SamplingLimits& limits);
+
+// Chat messages as the chat template takes them: [{role, content}].
+Json chat_messages_json(const google::protobuf::RepeatedPtrField<::peregrine::v1::ChatMessage>& messages);
+
+::peregrine::v1::GenerateResponse to_proto(const RequestOutput& o);
+
+// The HTTP status as a gRPC code (400/413/415 INVALID_ARGUMENT, 401 UNAUTHENTICATED, 404
+// NOT_FOUND, 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, else INTERNAL); the message "param:
+// message", cut to 1 KiB (it travels in the HTTP/2 trailers, whose size is limited).
+grpc::Status to_status(const ApiError& e);
+
+// Runs `f` (returning a grpc::Status) and turns what it throws into a status, as the HTTP API
+// turns it into an error response (current_api_error).
+template <typename F>
+grpc::Status guarded(F&& f) {
+    try {
+        return f();
+    } catch (...) {
+        return to_status(current_api_error());
+    }
+}
+
+}  // namespace peregrine::server

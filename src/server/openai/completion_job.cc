@@ -1,0 +1,319 @@
+#include "server/openai/completion_job.h"
+
+#include <chrono>
+#include <cstdio>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "server/api_error.h"
+#include "server/openai/response_json.h"
+
+namespace peregrine::server {
+
+namespace {
+
+int64_t unix_now() {
+    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+// One /v1/completions or /v1/chat/completions request, from submission to its last byte. Lives
+// on the connection's strand (on_outputs arrives there through Exchange::post).
+class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
+  public:
+    CompletionJob(CompletionService& service, AdmittedCompletion admitted, std::string id, std::shared_ptr<Exchange> ex)
+        : model_(*service.model()),
+          service_(service),
+          p_(std::move(admitted.params)),
+          requests_(std::move(admitted.requests)),
+          echo_texts_(std::move(admitted.echo_texts)),
+          ticket_(std::move(admitted.ticket)),
+          ex_(std::move(ex)),
+          model_name_(p_.model.empty() ? service.model_name() : p_.model),
+          chat_(p_.chat()),
+          id_(std::move(id)),
+          created_(unix_now()) {}
+
+    // Submits every prompt; throws ApiError (nothing left running) when the engine refuses one.
+    void start() {
+        const int n = p_.sampling.n;
+        choices_.resize(requests_.size() * n);
+        const bool generate = p_.sampling.max_tokens > 0;  // max_tokens 0 with echo: the prompt only
+        std::vector<std::shared_ptr<RequestStream>> streams;
+        if (generate) streams = service_.submit(requests_, chat_);
+        for (size_t i = 0; i < streams.size(); ++i) prompt_of_[streams[i]->id()] = static_cast<int>(i);
+        if (!generate) {
+            for (size_t i = 0; i < requests_.size(); ++i) {
+                usage_.prompt_tokens += static_cast<int>(requests_[i].prompt_ids.size());
+                for (int c = 0; c < n; ++c) choices_[i * n + c].finish = FinishReason::Length;
+            }
+        }
+        engine_ids_.reserve(streams.size());
+        for (const auto& s : streams) engine_ids_.push_back(s->id());
+
+        if (p_.stream) {
+            ex_->start_events();
+            for (size_t ci = 0; ci < choices_.size(); ++ci) begin_choice_events(static_cast<int>(ci));
+        }
+        auto self = shared_from_this();
+        ex_->on_client_gone([self] { self->client_gone(); });
+        ex_->on_cancel([self] { self->cancel(); });
+        service_.pump().add(std::move(streams), [self](std::vector<RequestOutput>&& outs, bool done) {
+            auto batch = std::make_shared<std::vector<RequestOutput>>(std::move(outs));
+            self->ex_->post([self, batch, done] {
+                try {
+                    self->on_outputs(*batch, done);
+                } catch (const std::exception& e) {
+                    self->fail(e.what());
+                }
+            });
+        });
+    }
+
+  private:
+    struct Choice {
+        std::string text;
+        std::vector<TokenLogprob> logprobs;
+        FinishReason finish = FinishReason::None;
+        std::string stop_reason;
+        int offset = 0;  // legacy logprobs: bytes of text so far
+    };
+
+    int prompt_index(const std::string& request_id) const {
+        auto it = prompt_of_.find(request_id);
+        return it == prompt_of_.end() ? 0 : it->second;
+    }
+
+    // A bug surfaced while answering: end the exchange cleanly rather than leave the client waiting.
+    void fail(const char* what) {
+        std::fprintf(stderr, "server: %s failed: %s\n", id_.c_str(), what);
+        if (failed_) return;
+        failed_ = true;
+        for (const std::string& id : engine_ids_) model_.engine->abort(id);
+        const ApiError e(500, "internal error while answering the request", "", "internal_error");
+        if (p_.stream) {
+            ex_->send_event(dump(e.body()));
+            ex_->end_events();
+        } else {
+            ex_->respond(e.status(), dump(e.body()));
+        }
+    }
+
+    void client_gone() {
+        if (gone_) return;
+        gone_ = true;
+        for (const std::string& id : engine_ids_) model_.engine->abort(id);
+    }
+
+    // The client asked to stop but still listens: the answer ends with finish reason "abort".
+    void cancel() {
+        cancelled_ = true;
+        for (const std::string& id : engine_ids_) model_.engine->abort(id);
+    }
+
+    void on_outputs(std::vector<RequestOutput>& outs, bool done) {
+        if (failed_) {
+            if (done) ticket_.release();
+            return;
+        }
+        for (RequestOutput& out : outs) {
+            const int pi = prompt_index(out.request_id);
+            const int ci = pi * p_.sampling.n + out.index;
+            if (ci < 0 || ci >= static_cast<int>(choices_.size())) continue;
+            if (out.usage && out.timing) service_.metrics().observe_request(out.finish, *out.usage, *out.timing);
+            if (out.usage) {
+                usage_.prompt_tokens += out.usage->prompt_tokens;
+                usage_.completion_tokens += out.usage->completion_tokens;
+                usage_.cached_tokens += out.usage->cached_tokens;
+            }
+            Choice& c = choices_[ci];
+            if (out.finish != FinishReason::None) {
+                c.finish = out.finish;
+                c.stop_reason = out.stop_reason;
+            }
+            if (p_.stream && !gone_) {
+                send_delta(ci, out);
+            } else {
+                c.text += out.text;
+                if (p_.sampling.logprobs >= 0)
+                    c.logprobs.insert(c.logprobs.end(), std::make_move_iterator(out.logprobs.begin()),
+                                      std::make_move_iterator(out.logprobs.end()));
+            }
+        }
+        if (!done) return;
+        ticket_.release();
+        ex_->note_usage(usage_.prompt_tokens, usage_.completion_tokens);
+        if (gone_ || ex_->client_gone()) {
+            ++service_.counters().requests_aborted;
+            return;
+        }
+        ++(cancelled_ ? service_.counters().requests_aborted : service_.counters().requests_served);
+        if (p_.stream)
+            finish_events();
+        else
+            send_whole();
+    }
+
+    Json chunk_base() const {
+        Json j;
+        j["id"] = id_;
+        j["object"] = chat_ ? "chat.completion.chunk" : "text_completion";
+        j["created"] = created_;
+        j["model"] = model_name_;
+        return j;
+    }
+
+    Json finish_json(const Choice& c) const {
+        return c.finish == FinishReason::None ? Json(nullptr) : Json(finish_reason_name(c.finish));
+    }
+
+    // The first events of a choice: the role (chat) or the echoed prompt (completions).
+    void begin_choice_events(int ci) {
+        Json chunk = chunk_base();
+        Json choice;
+        choice["index"] = ci;
+        if (chat_) {
+            choice["delta"] = {{"role", "assistant"}, {"content", ""}};
+            choice["logprobs"] = nullptr;
+            choice["finish_reason"] = nullptr;
+        } else {
+            if (!p_.echo && p_.sampling.max_tokens > 0) return;
+            const int pi = ci / p_.sampling.n;
+            Choice& c = choices_[ci];
+            choice["text"] = p_.echo ? echo_texts_[pi] : "";
+            if (p_.sampling.logprobs >= 0) {
+                choice["logprobs"] = completion_logprobs_json(
+                    *model_.tokenizer, p_.echo ? requests_[pi].prompt_ids : std::vector<int32_t>{}, {}, &c.offset);
+            } else {
+                choice["logprobs"] = nullptr;
+            }
+            choice["finish_reason"] = finish_json(c);
+        }
+        chunk["choices"] = Json::array({choice});
+        if (p_.include_usage) chunk["usage"] = nullptr;
+        ex_->send_event(dump(chunk));
+    }
+
+    void send_delta(int ci, const RequestOutput& out) {
+        Choice& c = choices_[ci];
+        const bool has_logprobs = p_.sampling.logprobs >= 0 && !out.logprobs.empty();
+        const bool finished = out.finish != FinishReason::None;
+        if (chat_) {
+            if (!out.text.empty() || has_logprobs) {
+                Json chunk = chunk_base();
+                Json choice;
+                choice["index"] = ci;
+                choice["delta"] = {{"content", out.text}};
+                choice["logprobs"] =
+                    has_logprobs ? Json{{"content",
+                                         chat_logprobs_content(*model_.tokenizer, out.logprobs, p_.sampling.logprobs)}}
+                                 : Json(nullptr);
+                choice["finish_reason"] = nullptr;
+                chunk["choices"] = Json::array({choice});
+                if (p_.include_usage) chunk["usage"] = nullptr;
+                ex_->send_event(dump(chunk));
+            }
+            if (finished) {
+                Json chunk = chunk_base();
+                Json choice;
+                choice["index"] = ci;
+                choice["delta"] = Json::object();
+                choice["logprobs"] = nullptr;
+                choice["finish_reason"] = finish_json(c);
+                choice["stop_reason"] = stop_reason_json(c.stop_reason, p_.sampling);
+                chunk["choices"] = Json::array({choice});
+                if (p_.include_usage) chunk["usage"] = nullptr;
+                ex_->send_event(dump(chunk));
+            }
+            return;
+        }
+        if (out.text.empty() && !has_logprobs && !finished) return;
+        Json chunk = chunk_base();
+        Json choice;
+        choice["index"] = ci;
+        choice["text"] = out.text;
+        choice["logprobs"] =
+            has_logprobs ? completion_logprobs_json(*model_.tokenizer, {}, out.logprobs, &c.offset) : Json(nullptr);
+        choice["finish_reason"] = finished ? finish_json(c) : Json(nullptr);
+        choice["stop_reason"] = finished ? stop_reason_json(c.stop_reason, p_.sampling) : Json(nullptr);
+        chunk["choices"] = Json::array({choice});
+        if (p_.include_usage) chunk["usage"] = nullptr;
+        ex_->send_event(dump(chunk));
+    }
+
+    void finish_events() {
+        if (p_.include_usage) {
+            Json chunk = chunk_base();
+            chunk["choices"] = Json::array();
+            chunk["usage"] = usage_json(usage_);
+            ex_->send_event(dump(chunk));
+        }
+        ex_->send_event("[DONE]");
+        ex_->end_events();
+    }
+
+    void send_whole() {
+        Json j;
+        j["id"] = id_;
+        j["object"] = chat_ ? "chat.completion" : "text_completion";
+        j["created"] = created_;
+        j["model"] = model_name_;
+        Json choices = Json::array();
+        for (size_t ci = 0; ci < choices_.size(); ++ci) {
+            Choice& c = choices_[ci];
+            const int pi = static_cast<int>(ci) / p_.sampling.n;
+            Json choice;
+            choice["index"] = ci;
+            if (chat_) {
+                choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+                choice["logprobs"] =
+                    p_.sampling.logprobs >= 0
+                        ? Json{{"content", chat_logprobs_content(*model_.tokenizer, c.logprobs, p_.sampling.logprobs)}}
+                        : Json(nullptr);
+            } else {
+                choice["text"] = p_.echo ? echo_texts_[pi] + c.text : c.text;
+                if (p_.sampling.logprobs >= 0) {
+                    choice["logprobs"] = completion_logprobs_json(
+                        *model_.tokenizer, p_.echo ? requests_[pi].prompt_ids : std::vector<int32_t>{}, c.logprobs,
+                        &c.offset);
+                } else {
+                    choice["logprobs"] = nullptr;
+                }
+            }
+            choice["finish_reason"] = finish_json(c);
+            choice["stop_reason"] = stop_reason_json(c.stop_reason, p_.sampling);
+            choices.push_back(std::move(choice));
+        }
+        j["choices"] = std::move(choices);
+        j["usage"] = usage_json(usage_);
+        ex_->respond(200, dump(j));
+    }
+
+    const ServedModel& model_;
+    CompletionService& service_;
+    const CompletionParams p_;
+    const std::vector<Request> requests_;        // one per prompt (their prompt ids serve echo)
+    const std::vector<std::string> echo_texts_;  // each prompt's text, for echo
+    Ticket ticket_;
+    std::shared_ptr<Exchange> ex_;
+    const std::string model_name_;
+    const bool chat_;
+    const std::string id_;
+    const int64_t created_;
+    std::unordered_map<std::string, int> prompt_of_;
+    std::vector<std::string> engine_ids_;
+    std::vector<Choice> choices_;
+    Usage usage_;
+    bool gone_ = false;
+    bool cancelled_ = false;
+    bool failed_ = false;
+};
+
+}  // namespace
+
+void start_completion(CompletionService& service, AdmittedCompletion admitted, std::string id,
+                      std::shared_ptr<Exchange> ex) {
+    std::make_shared<CompletionJob>(service, std::move(admitted), std::move(id), std::move(ex))->start();
+}
+
+}  // namespace peregrine::server

@@ -1,0 +1,257 @@
+#include "server/openai/completion_request.h"
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+
+#include "server/api_error.h"
+#include "server/openai/json_fields.h"
+
+namespace peregrine::server {
+
+namespace {
+
+std::vector<PromptInput> parse_prompts(const Json& body) {
+    const Json* p = json_field(body, "prompt");
+    if (!p) bad_param("prompt", "'prompt' is required");
+    std::vector<PromptInput> out;
+    if (p->is_string()) {
+        out.push_back({true, p->get<std::string>(), {}});
+        return out;
+    }
+    if (!p->is_array())
+        bad_param("prompt",
+                  "'prompt' must be a string, a list of strings, a list of token ids or a list of such lists");
+    if (p->empty()) bad_param("prompt", "'prompt' must not be empty");
+    const Json& first = (*p)[0];
+    if (first.is_number()) {
+        out.push_back({false, {}, get_token_ids(*p, "prompt")});
+        return out;
+    }
+    for (const Json& item : *p) {
+        if (item.is_string()) {
+            out.push_back({true, item.get<std::string>(), {}});
+        } else if (item.is_array()) {
+            if (item.empty()) bad_param("prompt", "'prompt' must not contain an empty list of token ids");
+            out.push_back({false, {}, get_token_ids(item, "prompt")});
+        } else {
+            bad_param("prompt", "'prompt' list items must be strings or lists of token ids, got ",
+                      json_type_name(item));
+        }
+    }
+    return out;
+}
+
+std::vector<std::string> parse_stop(const Json& body) {
+    const Json* v = json_field(body, "stop");
+    std::vector<std::string> out;
+    if (!v) return out;
+    if (v->is_string()) {
+        out.push_back(v->get<std::string>());
+    } else if (v->is_array()) {
+        for (const Json& s : *v) {
+            if (!s.is_string()) bad_param("stop", "'stop' must be a string or a list of strings");
+            out.push_back(s.get<std::string>());
+        }
+    } else {
+        bad_param("stop", "'stop' must be a string or a list of strings, got ", json_type_name(*v));
+    }
+    return out;
+}
+
+// Keys must be token ids, values numbers; the bias range is validate()'s.
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const Json& body) {
+    const Json* v = json_field(body, "logit_bias");
+    std::vector<std::pair<int32_t, float>> out;
+    if (!v) return out;
+    if (!v->is_object()) bad_param("logit_bias", "'logit_bias' must be an object of token id -> bias");
+    for (auto it = v->begin(); it != v->end(); ++it) {
+        size_t used = 0;
+        long long id = -1;
+        try {
+            id = std::stoll(it.key(), &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (used == 0 || used != it.key().size() || id < 0 || id > std::numeric_limits<int32_t>::max())
+            bad_param("logit_bias", "'logit_bias' keys must be token ids, got '", it.key(), "'");
+        if (!it.value().is_number()) bad_param("logit_bias", "'logit_bias' values must be numbers");
+        out.emplace_back(static_cast<int32_t>(id), static_cast<float>(it.value().get<double>()));
+    }
+    return out;
+}
+
+// A count the API takes as 0..k while SamplingParams keeps -1 for "none": negative is refused here.
+int non_negative(const char* key, int64_t v) {
+    if (v < 0) bad_param(key, "'", key, "' must be at least 0, got ", v);
+    return saturate_int(v);
+}
+
+// Features not implemented yet: a clear 400 rather than silently ignoring them.
+void refuse_unsupported(const Json& body, Endpoint endpoint) {
+    if (const Json* rf = json_field(body, "response_format")) {
+        if (!rf->is_object()) bad_param("response_format", "'response_format' must be an object");
+        auto t = rf->find("type");
+        if (t == rf->end() || !t->is_string()) bad_param("response_format", "'response_format' needs a 'type'");
+        if (t->get<std::string>() != "text")
+            bad_param("response_format", "response_format type '", t->get<std::string>(),
+                      "' is not supported yet; only 'text' is");
+    }
+    if (const Json* tools = json_field(body, "tools")) {
+        if (!tools->is_array() || !tools->empty())
+            bad_param("tools", "'tools' (function calling) is not supported yet");
+    }
+    if (const Json* fns = json_field(body, "functions")) {
+        if (!fns->is_array() || !fns->empty()) bad_param("functions", "'functions' is not supported yet");
+    }
+    if (endpoint == Endpoint::Completions) {
+        if (auto suffix = get_string(body, "suffix"); suffix && !suffix->empty())
+            bad_param("suffix", "'suffix' is not supported");
+        if (auto best_of = get_int(body, "best_of")) {
+            const int64_t n = get_int(body, "n").value_or(1);
+            if (*best_of != n) bad_param("best_of", "'best_of' other than n is not supported");
+        }
+    }
+}
+
+// `message` with the quoted field name `from` said as `to`.
+std::string renamed(std::string message, const std::string& from, const std::string& to) {
+    if (from == to) return message;
+    const std::string quoted = str_cat("'", from, "'");
+    if (const size_t at = message.find(quoted); at != std::string::npos)
+        message.replace(at, quoted.size(), str_cat("'", to, "'"));
+    return message;
+}
+
+}  // namespace
+
+Json normalize_messages(const Json& messages) {
+    if (!messages.is_array()) bad_param("messages", "'messages' must be a list of messages");
+    if (messages.empty()) bad_param("messages", "'messages' must not be empty");
+    Json out = Json::array();
+    for (size_t i = 0; i < messages.size(); ++i) {
+        const Json& m = messages[i];
+        const std::string where = str_cat("messages[", i, "]");
+        if (!m.is_object()) bad_param("messages", where, " must be an object");
+        auto role = m.find("role");
+        if (role == m.end() || !role->is_string()) bad_param("messages", where, " needs a 'role' string");
+        Json copy = m;
+        auto content = m.find("content");
+        if (content == m.end() || content->is_null()) {
+            copy["content"] = "";
+        } else if (content->is_array()) {
+            std::string text;
+            for (const Json& part : *content) {
+                if (!part.is_object()) bad_param("messages", where, ".content parts must be objects");
+                auto type = part.find("type");
+                auto t = part.find("text");
+                if (type == part.end() || *type != "text" || t == part.end() || !t->is_string())
+                    bad_param("messages", where, ".content: only text parts are supported");
+                text += t->get<std::string>();
+            }
+            copy["content"] = text;
+        } else if (!content->is_string()) {
+            bad_param("messages", where, ".content must be a string or a list of text parts");
+        }
+        out.push_back(std::move(copy));
+    }
+    return out;
+}
+
+CompletionParams parse_completion_params(const Json& body, Endpoint endpoint, const SamplingLimits& limits) {
+    if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
+    CompletionParams c;
+    c.endpoint = endpoint;
+    const bool chat = c.chat();
+    refuse_unsupported(body, endpoint);
+    c.model = get_string(body, "model").value_or("");
+    if (chat) {
+        const Json* m = json_field(body, "messages");
+        if (!m) bad_param("messages", "'messages' is required");
+        c.messages = normalize_messages(*m);
+    } else {
+        c.prompts = parse_prompts(body);
+    }
+
+    SamplingParams& s = c.sampling;
+    // max_completion_tokens (chat's newer name) wins over max_tokens.
+    for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+        if (auto v = get_int(body, key)) {
+            s.max_tokens = non_negative(key, *v);
+            c.max_tokens_given = true;
+            c.max_tokens_param = key;
+            if (!chat && std::string(key) == "max_tokens") break;
+        }
+    }
+    if (!c.max_tokens_given) s.max_tokens = chat ? std::numeric_limits<int>::max() : 16;  // the engine clamps
+    if (auto v = get_number(body, "temperature")) s.temperature = static_cast<float>(*v);
+    if (auto v = get_number(body, "top_p")) s.top_p = static_cast<float>(*v);
+    if (auto v = get_int(body, "top_k")) s.top_k = *v == -1 ? 0 : saturate_int(*v);  // -1: no limit, as vLLM
+    if (auto v = get_number(body, "min_p")) s.min_p = static_cast<float>(*v);
+    if (auto v = get_number(body, "presence_penalty")) s.presence_penalty = static_cast<float>(*v);
+    if (auto v = get_number(body, "frequency_penalty")) s.frequency_penalty = static_cast<float>(*v);
+    if (auto v = get_number(body, "repetition_penalty")) s.repetition_penalty = static_cast<float>(*v);
+    s.logit_bias = parse_logit_bias(body);
+    if (auto v = get_int(body, "seed")) s.seed = static_cast<uint64_t>(*v);
+    if (auto v = get_int(body, "n")) s.n = saturate_int(*v);
+    s.stop = parse_stop(body);
+    if (const Json* v = json_field(body, "stop_token_ids")) {
+        if (!v->is_array()) bad_param("stop_token_ids", "'stop_token_ids' must be a list of token ids");
+        s.stop_token_ids = get_token_ids(*v, "stop_token_ids");
+    }
+    s.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
+    if (auto v = get_int(body, "min_tokens")) s.min_tokens = saturate_int(*v);
+
+    c.stream = get_bool(body, "stream").value_or(false);
+    if (const Json* so = json_field(body, "stream_options")) {
+        if (!so->is_object()) bad_param("stream_options", "'stream_options' must be an object");
+        c.include_usage = get_bool(*so, "include_usage").value_or(false);
+    }
+    if (chat) {
+        c.chat_logprobs = get_bool(body, "logprobs").value_or(false);
+        std::optional<int> top;
+        if (auto v = get_int(body, "top_logprobs")) top = non_negative("top_logprobs", *v);
+        if (top && !c.chat_logprobs) bad_param("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        s.logprobs = c.chat_logprobs ? top.value_or(0) : -1;
+        c.add_special_tokens = get_bool(body, "add_special_tokens").value_or(false);
+        c.add_generation_prompt = get_bool(body, "add_generation_prompt").value_or(true);
+        c.continue_final_message = get_bool(body, "continue_final_message").value_or(false);
+        if (c.continue_final_message && c.add_generation_prompt && json_field(body, "add_generation_prompt"))
+            bad_param("continue_final_message",
+                      "'continue_final_message' and 'add_generation_prompt' exclude each other");
+        if (c.continue_final_message) c.add_generation_prompt = false;
+        if (const Json* k = json_field(body, "chat_template_kwargs")) {
+            if (!k->is_object()) bad_param("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+            c.chat_template_kwargs = *k;
+        }
+    } else {
+        c.echo = get_bool(body, "echo").value_or(false);
+        if (const Json* v = json_field(body, "logprobs")) {
+            if (v->is_boolean()) bad_param("logprobs", "'logprobs' must be an integer for /v1/completions");
+            s.logprobs = non_negative("logprobs", get_int(body, "logprobs").value());
+        }
+        c.add_special_tokens = get_bool(body, "add_special_tokens").value_or(true);
+    }
+    c.priority = static_cast<int>(std::clamp<int64_t>(get_int(body, "priority").value_or(0), -1'000'000, 1'000'000));
+    c.cache_salt = get_string(body, "cache_salt").value_or("");
+    c.user = get_string(body, "user").value_or("");
+    (void)get_string(body, "prompt_cache_key");
+    check_sampling(c, limits);
+    return c;
+}
+
+void check_sampling(const CompletionParams& c, const SamplingLimits& limits) {
+    for (const FieldError& e : validate(c.sampling, limits)) {
+        if (e.field == "max_tokens" && c.echo && c.sampling.max_tokens == 0) continue;  // the prompt only
+        // Without max_tokens the engine clamps to the context left: min_tokens is not over it.
+        if (e.field == "min_tokens" && !c.max_tokens_given && c.sampling.min_tokens >= 0) continue;
+        std::string field = e.field;
+        if (field == "max_tokens")
+            field = c.max_tokens_param;
+        else if (field == "logprobs" && c.chat())
+            field = "top_logprobs";
+        throw ApiError(400, renamed(e.message, e.field, field), field);
+    }
+}
+
+}  // namespace peregrine::server

@@ -1,0 +1,61 @@
+// The typed request of /v1/completions and /v1/chat/completions, whatever the transport: REST
+// and WebSocket fill it from the JSON body (parse_completion_params), gRPC from its proto
+// (grpc/proto_convert.h); then CompletionService::admit turns it into engine Requests. Both
+// fillers end with check_sampling, so a CompletionParams from either has valid SamplingParams.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "peregrine/engine_types.h"
+#include "server/openai/json.h"
+
+namespace peregrine::server {
+
+enum class Endpoint { Completions, ChatCompletions };
+
+// One prompt of /v1/completions: text (tokenized by the server) or token ids.
+struct PromptInput {
+    bool is_text = true;
+    std::string text;
+    std::vector<int32_t> ids;
+};
+
+struct CompletionParams {
+    Endpoint endpoint = Endpoint::Completions;
+    std::string model;                            // empty when the client left it out
+    std::vector<PromptInput> prompts;             // completions
+    Json messages;                                // chat: a list of {role, content (string)}
+    SamplingParams sampling;                      // logprobs: -1 or k (top alternatives)
+    bool max_tokens_given = false;                // otherwise: 16 for completions, the context left for chat
+    std::string max_tokens_param = "max_tokens";  // the field it came from (chat: max_completion_tokens)
+    bool stream = false;
+    bool include_usage = false;           // stream_options.include_usage: a last chunk with the usage
+    bool echo = false;                    // completions: the prompt text before the completion
+    bool chat_logprobs = false;           // chat: logprobs requested (top_logprobs in sampling.logprobs)
+    int priority = 0;                     // lower runs first; clamped to +-1e6
+    std::string cache_salt;               // isolates this client's prefix-cache entries
+    std::string user;                     // the client's end-user id (accepted, not used)
+    bool add_special_tokens = true;       // completions: true; chat: false (the template adds them)
+    bool add_generation_prompt = true;    // chat
+    bool continue_final_message = false;  // chat
+    Json chat_template_kwargs = Json::object();
+
+    bool chat() const { return endpoint == Endpoint::ChatCompletions; }
+};
+
+// Parses a completions or chat request body (already a JSON object): JSON types here, then
+// check_sampling(limits). Unknown fields are ignored. Throws ApiError(400) naming the field.
+CompletionParams parse_completion_params(const Json& body, Endpoint endpoint, const SamplingLimits& limits = {});
+
+// The sampling parameters through validate(); the first error as ApiError(400) naming the field
+// as this request spelled it (max_completion_tokens; top_logprobs for chat). An echo request may
+// ask for max_tokens 0 (the prompt only); min_tokens may pass the default max_tokens it never gave.
+void check_sampling(const CompletionParams& params, const SamplingLimits& limits);
+
+// Chat messages as a template wants them: `content` a string (text parts joined), other
+// fields kept. Throws ApiError(400) for anything else.
+Json normalize_messages(const Json& messages);
+
+}  // namespace peregrine::server

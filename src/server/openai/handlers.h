@@ -1,0 +1,24 @@
+// The handlers of the API's routes (which path calls which: OpenAiServer's route table). Each
+// answers through call.ex and throws ApiError for the caller to turn into an error response.
+#pragma once
+
+#include "server/openai/completion_request.h"
+#include "server/openai/completion_service.h"
+#include "server/openai/route_table.h"
+
+namespace peregrine::server {
+
+// GET /health: 200 {"status": "ok", engine and server figures}; 503 while loading or draining.
+void handle_health(CompletionService& service, ApiCall& call);
+// GET /metrics: the Prometheus exposition.
+void handle_metrics(CompletionService& service, ApiCall& call);
+// GET /v1/models (call.arg empty: the list) and /v1/models/{id}.
+void handle_models(CompletionService& service, ApiCall& call);
+// POST /tokenize {prompt | messages, ...} and /detokenize {tokens}.
+void handle_tokenize(CompletionService& service, ApiCall& call);
+void handle_detokenize(CompletionService& service, ApiCall& call);
+// POST /v1/completions and /v1/chat/completions (and their /v1/ws messages): the body parsed
+// into a CompletionParams, admitted, and answered by a completion job.
+void handle_completion(CompletionService& service, ApiCall& call, Endpoint endpoint);
+
+}  // namespace peregrine::server

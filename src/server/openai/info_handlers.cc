@@ -1,0 +1,87 @@
+#include <unistd.h>
+
+#include <cstdint>
+#include <fstream>
+
+#include "server/openai/handlers.h"
+
+namespace peregrine::server {
+
+namespace {
+
+uint64_t rss_bytes() {
+    std::ifstream f("/proc/self/statm");
+    uint64_t size = 0, resident = 0;
+    if (!(f >> size >> resident)) return 0;
+    return resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace
+
+void handle_health(CompletionService& service, ApiCall& call) {
+    Json j;
+    const double uptime = service.uptime_s();
+    if (service.draining()) {
+        j["status"] = "draining";
+        j["model"] = service.model_name();
+        j["uptime_s"] = uptime;
+        j["requests_in_flight"] = service.in_flight();
+        return call.ex->respond(503, dump(j));
+    }
+    if (!service.ready()) {
+        j["status"] = "loading";
+        j["model"] = service.model_name();
+        j["uptime_s"] = uptime;
+        return call.ex->respond(503, dump(j));
+    }
+    const EngineStats s = service.model()->engine->stats();
+    j["status"] = "ok";
+    j["model"] = service.model_name();
+    j["uptime_s"] = uptime;
+    j["requests_served"] = service.counters().requests_served.load();
+    j["requests_aborted"] = service.counters().requests_aborted.load();
+    j["requests_in_flight"] = service.in_flight();
+    j["running"] = s.num_running;
+    j["waiting"] = s.num_waiting;
+    j["kv_cache_usage"] = s.num_kv_blocks > 0 ? static_cast<double>(s.num_kv_blocks_used) / s.num_kv_blocks : 0.0;
+    j["kv_blocks_used"] = s.num_kv_blocks_used;
+    j["kv_blocks_total"] = s.num_kv_blocks;
+    j["prefix_cache_hit_rate"] =
+        s.prefix_queries > 0 ? static_cast<double>(s.prefix_hits) / static_cast<double>(s.prefix_queries) : 0.0;
+    j["preemptions"] = s.preemptions;
+    j["prompt_tokens"] = s.prompt_tokens;
+    j["generation_tokens"] = s.generation_tokens;
+    j["memory_rss_bytes"] = rss_bytes();
+    call.ex->respond(200, dump(j));
+}
+
+void handle_metrics(CompletionService& service, ApiCall& call) {
+    const EngineStats s = service.ready() ? service.model()->engine->stats() : EngineStats{};
+    call.ex->respond(200, service.metrics().render(service.model_name(), s),
+                     "text/plain; version=0.0.4; charset=utf-8");
+}
+
+void handle_models(CompletionService& service, ApiCall& call) {
+    const ServedModel& m = *service.model();
+    const std::string id(call.arg);
+    auto entry = [&](const std::string& name) {
+        Json e;
+        e["id"] = name;
+        e["object"] = "model";
+        e["created"] = service.created_unix();
+        e["owned_by"] = "peregrine";
+        e["root"] = m.path;
+        e["parent"] = nullptr;
+        e["max_model_len"] = m.max_model_len;
+        return e;
+    };
+    if (!id.empty()) {
+        service.check_model(id);
+        return call.ex->respond(200, dump(entry(id)));
+    }
+    Json data = Json::array();
+    for (const std::string& n : service.options().model_names) data.push_back(entry(n));
+    call.ex->respond(200, dump(Json{{"object", "list"}, {"data", data}}));
+}
+
+}  // namespace peregrine::server

@@ -1,0 +1,173 @@
+#include "server/openai/websocket_api.h"
+
+#include <unordered_map>
+
+#include "core/error.h"
+#include "server/api_error.h"
+
+namespace peregrine::server {
+
+class WsRequestExchange;
+
+// One /v1/ws connection: the requests it has running, by client id. Strand only.
+struct WsConnection {
+    std::shared_ptr<WebSocket> ws;
+    std::string authorization;  // of the handshake: what each message's request is checked as
+    std::string remote;
+    std::unordered_map<std::string, std::shared_ptr<WsRequestExchange>> running;
+    bool closed = false;
+
+    void send(const Json& j) { ws->send(dump(j)); }
+    void send_error(const Json& id, const ApiError& e) {
+        Json j;
+        j["id"] = id;
+        j["type"] = "error";
+        j["error"] = e.body()["error"];
+        j["status"] = e.status();
+        send(j);
+    }
+};
+
+// The exchange of one request multiplexed on a WebSocket: the completion's SSE events become
+// messages tagged with the client's id, its error response an error message.
+class WsRequestExchange final : public Exchange {
+  public:
+    WsRequestExchange(std::shared_ptr<WsConnection> conn, std::string id)
+        : conn_(std::move(conn)), id_(std::move(id)), id_json_(dump(Json(id_))) {}
+
+    void post(std::function<void()> fn) override { conn_->ws->post(std::move(fn)); }
+
+    void respond(int status, std::string body, std::string, const HeaderList&) override {
+        if (ended_) return;
+        Json j;
+        j["id"] = id_;
+        j["type"] = "error";
+        Json parsed = Json::parse(body, nullptr, false);
+        j["error"] = parsed.is_object() && parsed.contains("error") ? parsed["error"] : Json{{"message", body}};
+        j["status"] = status;
+        conn_->send(j);
+        end();
+    }
+    void start_events(const HeaderList&) override {}
+    void send_event(std::string_view data) override {
+        if (ended_) return;
+        if (data == "[DONE]")
+            conn_->ws->send(str_cat(R"({"id":)", id_json_, R"(,"type":"done"})"));
+        else
+            conn_->ws->send(str_cat(R"({"id":)", id_json_, R"(,"type":"chunk","data":)", data, "}"));
+    }
+    void end_events() override { end(); }
+    void on_client_gone(std::function<void()> fn) override {
+        if (gone_) return fn();
+        on_gone_ = std::move(fn);
+    }
+    bool client_gone() const override { return gone_; }
+    void on_cancel(std::function<void()> fn) override { on_cancel_ = std::move(fn); }
+    void accept_websocket(WebSocketSetup) override {}
+
+    // The request failed before its answer started.
+    void fail(const ApiError& e) {
+        if (ended_) return;
+        conn_->send_error(Json(id_), e);
+        end();
+    }
+    void cancel() {
+        if (on_cancel_) on_cancel_();
+    }
+    // The connection closed: abort.
+    void connection_gone() {
+        if (gone_) return;
+        gone_ = true;
+        ended_ = true;
+        auto fn = std::move(on_gone_);
+        on_gone_ = nullptr;
+        on_cancel_ = nullptr;
+        if (fn) fn();
+    }
+
+  private:
+    void end() {
+        if (ended_) return;
+        ended_ = true;
+        on_gone_ = nullptr;
+        on_cancel_ = nullptr;
+        conn_->running.erase(id_);  // may drop the last reference but one: `this` is held by the caller
+    }
+
+    std::shared_ptr<WsConnection> conn_;
+    const std::string id_;
+    const std::string id_json_;
+    std::function<void()> on_gone_, on_cancel_;
+    bool ended_ = false;
+    bool gone_ = false;
+};
+
+void WebSocketApi::accept(const ApiCall& call) {
+    const HttpRequest& req = *call.http;
+    if (!req.websocket_upgrade)
+        throw ApiError(426, "/v1/ws is a WebSocket endpoint; send a WebSocket upgrade request", "", "upgrade_required");
+    // Checked here so that a bad handshake gets a JSON error like any other (Beast's is plain text).
+    if (req.header("sec-websocket-version") != "13")
+        throw ApiError(426, "this server speaks WebSocket version 13 (Sec-WebSocket-Version: 13)", "",
+                       "upgrade_required");
+    const std::string_view key = req.header("sec-websocket-key");
+    if (key.size() != 24 || key.substr(22) != "==")
+        throw ApiError(400, "the WebSocket handshake needs a Sec-WebSocket-Key (16 bytes, base64)", "",
+                       "bad_websocket_handshake");
+    call.ex->accept_websocket([this, authorization = std::string(req.header("authorization")),
+                               remote = req.remote](std::shared_ptr<WebSocket> ws) {
+        auto conn = std::make_shared<WsConnection>();
+        conn->ws = std::move(ws);
+        conn->authorization = authorization;
+        conn->remote = remote;
+        WebSocketCallbacks cb;
+        cb.on_message = [this, conn](std::string text) { on_message(conn, text); };
+        cb.on_close = [conn] {
+            conn->closed = true;
+            auto running = std::move(conn->running);
+            conn->running.clear();
+            for (auto& [id, rex] : running) rex->connection_gone();
+        };
+        return cb;
+    });
+}
+
+void WebSocketApi::on_message(const std::shared_ptr<WsConnection>& conn, const std::string& text) {
+    Json id = nullptr;
+    try {
+        const Json msg = parse_json_object(text, "message");
+        if (auto it = msg.find("id"); it != msg.end()) id = *it;
+        if (!id.is_string() || id.get_ref<const std::string&>().empty())
+            bad_param("id", "'id' (a non-empty string naming the request) is required");
+        const std::string key = id.get<std::string>();
+        auto type_it = msg.find("type");
+        const std::string type = type_it != msg.end() && type_it->is_string() ? type_it->get<std::string>() : "";
+        if (type == "cancel") {
+            if (auto it = conn->running.find(key); it != conn->running.end()) it->second->cancel();
+            return;  // an id that has already ended: nothing to do
+        }
+        const Route* route = routes_.find_ws(type);
+        if (!route) bad_param("type", "'type' must be \"completion\", \"chat\" or \"cancel\"");
+        if (conn->running.count(key)) bad_param("id", "a request with id '", key, "' is already running");
+        auto body = msg.find("request");
+        if (body == msg.end() || !body->is_object()) bad_param("request", "'request' (a JSON object) is required");
+        ApiCall call;
+        call.caller = Caller{"ws", conn->authorization, conn->remote};
+        service_.check_caller(call.caller);
+        if (route->access == Access::Api) service_.charge(call.caller);
+        call.body = *body;
+        call.body["stream"] = true;  // answered as events, whatever the request says
+        auto ex = std::make_shared<WsRequestExchange>(conn, key);
+        call.ex = ex;
+        conn->running[key] = ex;
+        try {
+            route->handle(call);
+        } catch (...) {
+            ex->fail(current_api_error());
+        }
+    } catch (...) {
+        conn->send_error(id, current_api_error());
+    }
+}
+
+}  // namespace peregrine::server
