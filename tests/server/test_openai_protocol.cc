@@ -10,7 +10,7 @@
 #include "server/api_error.h"
 #include "server/openai/completion_request.h"
 #include "server/stream_pump.h"
-#include "unit/fake_executor.h"
+#include "support/fake_executor.h"
 
 namespace peregrine::server {
 namespace {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "formats/gguf.h"
-#include "golden/gguf_writer.h"
+#include "support/gguf_writer.h"
 #include "template/chat_template.h"
 
 namespace peregrine {

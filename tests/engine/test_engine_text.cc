@@ -9,7 +9,7 @@
 #include "engine/engine_loop.h"
 #include "engine/local_executor.h"
 #include "engine/tokenizer_text.h"
-#include "golden/golden_util.h"
+#include "support/golden_util.h"
 
 namespace peregrine::testing {
 namespace {

@@ -14,7 +14,7 @@
 #include "peregrine/engine_types.h"
 #include "model/llama.h"
 #include "model/loader.h"
-#include "golden/sequence_runner.h"
+#include "support/sequence_runner.h"
 
 namespace peregrine::testing {
 

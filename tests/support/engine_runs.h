@@ -12,7 +12,7 @@
 #include "engine/engine_core.h"
 #include "engine/local_executor.h"
 #include "engine/executor.h"
-#include "golden/golden_util.h"
+#include "support/golden_util.h"
 
 namespace peregrine::testing {
 

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "core/cpu_features.h"
-#include "golden/golden_util.h"
+#include "support/golden_util.h"
 
 namespace peregrine::testing {
 namespace {

@@ -9,7 +9,7 @@
 #include <random>
 
 #include "engine/engine_core.h"
-#include "unit/fake_executor.h"
+#include "support/fake_executor.h"
 
 namespace peregrine::testing {
 namespace {

@@ -6,8 +6,8 @@
 #include <random>
 
 #include "engine/engine_core.h"
-#include "golden/engine_runs.h"
-#include "golden/golden_util.h"
+#include "support/engine_runs.h"
+#include "support/golden_util.h"
 
 namespace peregrine::testing {
 namespace {

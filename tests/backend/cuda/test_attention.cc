@@ -22,7 +22,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/attention_hooks.cuh"
 #include "backend/cuda/cuda_kernels.h"
-#include "cuda_test_util.h"
+#include "support/cuda_test_util.h"
 #include "backend/batch.h"
 
 namespace peregrine {

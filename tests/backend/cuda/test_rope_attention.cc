@@ -25,7 +25,7 @@
 #include "backend/cuda/attention_hooks.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
-#include "cuda_test_util.h"
+#include "support/cuda_test_util.h"
 #include "backend/batch.h"
 #include "model/rope.h"
 

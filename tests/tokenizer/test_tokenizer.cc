@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "core/error.h"
-#include "golden/gguf_writer.h"
+#include "support/gguf_writer.h"
 #include "tokenizer/detokenizer.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer.h"

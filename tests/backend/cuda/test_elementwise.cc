@@ -11,7 +11,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_kernels.h"
-#include "cuda/cuda_test_util.h"
+#include "support/cuda_test_util.h"
 #include "model/rope.h"
 
 namespace peregrine {

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "golden/tokenizer_test_util.h"
+#include "support/tokenizer_test_util.h"
 #include "tokenizer/detokenizer.h"
 #include "tokenizer/tokenizer.h"
 

@@ -20,7 +20,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
-#include "cuda_test_util.h"
+#include "support/cuda_test_util.h"
 
 namespace peregrine {
 namespace {

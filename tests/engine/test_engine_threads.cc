@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "engine/engine_loop.h"
 #include "peregrine/engine.h"
-#include "unit/fake_executor.h"
+#include "support/fake_executor.h"
 
 namespace peregrine::testing {
 namespace {

@@ -22,8 +22,8 @@
 
 #include "core/half.h"
 #include "formats/safetensors.h"
-#include "golden/gguf_writer.h"
-#include "golden/golden_util.h"
+#include "support/gguf_writer.h"
+#include "support/golden_util.h"
 #include "model/config_hf.h"
 #include "model/rope.h"
 

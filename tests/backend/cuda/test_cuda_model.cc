@@ -12,8 +12,8 @@
 #include "engine/engine_core.h"
 #include "engine/local_executor.h"
 #include "engine/executor.h"
-#include "golden/engine_runs.h"
-#include "golden/golden_util.h"
+#include "support/engine_runs.h"
+#include "support/golden_util.h"
 
 namespace peregrine::testing {
 namespace {

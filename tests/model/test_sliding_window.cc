@@ -4,7 +4,7 @@
 
 #include <random>
 
-#include "golden/golden_util.h"
+#include "support/golden_util.h"
 
 namespace peregrine::testing {
 namespace {

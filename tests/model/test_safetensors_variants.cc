@@ -9,7 +9,7 @@
 #include "core/half.h"
 #include "core/quant.h"
 #include "formats/safetensors.h"
-#include "golden/golden_util.h"
+#include "support/golden_util.h"
 
 namespace peregrine::testing {
 namespace {

@@ -15,7 +15,7 @@
 
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/sampling_row.h"
-#include "cuda/cuda_test_util.h"
+#include "support/cuda_test_util.h"
 #include "engine/sampler.h"
 
 namespace peregrine {

@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "engine/engine_core.h"
-#include "unit/fake_executor.h"
+#include "support/fake_executor.h"
 
 namespace peregrine::testing {
 namespace {
