@@ -12,18 +12,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <memory>
+#include <random>
 #include <string>
 #include <unordered_map>
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine_core.h"
-#include "engine/local_executor.h"
 #include "engine/output_processor.h"
 #include "engine/tokenizer_text.h"
 #include "model/llama.h"
 #include "model/loader.h"
+#include "worker/local_executor.h"
 
 using namespace peregrine;
 using Clock = std::chrono::steady_clock;

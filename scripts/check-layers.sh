@@ -12,8 +12,9 @@
 #   backend/cpu   : core backend public
 #   backend/cuda  : core backend public
 #   model         : core formats backend public
-#   engine        : core formats tokenizer backend backend/cpu backend/cuda model public
-#   server        : core formats tokenizer template backend model engine public
+#   worker        : core formats backend backend/cpu backend/cuda model public
+#   engine        : core formats tokenizer backend model worker public
+#   server        : core formats tokenizer template backend model worker engine public
 #   cli, bench    : everything
 #
 # Run by the build (target check_layers, which every library depends on) and by ctest.
@@ -32,8 +33,9 @@ allowed() {  # layer -> the include prefixes it may use
         backend/cpu) echo "core backend backend/cpu peregrine" ;;
         backend/cuda) echo "core backend backend/cuda peregrine" ;;
         model) echo "core formats backend model peregrine" ;;
-        engine) echo "core formats tokenizer backend backend/cpu backend/cuda model engine peregrine" ;;
-        server) echo "core formats tokenizer template backend model engine server peregrine" ;;
+        worker) echo "core formats backend backend/cpu backend/cuda model worker peregrine" ;;
+        engine) echo "core formats tokenizer backend model worker engine peregrine" ;;
+        server) echo "core formats tokenizer template backend model worker engine server peregrine" ;;
         public) echo "peregrine" ;;
         *) echo "*" ;;
     esac

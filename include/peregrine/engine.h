@@ -43,8 +43,8 @@ class RequestStream {
     bool finish(RequestOutput& out);
 
     std::string id_;
-    std::unique_ptr<RequestText> text_;          // null: token ids only
-    std::function<void(int)> stop_choice_;       // asks the engine to end choice i (a stop string)
+    std::unique_ptr<RequestText> text_;     // null: token ids only
+    std::function<void(int)> stop_choice_;  // asks the engine to end choice i (a stop string)
     std::mutex mu_;
     std::condition_variable cv_;
     std::deque<RequestOutput> queue_;
@@ -58,7 +58,7 @@ struct ModelInfo {
     int vocab_size = 0;
     int max_model_len = 0;  // the model's context, tokens
     std::vector<int> eos_token_ids;
-    std::string model_dir;            // folder of tokenizer files and chat template (HF); empty for GGUF
+    std::string model_dir;           // folder of tokenizer files and chat template (HF); empty for GGUF
     std::shared_ptr<GgufFile> gguf;  // the open GGUF file (tokenizer and template inside); null for HF
 };
 

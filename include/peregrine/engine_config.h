@@ -18,22 +18,22 @@ struct EngineConfig {
     std::function<void(size_t, size_t)> load_progress;
 
     // --- the device
-    std::string device = "auto";  // auto (cuda when a GPU is present) | cuda | cpu
-    int threads = 0;              // CPU threads; 0 = one per core
-    std::string dtype = "auto";   // CPU activation precision: auto | float32 | bfloat16
+    std::string device = "auto";          // auto (cuda when a GPU is present) | cuda | cpu
+    int threads = 0;                      // CPU threads; 0 = one per core
+    std::string dtype = "auto";           // CPU activation precision: auto | float32 | bfloat16
     double gpu_memory_utilization = 0.9;  // CUDA: share of GPU memory for weights, activations and KV cache
     bool enforce_eager = false;           // CUDA: no graph recording
     bool batch_invariant = false;         // CUDA: a request's tokens do not depend on the rest of the batch
 
     // --- the KV cache
-    int block_size = 16;          // tokens per block
-    int64_t kv_cache_memory = 0;  // bytes; 0 = CUDA: what the utilisation target leaves, CPU: room for
-                                  // max_num_seqs full contexts, at most 4 GiB
+    int block_size = 16;              // tokens per block
+    int64_t kv_cache_memory = 0;      // bytes; 0 = CUDA: what the utilisation target leaves, CPU: room for
+                                      // max_num_seqs full contexts, at most 4 GiB
     std::string kv_eviction = "lru";  // prefix-cache eviction: lru | lfu | fifo
     bool prefix_caching = true;
 
     // --- the scheduler
-    int max_num_seqs = 256;            // sequences in one step at most
+    int max_num_seqs = 256;             // sequences in one step at most
     int max_num_batched_tokens = 2048;  // tokens in one step at most
     // With device sampling, queue step N+1 before step N's tokens come back.
     bool async_scheduling = true;

@@ -8,11 +8,11 @@
 
 #include <cstdint>
 
-#include "backend/device.h"
-#include "core/tensor.h"
 #include "backend/batch.h"
+#include "backend/device.h"
 #include "backend/rope_table.h"
 #include "backend/weights.h"
+#include "core/tensor.h"
 
 namespace peregrine {
 

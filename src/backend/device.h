@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/tensor.h"
 #include "backend/batch.h"
 #include "backend/device_sampler.h"
+#include "core/tensor.h"
 
 namespace peregrine {
 

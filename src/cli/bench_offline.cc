@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "engine/engine_core.h"
 #include "engine/engine_loop.h"
-#include "engine/local_executor.h"
+#include "worker/local_executor.h"
 
 namespace peregrine::cli {
 

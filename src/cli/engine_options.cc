@@ -56,8 +56,8 @@ void add_engine_options(CLI::App* cmd, EngineConfig& o) {
     cmd->add_flag("--enforce-eager", o.enforce_eager, "CUDA: run every step eagerly (no CUDA graphs)");
     cmd->add_flag_callback(
         "--no-async-scheduling", [&o] { o.async_scheduling = false; },
-                  "CUDA: wait for each step's tokens before queueing the next (default: the next step is "
-                  "queued first, taking the tokens on the device)");
+        "CUDA: wait for each step's tokens before queueing the next (default: the next step is "
+        "queued first, taking the tokens on the device)");
     cmd->add_flag("--batch-invariant", o.batch_invariant,
                   "CUDA: batch-invariant kernels: a request's tokens do not depend on what else is in the batch "
                   "or on how its prompt was chunked (greedy output as when run alone; slower)");

@@ -10,9 +10,9 @@
 #include "core/error.h"
 #include "engine/engine_core.h"
 #include "engine/engine_loop.h"
-#include "engine/local_executor.h"
 #include "engine/tokenizer_text.h"
 #include "tokenizer/tokenizer.h"
+#include "worker/local_executor.h"
 
 namespace peregrine::cli {
 

@@ -2,10 +2,10 @@
 
 #include "core/error.h"
 #include "engine/engine_loop.h"
-#include "engine/local_executor.h"
 #include "engine/output_processor.h"
 #include "engine/tokenizer_text.h"
 #include "tokenizer/tokenizer.h"
+#include "worker/local_executor.h"
 
 namespace peregrine {
 

@@ -9,13 +9,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/block_manager.h"
 #include "engine/batch_builder.h"
-#include "engine/executor.h"
+#include "engine/block_manager.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "peregrine/engine_config.h"
 #include "peregrine/engine_types.h"
+#include "worker/executor.h"
 
 namespace peregrine {
 

@@ -23,7 +23,7 @@ bool RequestText::process(RequestOutput& out, int* stopped) {
     if (!c.ending && !was_done) {
         // An end token (EOS or a stop token id: the core's finish "stop") adds no text.
         const size_t texted = out.finish == FinishReason::Stop && !out.token_ids.empty() ? out.token_ids.size() - 1
-                                                                                           : out.token_ids.size();
+                                                                                         : out.token_ids.size();
         for (size_t i = 0; i < texted; ++i) {
             std::string stop;
             out.text += c.text->push(out.token_ids[i], &stop);

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "model/model_config.h"
 #include "backend/weights.h"
+#include "model/model_config.h"
 
 namespace peregrine {
 

@@ -5,8 +5,8 @@
 
 #include <vector>
 
-#include "core/tensor.h"
 #include "backend/batch.h"
+#include "core/tensor.h"
 #include "model/kv_cache.h"
 #include "model/model_config.h"
 

@@ -141,7 +141,9 @@ TEST(EngineAsync, GeneratedBlocksAreCachedUnderTheirRealTokens) {
                 if (o.usage) cached = o.usage->cached_tokens;
         // All but the last block (the last prompt token is always computed).
         EXPECT_EQ(cached, 20) << (m == Mode::DeviceAsync ? "async" : "sync");
-        if (m == Mode::DeviceAsync) EXPECT_GT(ex.fed_, 10u);
+        if (m == Mode::DeviceAsync) {
+            EXPECT_GT(ex.fed_, 10u);
+        }
     }
 }
 

@@ -7,9 +7,9 @@
 
 #include "engine/engine_core.h"
 #include "engine/engine_loop.h"
-#include "engine/local_executor.h"
 #include "engine/tokenizer_text.h"
 #include "support/golden_util.h"
+#include "worker/local_executor.h"
 
 namespace peregrine::testing {
 namespace {

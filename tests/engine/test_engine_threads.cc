@@ -59,7 +59,8 @@ TEST(EngineThreads, ConcurrentClientsStreamAndAbort) {
 }
 
 TEST(EngineThreads, SubmitChecksOnTheCallersThread) {
-    Engine engine(std::make_unique<EngineLoop>(CoreConfig{}, std::make_unique<FakeExecutor>(2048, 4, 97, 8192), nullptr));
+    Engine engine(
+        std::make_unique<EngineLoop>(CoreConfig{}, std::make_unique<FakeExecutor>(2048, 4, 97, 8192), nullptr));
     Request r = request("bad", 4);
     r.prompt_ids = {1, 1000};
     EXPECT_THROW(engine.submit(r), Error);
@@ -76,8 +77,8 @@ TEST(EngineThreads, SubmitChecksOnTheCallersThread) {
 }
 
 TEST(EngineThreads, ShutdownAbortsWhatIsRunning) {
-    auto engine =
-        std::make_unique<Engine>(std::make_unique<EngineLoop>(CoreConfig{}, std::make_unique<FakeExecutor>(2048, 4, 97, 8192), nullptr));
+    auto engine = std::make_unique<Engine>(
+        std::make_unique<EngineLoop>(CoreConfig{}, std::make_unique<FakeExecutor>(2048, 4, 97, 8192), nullptr));
     auto stream = engine->submit(request("long", 8000));
     RequestOutput out;
     ASSERT_TRUE(stream->next(out));

@@ -22,10 +22,10 @@
 
 #include "core/half.h"
 #include "formats/safetensors.h"
-#include "support/gguf_writer.h"
-#include "support/golden_util.h"
 #include "model/config_hf.h"
 #include "model/rope.h"
+#include "support/gguf_writer.h"
+#include "support/golden_util.h"
 
 namespace peregrine::testing {
 namespace {

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "engine/engine_core.h"
-#include "engine/local_executor.h"
-#include "engine/executor.h"
 #include "support/golden_util.h"
+#include "worker/executor.h"
+#include "worker/local_executor.h"
 
 namespace peregrine::testing {
 

@@ -12,15 +12,18 @@
 #include <vector>
 
 #include "core/error.h"
-#include "engine/executor.h"
 #include "engine/sampler.h"
+#include "worker/executor.h"
 
 namespace peregrine::testing {
 
 class FakeExecutor final : public ModelExecutor {
-public:
+  public:
     FakeExecutor(int num_blocks, int block_size, int vocab = 97, int max_len = 512)
-        : num_blocks_(num_blocks), block_size_(block_size), vocab_(vocab), max_len_(max_len),
+        : num_blocks_(num_blocks),
+          block_size_(block_size),
+          vocab_(vocab),
+          max_len_(max_len),
           slots_(static_cast<size_t>(num_blocks) * block_size, -1) {}
 
     int vocab_size() const override { return vocab_; }
@@ -104,7 +107,7 @@ public:
     size_t fed_ = 0;     // tokens taken from draws on the "device"
     size_t tokens_ = 0;  // tokens run through the model
 
-private:
+  private:
     int num_blocks_, block_size_, vocab_, max_len_;
     std::vector<int32_t> slots_;  // [num_blocks * block_size] token id written at each slot
     bool device_ = false, launched_ = false;

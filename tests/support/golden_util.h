@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
-#include "peregrine/engine_types.h"
 #include "model/llama.h"
 #include "model/loader.h"
+#include "peregrine/engine_types.h"
 #include "support/sequence_runner.h"
 
 namespace peregrine::testing {

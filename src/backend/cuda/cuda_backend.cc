@@ -577,9 +577,9 @@ void CudaBackend::cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& 
             float best = 1e30f;
             for (int i = 0; i < found; ++i) {
                 auto run = [&] {
-                    return cublasLtMatmul(lt_handle(lt_), g->desc, &alpha, w.data, g->a, x.data, g->b, &zero,
-                                          tune.data, g->d, tune.data, g->d, &results[i].algo, lt_workspace_,
-                                          lt_workspace_bytes_, stream_);
+                    return cublasLtMatmul(lt_handle(lt_), g->desc, &alpha, w.data, g->a, x.data, g->b, &zero, tune.data,
+                                          g->d, tune.data, g->d, &results[i].algo, lt_workspace_, lt_workspace_bytes_,
+                                          stream_);
                 };
                 if (run() != CUBLAS_STATUS_SUCCESS) continue;
                 PG_CUDA_CHECK(cudaEventRecord(e0, stream_));

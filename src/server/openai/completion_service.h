@@ -2,9 +2,10 @@
 // admission gate, the stream pump and the counters; and the one path from a typed request
 // (CompletionParams) to admitted engine Requests (admit) and into the engine (submit).
 //
-//   JSON body --parse_completion_params--+
-//                                        +--> CompletionParams --admit--> AdmittedCompletion --submit--> streams
-//   GenerateRequest --from_proto---------+
+//   JSON body (REST, WebSocket) --parse_completion_params----------+
+//                                                                  +--> CompletionParams
+//   GenerateRequest --completion_params_from_proto (grpc/)--------+       --admit--> AdmittedCompletion
+//                                                                           --submit--> RequestStreams
 #pragma once
 
 #include <atomic>

@@ -19,11 +19,11 @@
 #include <string>
 #include <vector>
 
+#include "backend/batch.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/attention_hooks.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "support/cuda_test_util.h"
-#include "backend/batch.h"
 
 namespace peregrine {
 namespace {

@@ -10,10 +10,10 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_sampler.h"
 #include "engine/engine_core.h"
-#include "engine/local_executor.h"
-#include "engine/executor.h"
 #include "support/engine_runs.h"
 #include "support/golden_util.h"
+#include "worker/executor.h"
+#include "worker/local_executor.h"
 
 namespace peregrine::testing {
 namespace {

@@ -11,8 +11,8 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_kernels.h"
-#include "support/cuda_test_util.h"
 #include "model/rope.h"
+#include "support/cuda_test_util.h"
 
 namespace peregrine {
 namespace {

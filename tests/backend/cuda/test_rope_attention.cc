@@ -22,12 +22,12 @@
 #include <string>
 #include <vector>
 
+#include "backend/batch.h"
 #include "backend/cuda/attention_hooks.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
-#include "support/cuda_test_util.h"
-#include "backend/batch.h"
 #include "model/rope.h"
+#include "support/cuda_test_util.h"
 
 namespace peregrine {
 namespace {

@@ -15,8 +15,8 @@
 
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/sampling_row.h"
-#include "support/cuda_test_util.h"
 #include "engine/sampler.h"
+#include "support/cuda_test_util.h"
 
 namespace peregrine {
 namespace {

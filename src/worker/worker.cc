@@ -1,4 +1,4 @@
-#include "engine/worker.h"
+#include "worker/worker.h"
 
 #include <algorithm>
 #include <chrono>
@@ -22,7 +22,6 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
 }
-
 
 // The backend `device` names: cuda when built with CUDA and a GPU is present for "auto".
 std::unique_ptr<Backend> make_backend(const EngineConfig& c) {
@@ -100,7 +99,8 @@ void Worker::load_model() {
     std::fprintf(stderr, "model: %s (%s, %.2fs)\n  %s\n  weights: %s\n  backend: %s\n", path.c_str(),
                  loaded_->format.c_str(), seconds_since(t0), loaded_->config.summary().c_str(),
                  loaded_->weight_dtypes.c_str(), backend_->name().c_str());
-    if (backend_->device() == Device::CUDA && config_.batch_invariant) std::fprintf(stderr, "  batch-invariant kernels (--batch-invariant)\n");
+    if (backend_->device() == Device::CUDA && config_.batch_invariant)
+        std::fprintf(stderr, "  batch-invariant kernels (--batch-invariant)\n");
 }
 
 int Worker::determine_kv_blocks() {
@@ -122,14 +122,14 @@ int Worker::determine_kv_blocks() {
                      total_b / 1073741824.0, backend_->weight_bytes() / 1073741824.0, used / 1073741824.0);
         if (bytes == 0) {
             if (budget < per_block)
-                fail("--gpu-memory-utilization ", config_.gpu_memory_utilization,
-                     " leaves no room for the KV cache (", used >> 20, " MiB in use of ", total_b >> 20, " MiB)");
+                fail("--gpu-memory-utilization ", config_.gpu_memory_utilization, " leaves no room for the KV cache (",
+                     used >> 20, " MiB in use of ", total_b >> 20, " MiB)");
             bytes = budget;
         }
     }
     if (bytes == 0) {
-        const int64_t want = static_cast<int64_t>(config_.max_num_seqs) *
-                             model_->config().max_position_embeddings / block_size * per_block;
+        const int64_t want = static_cast<int64_t>(config_.max_num_seqs) * model_->config().max_position_embeddings /
+                             block_size * per_block;
         bytes = std::min<int64_t>(want, int64_t{4} << 30);
     }
     const int blocks = static_cast<int>(std::min<int64_t>(bytes / per_block, 1 << 30));

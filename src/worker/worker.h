@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include "backend/device_sampler.h"
 #include "backend/batch.h"
+#include "backend/device_sampler.h"
 #include "model/loader.h"
 #include "model/model.h"
 #include "peregrine/engine_config.h"

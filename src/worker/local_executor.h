@@ -7,9 +7,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine/executor.h"
-#include "engine/worker.h"
 #include "peregrine/engine_config.h"
+#include "worker/executor.h"
+#include "worker/worker.h"
 
 namespace peregrine {
 

@@ -1,4 +1,4 @@
-#include "engine/local_executor.h"
+#include "worker/local_executor.h"
 
 #include "core/error.h"
 
@@ -14,7 +14,6 @@ void ModelExecutor::collect_samples(std::vector<int32_t>&, std::vector<TokenLogp
     fail("this executor samples on the CPU only");
 }
 
-
 LocalExecutor::LocalExecutor(std::unique_ptr<Worker> worker) : worker_(std::move(worker)) {}
 
 std::unique_ptr<LocalExecutor> LocalExecutor::create(const EngineConfig& config) {
@@ -28,8 +27,7 @@ std::unique_ptr<LocalExecutor> LocalExecutor::create(const EngineConfig& config)
 
 std::unique_ptr<LocalExecutor> LocalExecutor::over(Backend& backend, Model& model, int num_blocks, int block_size,
                                                    DeviceSampler* sampler) {
-    return std::make_unique<LocalExecutor>(
-        std::make_unique<Worker>(backend, model, num_blocks, block_size, sampler));
+    return std::make_unique<LocalExecutor>(std::make_unique<Worker>(backend, model, num_blocks, block_size, sampler));
 }
 
 int LocalExecutor::vocab_size() const {
