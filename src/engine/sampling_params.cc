@@ -37,8 +37,10 @@ std::vector<FieldError> validate(const SamplingParams& p, const SamplingLimits& 
     else if (limits.max_num_seqs > 0 && p.n > limits.max_num_seqs)
         // (Starts with "n ": older callers find the field by the message's first word.)
         e.add("n", "n (", p.n, ") is more than the engine runs at once (max_num_seqs ", limits.max_num_seqs, ")");
-    if (!(p.temperature >= 0.0f && std::isfinite(p.temperature)))
+    if (!(p.temperature >= 0.0f))
         e.add("temperature", "'temperature' must be at least 0, got ", p.temperature);
+    else if (!std::isfinite(p.temperature))
+        e.add("temperature", "'temperature' must be a finite number, got ", p.temperature);
     if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) e.add("top_p", "'top_p' must be in (0, 1], got ", p.top_p);
     if (p.top_k < 0) e.add("top_k", "'top_k' must be at least 0 (0 = no limit), got ", p.top_k);
     check_closed(e, "min_p", p.min_p, 0.0f, 1.0f, "[0, 1]");

@@ -146,7 +146,7 @@ void Worker::init_kv_cache(int num_blocks) {
                      shape.block_size, num_blocks * static_cast<double>(shape.bytes_per_block()) / (1 << 20),
                      std::string(dtype_name(shape.dtype)).c_str(),
                      static_cast<long long>(num_blocks) * shape.block_size);
-    if (!sampler_) {
+    if (own_model_ && !sampler_) {  // a borrowed model samples with the sampler it was given, if any
         own_sampler_ = backend_->make_sampler(config_.max_num_seqs, model_->config().vocab_size);
         sampler_ = own_sampler_.get();
     }
@@ -189,6 +189,11 @@ void Worker::warm_up() {
     if (steps > 0)
         std::fprintf(stderr, "  ran %d decode steps to record their graphs (%.2fs)\n", steps, seconds_since(t0));
     backend_->synchronize();
+}
+
+const LoadedModel& Worker::loaded() const {
+    PG_CHECK(loaded_, "loaded(): this worker's model was built by its caller");
+    return *loaded_;
 }
 
 int Worker::num_kv_blocks() const {

@@ -47,7 +47,7 @@ class Worker {
     void warm_up();
 
     const ModelConfig& model_config() const { return model_->config(); }
-    const LoadedModel& loaded() const { return *loaded_; }  // not for borrowed models
+    const LoadedModel& loaded() const;  // after load_model (not for a borrowed model)
     Backend& backend() { return *backend_; }
     int num_kv_blocks() const;
     int block_size() const;
