@@ -6,6 +6,7 @@
 #
 #   core          : -
 #   formats       : core
+#   dist          : core                        (collectives, launch, rendezvous)
 #   tokenizer     : core formats
 #   template      : core formats tokenizer
 #   backend       : core public                 (src/backend/*.h: the device and ops contract)
@@ -27,6 +28,7 @@ allowed() {  # layer -> the include prefixes it may use
     case $1 in
         core) echo "core" ;;
         formats) echo "core formats" ;;
+        dist) echo "core dist" ;;
         tokenizer) echo "core formats tokenizer" ;;
         template) echo "core formats tokenizer template" ;;
         backend) echo "core backend peregrine" ;;
