@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,12 @@ class RequestStream {
     bool closed_ = false;
 };
 
+// Sampling defaults the model's authors recommend (generation_config.json); unset when absent.
+struct GenerationDefaults {
+    std::optional<float> temperature, top_p, min_p, repetition_penalty;
+    std::optional<int> top_k;
+};
+
 // What the loaded model is, for front ends (limits, tokenizer and chat-template sources).
 struct ModelInfo {
     std::string path;    // as given, or the embedded model's folder
@@ -58,6 +65,7 @@ struct ModelInfo {
     int vocab_size = 0;
     int max_model_len = 0;  // the model's context, tokens
     std::vector<int> eos_token_ids;
+    GenerationDefaults generation_defaults;
     std::string model_dir;           // folder of tokenizer files and chat template (HF); empty for GGUF
     std::shared_ptr<GgufFile> gguf;  // the open GGUF file (tokenizer and template inside); null for HF
 };

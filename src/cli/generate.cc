@@ -8,11 +8,8 @@
 #include "cli/commands.h"
 #include "cli/engine_options.h"
 #include "core/error.h"
-#include "engine/engine_core.h"
-#include "engine/engine_loop.h"
-#include "engine/tokenizer_text.h"
+#include "peregrine/engine.h"
 #include "tokenizer/tokenizer.h"
-#include "worker/local_executor.h"
 
 namespace peregrine::cli {
 
@@ -74,24 +71,22 @@ void check_sampling(const SamplingParams& p, int vocab) {
 }
 
 int run(const GenerateArgs& a) {
-    a.engine.validate();
-    std::unique_ptr<LocalExecutor> executor = LocalExecutor::create(a.engine);
-    const LoadedModel& loaded = executor->worker().loaded();  // owned by the executor, then by the loop
-    const ModelConfig& c = loaded.config;
-    auto tokenizer = std::make_shared<const Tokenizer>(loaded.gguf ? Tokenizer::from_gguf(*loaded.gguf)
-                                                                   : Tokenizer::load(loaded.model_dir));
+    // The engine's thread runs the steps; this one makes the text (as a server's would).
+    const std::unique_ptr<Engine> engine = Engine::create(a.engine);
+    const ModelInfo& info = engine->model();
+    const std::shared_ptr<const Tokenizer> tokenizer = engine->tokenizer();
 
     Request req;
     req.id = "generate";
     if (!a.prompt_ids.empty()) {
-        req.prompt_ids = parse_ids(a.prompt_ids, c.vocab_size);
+        req.prompt_ids = parse_ids(a.prompt_ids, info.vocab_size);
     } else {
         // User text: BOS/EOS as the tokenizer's config says, special-token text not parsed.
         req.prompt_ids = tokenizer->encode(a.prompt, /*add_special_tokens=*/true, /*parse_special=*/false);
         if (req.prompt_ids.empty()) fail("--prompt: the text has no tokens");
     }
     SamplingParams& p = req.sampling;
-    const auto& d = c.generation_defaults;
+    const GenerationDefaults& d = info.generation_defaults;
     p.max_tokens = a.max_tokens;
     p.temperature = a.temperature_opt->count() == 0 && d.temperature ? *d.temperature : a.temperature;
     p.top_p = a.top_p_opt->count() == 0 && d.top_p ? *d.top_p : a.top_p;
@@ -101,12 +96,10 @@ int run(const GenerateArgs& a) {
     p.stop = a.stop;
     p.ignore_eos = a.ignore_eos;
     if (a.seed >= 0) p.seed = static_cast<uint64_t>(a.seed);
-    check_sampling(p, c.vocab_size);
+    check_sampling(p, info.vocab_size);
 
-    // The engine's thread runs the steps; this one makes the text (as a server's would).
-    EngineLoop engine(core_config(a.engine, c.eos_token_ids), std::move(executor),
-                      std::make_shared<TokenizerText>(tokenizer));
-    const std::shared_ptr<RequestStream> stream = engine.submit(req);
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::shared_ptr<RequestStream> stream = engine->submit(req);
     if (!a.json) {
         const std::string shown = tokenizer->decode(req.prompt_ids);
         std::fwrite(shown.data(), 1, shown.size(), stdout);
@@ -114,7 +107,6 @@ int run(const GenerateArgs& a) {
     }
     std::vector<int32_t> ids;
     std::string text;
-    const auto t0 = std::chrono::steady_clock::now();
     auto t_first = t0;
     for (RequestOutput o; stream->next(o);) {
         if (ids.empty() && !o.token_ids.empty()) t_first = std::chrono::steady_clock::now();

@@ -88,6 +88,8 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
     info.vocab_size = loaded.config.vocab_size;
     info.max_model_len = loaded.config.max_position_embeddings;
     info.eos_token_ids = loaded.config.eos_token_ids;
+    const auto& d = loaded.config.generation_defaults;
+    info.generation_defaults = {d.temperature, d.top_p, d.min_p, d.repetition_penalty, d.top_k};
     info.model_dir = loaded.model_dir;
     info.gguf = loaded.gguf;
     auto tokenizer = std::make_shared<const Tokenizer>(loaded.gguf ? Tokenizer::from_gguf(*loaded.gguf)
