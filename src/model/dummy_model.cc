@@ -2,15 +2,24 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "core/error.h"
 #include "model/loader.h"
 
 namespace peregrine {
 
-std::unique_ptr<LoadedModel> load_dummy_model(const std::string& path, Backend& backend, uint64_t seed,
-                                              float scale) {
+std::unique_ptr<LoadedModel> load_dummy_model(const std::string& path, Backend& backend, uint64_t seed, float scale,
+                                              TensorParallel tp) {
     std::unique_ptr<LoadedModel> m = open_model_config(path);
     m->format = "dummy (" + std::string(m->gguf ? "gguf metadata" : "config.json") + ")";
+    try {
+        m->config = shard_config(m->config, tp);
+    } catch (const Error& e) {
+        fail(m->path, ": ", e.what());
+    }
+    // The rank's shapes: heads, kv heads and intermediate size are the shard's; the embedding
+    // and LM head hold the rank's vocabulary rows.
     const ModelConfig& c = m->config;
+    const int64_t vocab_rows = c.vocab_end() - c.vocab_begin();
     const DType mat = backend.activation_dtype();
 
     // Every tensor allocated here is released when the LoadedModel goes.
@@ -19,20 +28,24 @@ std::unique_ptr<LoadedModel> load_dummy_model(const std::string& path, Backend& 
     m->backend_memory = std::shared_ptr<void>(owned.get(), [owned, b](void*) {
         for (Tensor& t : *owned) b->release(t);
     });
+    // One seed per tensor, in the same order on every rank, so the replicated norms agree
+    // across ranks; a sharded tensor's seed is moved by the rank so ranks hold different values
+    // (rank 0, and every tensor with tensor parallel size 1, keeps the one-rank seed).
     uint64_t next = seed * 1000003u + 1;
-    auto make = [&](DType t, std::initializer_list<int64_t> shape, float lo, float hi) {
+    const uint64_t rank_offset = static_cast<uint64_t>(tp.rank) * 0x9E3779B97F4A7C15ull;
+    auto make = [&](DType t, std::initializer_list<int64_t> shape, float lo, float hi, bool sharded) {
         Tensor x = backend.allocate(t, shape);
         owned->push_back(x);
-        backend.fill_random(x, next++, lo, hi);
+        backend.fill_random(x, next++ + (sharded ? rank_offset : 0), lo, hi);
         return x;
     };
-    auto matrix = [&](int64_t rows, int64_t cols) { return make(mat, {rows, cols}, -scale, scale); };
-    auto norm = [&](int64_t n) { return make(DType::F32, {n}, 0.9f, 1.1f); };
-    auto bias = [&](int64_t n) { return make(DType::F32, {n}, -scale, scale); };
+    auto matrix = [&](int64_t rows, int64_t cols) { return make(mat, {rows, cols}, -scale, scale, true); };
+    auto norm = [&](int64_t n) { return make(DType::F32, {n}, 0.9f, 1.1f, false); };
+    auto bias = [&](int64_t n) { return make(DType::F32, {n}, -scale, scale, true); };
 
     const int64_t H = c.hidden_size, F = c.intermediate_size;
     ModelWeights& w = m->weights;
-    w.embed = matrix(c.vocab_size, H);
+    w.embed = matrix(vocab_rows, H);
     for (int l = 0; l < c.num_layers; ++l) {
         LayerWeights lw;
         lw.attn_norm = norm(H);
@@ -56,7 +69,7 @@ std::unique_ptr<LoadedModel> load_dummy_model(const std::string& path, Backend& 
         w.layers.push_back(lw);
     }
     w.final_norm = norm(H);
-    w.lm_head = c.tie_word_embeddings ? w.embed : matrix(c.vocab_size, H);
+    w.lm_head = c.tie_word_embeddings ? w.embed : matrix(vocab_rows, H);
     m->weight_dtypes = std::string(dtype_name(mat)) + " (random)";
     return m;
 }

@@ -12,8 +12,8 @@ size_t KvCacheShape::bytes_per_block() const {
 KvCache::KvCache(Backend& backend, const KvCacheShape& shape) : backend_(backend), shape_(shape) {
     for (int l = 0; l < shape.num_layers; ++l) {
         for (auto* list : {&k_, &v_}) {
-            list->push_back(
-                backend.allocate(shape.dtype, {shape.num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim}));
+            list->push_back(backend.allocate(shape.dtype,
+                                             {shape.num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim}));
         }
     }
 }

@@ -78,60 +78,155 @@ class GgufSource final : public TensorSource {
 
 class Builder {
   public:
-    Builder(LoadedModel& m, const TensorSource& src, const LoadOptions& opt) : m_(m), src_(src), opt_(opt) {}
+    // `full`: the file's config, which every tensor's shape is checked against; m.config is the
+    // rank's shard of it (the same with tensor parallel size 1).
+    Builder(LoadedModel& m, const ModelConfig& full, const TensorSource& src, const LoadOptions& opt)
+        : m_(m), full_(full), src_(src), opt_(opt) {}
 
-    // Every tensor of ModelWeights, found through the architecture's `names` for this layout.
+    // Every tensor of ModelWeights, found through the architecture's `names` for this layout,
+    // cut to the rank's slices (load_model in loader.h says which).
     void build(const WeightNames& names) {
+        const ModelConfig& f = full_;
         const ModelConfig& c = m_.config;
-        const int64_t H = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
-        const int64_t Q = c.q_dim(), KV = c.kv_dim(), D = c.head_dim;
+        const int r = c.tp.rank;
+        const int64_t H = f.hidden_size, F = f.intermediate_size, V = f.vocab_size;
+        const int64_t Q = f.q_dim(), KV = f.kv_dim(), D = f.head_dim;
+        // The rank's ranges: query rows, kv rows, intermediate rows, vocabulary rows.
+        const int64_t q0 = r * int64_t{c.q_dim()}, qn = c.q_dim();
+        const int64_t kv0 = int64_t{shard_kv_head(f, c.tp)} * D, kvn = c.kv_dim();
+        const int64_t f0 = r * int64_t{c.intermediate_size}, fn = c.intermediate_size;
+        const int64_t v0 = c.vocab_begin(), vn = c.vocab_end() - c.vocab_begin();
         ModelWeights& w = m_.weights;
-        w.embed = src_.get(names.embed, {V, H});
+        w.embed = rows(src_.get(names.embed, {V, H}), v0, vn);
         touch(w.embed);
         w.final_norm = vector_f32(names.final_norm, src_.get(names.final_norm, {H}));
         w.layers.resize(c.num_layers);
         for (int l = 0; l < c.num_layers; ++l) {
             LayerWeights& L = w.layers[l];
-            auto mat = [&](const char* part, int64_t rows, int64_t cols) {
+            // Column-parallel: the rank's block of output rows (a view).
+            auto row_block = [&](const char* part, int64_t rows_full, int64_t begin, int64_t count) {
                 const std::string name = names.in_layer(l, part);
-                return matrix(name, src_.get(name, {rows, cols}));
+                return matrix(name, rows(src_.get(name, {rows_full, H}), begin, count));
             };
-            auto vec = [&](const char* part, int64_t n, bool required) {
+            // Row-parallel: the rank's block of input columns (a copy).
+            auto col_block = [&](const char* part, int64_t cols_full, int64_t begin, int64_t count) {
+                const std::string name = names.in_layer(l, part);
+                return columns(name, src_.get(name, {H, cols_full}), begin, count);
+            };
+            auto vec = [&](const char* part, int64_t n, bool required, int64_t begin, int64_t count) {
                 const std::string name = names.in_layer(l, part);
                 Tensor t = required ? src_.get(name, {n}) : src_.get_optional(name, {n});
-                return t.empty() ? t : vector_f32(name, t);
+                return t.empty() ? t : elements(name, t, begin, count);
             };
-            L.attn_norm = vec(names.layer.attn_norm, H, true);
-            L.wq = mat(names.layer.wq, Q, H);
-            L.wk = mat(names.layer.wk, KV, H);
-            L.wv = mat(names.layer.wv, KV, H);
-            L.bq = vec(names.layer.bq, Q, c.attention_bias);
-            L.bk = vec(names.layer.bk, KV, c.attention_bias);
-            L.bv = vec(names.layer.bv, KV, c.attention_bias);
-            L.q_norm = vec(names.layer.q_norm, D, c.qk_norm);
-            L.k_norm = vec(names.layer.k_norm, D, c.qk_norm);
-            L.wo = mat(names.layer.wo, H, Q);
-            L.ffn_norm = vec(names.layer.ffn_norm, H, true);
-            L.w_gate = mat(names.layer.w_gate, F, H);
-            L.w_up = mat(names.layer.w_up, F, H);
-            L.w_down = mat(names.layer.w_down, H, F);
+            L.attn_norm = vec(names.layer.attn_norm, H, true, 0, H);
+            L.wq = row_block(names.layer.wq, Q, q0, qn);
+            L.wk = row_block(names.layer.wk, KV, kv0, kvn);
+            L.wv = row_block(names.layer.wv, KV, kv0, kvn);
+            L.bq = vec(names.layer.bq, Q, f.attention_bias, q0, qn);
+            L.bk = vec(names.layer.bk, KV, f.attention_bias, kv0, kvn);
+            L.bv = vec(names.layer.bv, KV, f.attention_bias, kv0, kvn);
+            L.q_norm = vec(names.layer.q_norm, D, f.qk_norm, 0, D);
+            L.k_norm = vec(names.layer.k_norm, D, f.qk_norm, 0, D);
+            L.wo = col_block(names.layer.wo, Q, q0, qn);
+            L.ffn_norm = vec(names.layer.ffn_norm, H, true, 0, H);
+            L.w_gate = row_block(names.layer.w_gate, F, f0, fn);
+            L.w_up = row_block(names.layer.w_up, F, f0, fn);
+            L.w_down = col_block(names.layer.w_down, F, f0, fn);
         }
         Tensor head = src_.get_optional(names.lm_head, {V, H});
         if (head.empty()) {
-            if (!c.tie_word_embeddings && m_.format == "safetensors")
+            if (!f.tie_word_embeddings && m_.format == "safetensors")
                 fail(src_.file_for_errors(), ": missing tensor '", names.lm_head, "' (tie_word_embeddings is false)");
-            w.lm_head = matrix(names.embed, w.embed);  // tied
+            w.lm_head = matrix(names.embed, w.embed);  // tied: the rank's vocabulary rows again
         } else {
-            w.lm_head = matrix(names.lm_head, head);
+            w.lm_head = matrix(names.lm_head, rows(head, v0, vn));
         }
         std::string summary;
         for (const auto& [dtype, count] : dtype_counts_)
             summary += str_cat(summary.empty() ? "" : ", ", dtype, " x ", count);
+        if (split_to_f32_ > 0)
+            summary +=
+                str_cat(" (", split_to_f32_, " column slices in f32: the split falls inside quantization blocks)");
         m_.weight_dtypes = summary;
         if (opt_.progress) opt_.progress(total_bytes_, total_bytes_);
     }
 
   private:
+    // Rows [begin, begin + count) of matrix `t`: a view (rows are contiguous and hold whole
+    // quantization blocks).
+    static Tensor rows(const Tensor& t, int64_t begin, int64_t count) {
+        if (begin == 0 && count == t.rows()) return t;
+        PG_CHECK(t.ndim == 2 && begin >= 0 && begin + count <= t.rows(), t.shape_str(), " rows ", begin, "+", count);
+        Tensor out = t;
+        out.data = static_cast<char*>(t.data) + begin * t.row_bytes();
+        out.shape[0] = count;
+        return out;
+    }
+
+    // Columns [begin, begin + count) of matrix `t` for the matmul: kept in t's dtype when the
+    // backend reads it and the range falls on block boundaries (a strided copy of whole blocks,
+    // row by row), else dequantized to f32 (only the blocks covering the range).
+    Tensor columns(const std::string& name, const Tensor& t, int64_t begin, int64_t count) {
+        if (begin == 0 && count == t.cols()) return matrix(name, t);
+        PG_CHECK(t.ndim == 2 && begin >= 0 && begin + count <= t.cols(), t.shape_str(), " cols ", begin, "+", count);
+        if (t.dtype == DType::I32) fail(src_.file_for_errors(), ": tensor '", name, "' has integer dtype");
+        ++dtype_counts_[std::string(dtype_name(t.dtype))];
+        const int64_t block = dtype_block_size(t.dtype);
+        Tensor out = t;
+        out.shape[1] = count;
+        const bool readable = opt_.matmul_dtype_ok && opt_.matmul_dtype_ok(t.dtype);
+        const bool whole_blocks = begin % block == 0 && count % block == 0;
+        if (readable && whole_blocks) {
+            const size_t skip = dtype_row_bytes(t.dtype, begin), keep = dtype_row_bytes(t.dtype, count);
+            std::vector<uint8_t>& buf = m_.sliced.emplace_back(static_cast<size_t>(t.rows()) * keep);
+            for (int64_t r = 0; r < t.rows(); ++r)
+                std::memcpy(buf.data() + r * keep, static_cast<const uint8_t*>(t.row(r)) + skip, keep);
+            out.data = buf.data();
+            report(buf.size());
+            return out;
+        }
+        if (readable) ++split_to_f32_;  // the backend would have read it whole, but not cut mid-block
+        std::vector<float>& buf = m_.converted.emplace_back(static_cast<size_t>(t.rows() * count));
+        dequantize_columns(t, begin, count, buf.data());
+        out.dtype = DType::F32;
+        out.data = buf.data();
+        report(static_cast<size_t>(t.rows()) * dtype_row_bytes(t.dtype, count / block * block));
+        return out;
+    }
+
+    // Elements [begin, begin + count) of vector `t`, in f32 (a view when it already is).
+    Tensor elements(const std::string& name, const Tensor& t, int64_t begin, int64_t count) {
+        if (begin == 0 && count == t.numel()) return vector_f32(name, t);
+        PG_CHECK(t.ndim == 1 && begin >= 0 && begin + count <= t.numel(), t.shape_str(), " elements ", begin, "+",
+                 count);
+        if (t.dtype == DType::I32) fail(src_.file_for_errors(), ": tensor '", name, "' has integer dtype");
+        Tensor out = t;
+        out.shape[0] = count;
+        if (t.dtype == DType::F32) {
+            out.data = t.ptr<float>() + begin;
+            return out;
+        }
+        std::vector<float>& buf = m_.converted.emplace_back(static_cast<size_t>(count));
+        dequantize_columns(t, begin, count, buf.data());
+        out.dtype = DType::F32;
+        out.data = buf.data();
+        return out;
+    }
+
+    // dst [t.rows(), count] f32 = columns [begin, begin + count) of `t`, dequantizing per row only
+    // the blocks that cover them.
+    static void dequantize_columns(const Tensor& t, int64_t begin, int64_t count, float* dst) {
+        const int64_t block = dtype_block_size(t.dtype);
+        const int64_t first = begin / block * block;
+        const int64_t last = (begin + count + block - 1) / block * block;
+        const size_t skip = dtype_row_bytes(t.dtype, first);
+        std::vector<float> span(static_cast<size_t>(last - first));
+        for (int64_t r = 0; r < t.rows(); ++r) {
+            dequantize_row(t.dtype, static_cast<const uint8_t*>(t.row(r)) + skip, span.data(), last - first);
+            std::memcpy(dst + r * count, span.data() + (begin - first), static_cast<size_t>(count) * sizeof(float));
+        }
+    }
+
     // A matrix the matmul reads: kept in place when the backend reads its dtype, else f32.
     Tensor matrix(const std::string& name, const Tensor& t) {
         ++dtype_counts_[std::string(dtype_name(t.dtype))];
@@ -175,10 +270,12 @@ class Builder {
 
   private:
     LoadedModel& m_;
+    const ModelConfig& full_;
     const TensorSource& src_;
     const LoadOptions& opt_;
     size_t done_bytes_ = 0;
     std::map<std::string, int> dtype_counts_;
+    int split_to_f32_ = 0;  // quantized column slices that had to become f32
 };
 
 bool has_gguf_magic(const std::string& path) {
@@ -218,17 +315,27 @@ std::unique_ptr<LoadedModel> open_model_config(const std::string& path_in) {
 std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptions& options) {
     std::unique_ptr<LoadedModel> m = open_model_config(path);
     const Architecture& arch = architecture_named(m->config.arch);
+    const ModelConfig full = m->config;
+    try {
+        m->config = shard_config(full, options.tp);
+    } catch (const Error& e) {
+        fail(m->path, ": ", e.what());
+    }
+    // Progress counts what this rank reads: about 1/T of the file under tensor parallelism.
+    const size_t ranks = static_cast<size_t>(options.tp.size);
     if (m->gguf) {
         GgufSource src(*m->gguf);
-        Builder b(*m, src, options);
+        Builder b(*m, full, src, options);
         for (const GgufTensorInfo& t : m->gguf->tensors()) b.total_bytes_ += t.nbytes;
+        b.total_bytes_ /= ranks;
         b.build(*arch.gguf_weights);
         return m;
     }
     m->safetensors = std::make_shared<SafetensorsSet>(SafetensorsSet::open_dir(m->path));
     SafetensorsSource src(*m->safetensors, m->path);
-    Builder b(*m, src, options);
+    Builder b(*m, full, src, options);
     for (const auto& [name, e] : m->safetensors->entries()) b.total_bytes_ += e.view.nbytes();
+    b.total_bytes_ /= ranks;
     b.build(*arch.hf_weights);
     return m;
 }

@@ -29,6 +29,34 @@ void ModelConfig::validate(const std::string& source) const {
     if (static_cast<int>(layer_window.size()) != num_layers) fail(source, ": layer windows not set for every layer");
 }
 
+ModelConfig shard_config(const ModelConfig& full, TensorParallel tp) {
+    const int T = tp.size;
+    if (T < 1) fail("tensor parallel size must be at least 1, got ", T);
+    if (tp.rank < 0 || tp.rank >= T) fail("tensor parallel rank ", tp.rank, " is outside [0, ", T, ")");
+    if (T == 1) return full;
+    if (full.num_heads % T != 0)
+        fail("num_attention_heads (", full.num_heads, ") is not divisible by the tensor parallel size (", T, ")");
+    if (full.intermediate_size % T != 0)
+        fail("intermediate_size (", full.intermediate_size, ") is not divisible by the tensor parallel size (", T, ")");
+    if (full.num_kv_heads % T != 0 && T % full.num_kv_heads != 0)
+        fail("num_key_value_heads (", full.num_kv_heads, ") and the tensor parallel size (", T,
+             ") do not divide one another (each rank needs whole kv heads, or one replicated)");
+    if (full.vocab_size < T)
+        fail("vocab_size (", full.vocab_size, ") is smaller than the tensor parallel size (", T, ")");
+    ModelConfig c = full;
+    c.tp = tp;
+    c.num_heads = full.num_heads / T;
+    c.num_kv_heads = full.num_kv_heads >= T ? full.num_kv_heads / T : 1;
+    c.intermediate_size = full.intermediate_size / T;
+    return c;
+}
+
+int shard_kv_head(const ModelConfig& full, TensorParallel tp) {
+    if (full.num_kv_heads >= tp.size) return tp.rank * (full.num_kv_heads / tp.size);
+    const int first_q_head = tp.rank * (full.num_heads / tp.size);
+    return first_q_head / (full.num_heads / full.num_kv_heads);
+}
+
 std::string ModelConfig::summary() const {
     static const char* scalings[] = {"none", "linear", "llama3", "yarn"};
     return str_cat(arch, ": layers ", num_layers, ", hidden ", hidden_size, ", heads ", num_heads, "/", num_kv_heads,
@@ -36,7 +64,8 @@ std::string ModelConfig::summary() const {
                    scalings[static_cast<int>(rope.scaling)], " theta ", rope.theta,
                    rope.style == RopeStyle::Interleaved ? " (interleaved)" : "", qk_norm ? ", qk-norm" : "",
                    attention_bias ? ", qkv-bias" : "",
-                   layer_window.empty() || layer_window[0] == 0 ? "" : str_cat(", window ", layer_window[0]));
+                   layer_window.empty() || layer_window[0] == 0 ? "" : str_cat(", window ", layer_window[0]),
+                   tp.size > 1 ? str_cat(", tensor parallel rank ", tp.rank, " of ", tp.size) : "");
 }
 
 }  // namespace peregrine

@@ -30,6 +30,13 @@ struct RopeConfig {
     std::vector<float> freq_factors;  // GGUF rope_freqs: inv_freq[i] /= freq_factors[i]; [rotary_dim / 2]
 };
 
+// A rank's place in a tensor-parallel group (Megatron-style: one process per rank, each holding
+// a slice of every layer). size 1 = the whole model in one rank.
+struct TensorParallel {
+    int rank = 0;  // in [0, size)
+    int size = 1;
+};
+
 struct ModelConfig {
     // The registry's name for the architecture (model/registry.h): "llama", "qwen2", ...
     std::string arch = "llama";
@@ -58,11 +65,34 @@ struct ModelConfig {
         std::optional<int> top_k;
     } generation_defaults;
 
+    // The rank's place when this config is one rank's shard (shard_config); the head and
+    // intermediate counts above are then the rank's, while vocab_size stays the full vocabulary.
+    TensorParallel tp;
+
+    // The rank's rows of the vocabulary-parallel embedding and LM head: [vocab_begin(),
+    // vocab_end()), vocab_size / tp.size rows each, the last rank also taking the remainder.
+    // [0, vocab_size) with tp.size 1.
+    int vocab_begin() const { return tp.rank * (vocab_size / tp.size); }
+    int vocab_end() const { return tp.rank == tp.size - 1 ? vocab_size : (tp.rank + 1) * (vocab_size / tp.size); }
+
     int q_dim() const { return num_heads * head_dim; }
     int kv_dim() const { return num_kv_heads * head_dim; }
     // Throws Error naming `source` when a value is missing or inconsistent.
     void validate(const std::string& source) const;
     std::string summary() const;
 };
+
+// Rank `tp.rank`'s config for Megatron-style tensor parallelism over `tp.size` ranks:
+// num_heads / T query heads (rank r: heads [r H/T, (r+1) H/T)), intermediate_size / T, and
+// num_kv_heads / T kv heads, or, when T exceeds num_kv_heads (T a multiple of it), one kv head
+// replicated across the T / num_kv_heads ranks whose query heads read it (shard_kv_head).
+// vocab_size stays the full vocabulary (vocab_begin / vocab_end give the rank's rows).
+// T = 1 returns `full` unchanged. Throws Error naming the numbers when the heads, the kv heads
+// or the intermediate size do not divide among T ranks, or when the rank is out of range.
+ModelConfig shard_config(const ModelConfig& full, TensorParallel tp);
+
+// The first of `full`'s kv heads that rank `tp.rank` holds: r * (KV / T) when T <= KV, else the
+// one kv head its first query head (r * H / T) reads, (r * H / T) / (H / KV).
+int shard_kv_head(const ModelConfig& full, TensorParallel tp);
 
 }  // namespace peregrine
