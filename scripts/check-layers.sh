@@ -9,12 +9,12 @@
 #   dist          : core                        (collectives, launch, rendezvous)
 #   tokenizer     : core formats
 #   template      : core formats tokenizer
-#   backend       : core public                 (src/backend/*.h: the device and ops contract)
-#   backend/cpu   : core backend public
-#   backend/cuda  : core backend public
-#   model         : core formats backend public
-#   worker        : core formats backend backend/cpu backend/cuda model public
-#   engine        : core formats tokenizer backend model worker public
+#   backend       : core dist public                 (src/backend/*.h: the device and ops contract)
+#   backend/cpu   : core dist backend public
+#   backend/cuda  : core dist backend public
+#   model         : core formats dist backend public
+#   worker        : core formats dist backend backend/cpu backend/cuda model public
+#   engine        : core formats tokenizer dist backend model worker public
 #   server        : core formats tokenizer template backend model worker engine public
 #   cli, bench    : everything
 #
@@ -31,13 +31,13 @@ allowed() {  # layer -> the include prefixes it may use
         dist) echo "core dist" ;;
         tokenizer) echo "core formats tokenizer" ;;
         template) echo "core formats tokenizer template" ;;
-        backend) echo "core backend peregrine" ;;
-        backend/cpu) echo "core backend backend/cpu peregrine" ;;
-        backend/cuda) echo "core backend backend/cuda peregrine" ;;
-        model) echo "core formats backend model peregrine" ;;
-        worker) echo "core formats backend backend/cpu backend/cuda model worker peregrine" ;;
-        engine) echo "core formats tokenizer backend model worker engine peregrine" ;;
-        server) echo "core formats tokenizer template backend model worker engine server peregrine" ;;
+        backend) echo "core dist backend peregrine" ;;
+        backend/cpu) echo "core dist backend backend/cpu peregrine" ;;
+        backend/cuda) echo "core dist backend backend/cuda peregrine" ;;
+        model) echo "core formats dist backend model peregrine" ;;
+        worker) echo "core formats dist backend backend/cpu backend/cuda model worker peregrine" ;;
+        engine) echo "core formats tokenizer dist backend model worker engine peregrine" ;;
+        server) echo "core formats tokenizer template dist backend model worker engine server peregrine" ;;
         public) echo "peregrine" ;;
         *) echo "*" ;;
     esac

@@ -13,6 +13,7 @@
 #include "backend/rope_table.h"
 #include "backend/weights.h"
 #include "core/tensor.h"
+#include "dist/communicator.h"
 
 namespace peregrine {
 
@@ -25,6 +26,10 @@ struct AttentionParams {
     float scale = 1.0f;               // of q·k before the softmax
     int window = 0;                   // > 0: a query at position p sees keys in (p - window, p]
     const RopeTable* rope = nullptr;  // must outlive the backend (CUDA keeps a device copy)
+    // Tensor parallelism: this rank holds num_heads of the model's query heads (and their kv
+    // heads), so its o-projection is a partial sum, all-reduced over `tp` before the residual
+    // add. Null (or a group of 1): the whole layer is here.
+    Communicator* tp = nullptr;
 };
 
 class Backend : public DeviceServices {
@@ -63,7 +68,9 @@ class Backend : public DeviceServices {
     // One layer's MLP, adding into residual [n, hidden] f32:
     //   h = rms_norm(residual) * ffn_norm
     //   residual += (silu(h · w_gateᵀ) * (h · w_upᵀ)) · w_downᵀ
-    virtual void mlp_block(const Tensor& residual, const LayerWeights& w, float norm_eps) = 0;
+    // With `tp` (a group of several ranks) this rank holds a slice of the intermediate size and
+    // the down product is all-reduced over `tp` before the add, as in attention_block.
+    virtual void mlp_block(const Tensor& residual, const LayerWeights& w, float norm_eps, Communicator* tp) = 0;
 
     // The final norm and LM head for the rows whose logits the step returns:
     //   out[i] = (rms_norm(residual[batch.logits_indices[i]]) * final_norm) · lm_headᵀ

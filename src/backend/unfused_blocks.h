@@ -6,6 +6,7 @@
 //   rms_norm(x, residual, weight, eps, out)        out = rms_norm(x) * weight, per row
 //   matmul(x, w, bias, out, exact)                 out = x · wᵀ (+ bias)
 //   matmul_add(x, w, residual, product)            residual += x · wᵀ (product: f32 scratch)
+//   add(x, out)                                    out += x (f32)
 //   rope_and_cache(q, k, v, batch, rope, head_dim, k_cache, v_cache)
 //   attention(q, k_cache, v_cache, batch, num_heads, head_dim, scale, window, out)
 //   silu_mul(gate, up, out)                        out = silu(gate) * up
@@ -19,6 +20,20 @@
 namespace peregrine {
 
 namespace unfused {
+
+// residual += x · wᵀ; under tensor parallelism (tp of several ranks) x · wᵀ is this rank's
+// partial sum: computed into `product` [n, m] f32, all-reduced, then added.
+template <class Ops>
+void add_product(Ops& ops, const Tensor& x, const Tensor& w, const Tensor& residual, const Tensor& product,
+                 Communicator* tp) {
+    if (tp == nullptr || tp->size() == 1) {
+        ops.matmul_add(x, w, residual, product);
+        return;
+    }
+    ops.matmul(x, w, Tensor(), product, false);
+    tp->all_reduce_sum(product.data, static_cast<size_t>(product.numel()), DType::F32);
+    ops.add(product, residual);
+}
 
 // A [rows, cols] view of the same memory.
 inline Tensor reshaped(const Tensor& t, int64_t rows, int64_t cols) {
@@ -50,11 +65,12 @@ void attention_block(Ops& ops, Scratch& scratch, const Tensor& residual, const L
     }
     ops.rope_and_cache(q, k, v, batch, *p.rope, p.head_dim, k_cache, v_cache);
     ops.attention(q, k_cache, v_cache, batch, p.num_heads, p.head_dim, p.scale, p.window, attn);
-    ops.matmul_add(attn, w.wo, residual, product);
+    add_product(ops, attn, w.wo, residual, product, p.tp);
 }
 
 template <class Ops>
-void mlp_block(Ops& ops, Scratch& scratch, const Tensor& residual, const LayerWeights& w, float norm_eps) {
+void mlp_block(Ops& ops, Scratch& scratch, const Tensor& residual, const LayerWeights& w, float norm_eps,
+               Communicator* tp) {
     const int64_t n = residual.rows(), H = residual.cols(), F = w.w_gate.rows();
     const DType act = ops.activation_dtype();
     const Tensor normed = scratch.get(ScratchSlot::Normed, act, n, H);
@@ -67,7 +83,7 @@ void mlp_block(Ops& ops, Scratch& scratch, const Tensor& residual, const LayerWe
     ops.matmul(normed, w.w_gate, none, gate, false);
     ops.matmul(normed, w.w_up, none, up, false);
     ops.silu_mul(gate, up, gate);
-    ops.matmul_add(gate, w.w_down, residual, product);
+    add_product(ops, gate, w.w_down, residual, product, tp);
 }
 
 template <class Ops>

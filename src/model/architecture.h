@@ -11,6 +11,7 @@
 namespace peregrine {
 
 class Backend;
+class Communicator;
 class HfConfig;
 class Model;
 struct GgufConfig;
@@ -35,7 +36,7 @@ struct Architecture {
     const WeightNames* gguf_weights;
 
     // The forward pass over `loaded`'s weights, which `backend` places; `loaded` must outlive it.
-    std::unique_ptr<Model> (*build)(const LoadedModel& loaded, Backend& backend);
+    std::unique_ptr<Model> (*build)(const LoadedModel& loaded, Backend& backend, Communicator* tp);
 };
 
 }  // namespace peregrine

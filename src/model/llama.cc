@@ -30,11 +30,20 @@ ModelWeights place_weights(const ModelWeights& w, const ModelConfig& c, Backend&
 }
 }  // namespace
 
-LlamaModel::LlamaModel(const LoadedModel& model, Backend& backend)
+LlamaModel::LlamaModel(const LoadedModel& model, Backend& backend, Communicator* tp)
     : config_(model.config),
       weights_(place_weights(model.weights, model.config, backend)),
       backend_(backend),
-      rope_(make_rope_table(model.config.rope)) {}
+      tp_(tp),
+      rope_(make_rope_table(model.config.rope)) {
+    const int size = tp ? tp->size() : 1, rank = tp ? tp->rank() : 0;
+    if (config_.tp.size != size || config_.tp.rank != rank)
+        fail("the model was loaded for tensor-parallel rank ", config_.tp.rank, " of ", config_.tp.size,
+             ", but runs as rank ", rank, " of ", size);
+    // The vocabulary-parallel embedding and logits gather move host memory (CPU tensors).
+    if (sharded() && backend.device() != Device::CPU)
+        fail("tensor parallelism runs on the CPU backend so far, not ", backend.name());
+}
 
 LlamaModel::~LlamaModel() {
     free_workspace();
@@ -46,7 +55,7 @@ KvCacheShape LlamaModel::kv_cache_shape(int num_blocks, int block_size) const {
 }
 
 void LlamaModel::free_workspace() {
-    for (Tensor* t : {&ws_.residual, &ws_.logits})
+    for (Tensor* t : {&ws_.residual, &ws_.logits, &ws_.local})
         if (!t->empty()) backend_.release(*t);
     ws_.capacity = ws_.logit_rows = 0;
 }
@@ -59,6 +68,7 @@ void LlamaModel::reserve(int64_t tokens, int64_t logit_rows) {
     free_workspace();
     ws_.residual = backend_.allocate(DType::F32, {tokens, config_.hidden_size});
     ws_.logits = backend_.allocate(DType::F32, {logit_rows, config_.vocab_size});
+    if (sharded()) ws_.local = backend_.allocate(DType::F32, {logit_rows, config_.vocab_end() - config_.vocab_begin()});
     ws_.capacity = tokens;
     ws_.logit_rows = logit_rows;
 }
@@ -142,18 +152,67 @@ Tensor LlamaModel::run_ops(const BatchInput& batch, KvCache& cache) {
     attn.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     attn.rope = &rope_;
 
-    backend_.embedding(weights_.embed, batch.token_ids.data(), n, residual);
+    attn.tp = tp_;
+
+    if (sharded())
+        embed_sharded(batch, residual);
+    else
+        backend_.embedding(weights_.embed, batch.token_ids.data(), n, residual);
     for (int l = 0; l < c.num_layers; ++l) {
         const LayerWeights& w = weights_.layers[l];
         attn.window = c.layer_window[l];
         backend_.attention_block(residual, w, attn, batch, cache.k(l), cache.v(l));
-        backend_.mlp_block(residual, w, c.rms_norm_eps);
+        backend_.mlp_block(residual, w, c.rms_norm_eps, tp_);
     }
     if (num_logits == 0) return Tensor();
     // The final norm and LM head, only for the rows whose logits are wanted.
     const Tensor out = view(ws_.logits, num_logits, c.vocab_size);
-    backend_.logits(residual, weights_.final_norm, c.rms_norm_eps, weights_.lm_head, batch, out);
+    if (sharded()) {
+        const Tensor local = view(ws_.local, num_logits, c.vocab_end() - c.vocab_begin());
+        backend_.logits(residual, weights_.final_norm, c.rms_norm_eps, weights_.lm_head, batch, local);
+        gather_logits(local, out);
+    } else {
+        backend_.logits(residual, weights_.final_norm, c.rms_norm_eps, weights_.lm_head, batch, out);
+    }
     return out;
+}
+
+void LlamaModel::embed_sharded(const BatchInput& batch, const Tensor& residual) {
+    const int64_t n = batch.num_tokens(), H = config_.hidden_size;
+    const int32_t begin = config_.vocab_begin(), end = config_.vocab_end();
+    local_ids_.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+        const int32_t id = batch.token_ids[i];
+        local_ids_[i] = id >= begin && id < end ? id - begin : 0;  // row 0 stands in, zeroed below
+    }
+    backend_.embedding(weights_.embed, local_ids_.data(), n, residual);
+    float* rows = residual.ptr<float>();
+    for (int64_t i = 0; i < n; ++i) {
+        const int32_t id = batch.token_ids[i];
+        if (id < begin || id >= end) std::fill(rows + i * H, rows + (i + 1) * H, 0.0f);
+    }
+    tp_->all_reduce_sum(residual.data, static_cast<size_t>(n * H), DType::F32);  // one rank holds each row
+}
+
+// all_gather takes equal counts: each rank sends its rows padded to the widest slice
+// (V / T + V % T columns: the last rank's), then the slices are laid side by side.
+void LlamaModel::gather_logits(const Tensor& local, const Tensor& out) {
+    const int64_t rows = local.rows(), V = config_.vocab_size, T = tp_->size(), base = V / T;
+    const int64_t width = base + V % T;
+    gather_send_.assign(static_cast<size_t>(rows * width), 0.0f);
+    const float* mine = local.ptr<float>();
+    for (int64_t r = 0; r < rows; ++r)
+        std::copy(mine + r * local.cols(), mine + (r + 1) * local.cols(), gather_send_.begin() + r * width);
+    gather_recv_.resize(static_cast<size_t>(T * rows * width));
+    tp_->all_gather(gather_send_.data(), gather_recv_.data(), static_cast<size_t>(rows * width), DType::F32);
+    float* dst = out.ptr<float>();
+    for (int64_t t = 0; t < T; ++t) {
+        const int64_t begin = t * base, cols = (t == T - 1 ? V : (t + 1) * base) - begin;
+        for (int64_t r = 0; r < rows; ++r) {
+            const float* src = gather_recv_.data() + (t * rows + r) * width;
+            std::copy(src, src + cols, dst + r * V + begin);
+        }
+    }
 }
 
 }  // namespace peregrine

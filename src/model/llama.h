@@ -18,7 +18,10 @@ class LlamaModel final : public Model {
     // `model` must outlive this object. Each layer goes through Backend::place_layer and the
     // rest through place_weight: the CPU backend reads weights where they lie, a GPU backend
     // keeps device copies in the layout its blocks read.
-    LlamaModel(const LoadedModel& model, Backend& backend);
+    // `tp` (may be null; else outlives this): the tensor-parallel group `model` was sharded for
+    // (model.config.tp): the blocks all-reduce their o / down products over it, the embedding
+    // and LM head are vocabulary-parallel. The CPU backend only, so far.
+    LlamaModel(const LoadedModel& model, Backend& backend, Communicator* tp = nullptr);
     ~LlamaModel();
     LlamaModel(const LlamaModel&) = delete;
     LlamaModel& operator=(const LlamaModel&) = delete;
@@ -41,7 +44,15 @@ class LlamaModel final : public Model {
         int64_t logit_rows = 0;
         Tensor residual;  // [capacity, hidden] f32: the residual stream
         Tensor logits;    // [logit_rows, vocab] f32
+        Tensor local;     // tensor parallelism: [logit_rows, this rank's vocabulary rows] f32
     };
+    // Tensor parallelism: the vocabulary-parallel embedding (this rank's rows, zeros for the
+    // others' tokens, all-reduced) and the LM head's slices gathered into `out` [rows, vocab].
+    void embed_sharded(const BatchInput& batch, const Tensor& residual);
+    void gather_logits(const Tensor& local, const Tensor& out);
+    bool sharded() const { return tp_ != nullptr && tp_->size() > 1; }
+    std::vector<int32_t> local_ids_;
+    std::vector<float> gather_send_, gather_recv_;
     void reserve(int64_t tokens, int64_t logit_rows);
     void free_workspace();
     // The blocks of one step, from the embedding to logits in ws_.logits; returns the logits view.
@@ -54,6 +65,7 @@ class LlamaModel final : public Model {
     ModelConfig config_;
     ModelWeights weights_;  // as placed by the backend
     Backend& backend_;
+    Communicator* tp_;
     RopeTable rope_;
     Workspace ws_;
 };

@@ -104,8 +104,8 @@ void CpuBackend::attention_block(const Tensor& residual, const LayerWeights& w, 
     unfused::attention_block(*this, scratch_, residual, w, p, batch, k_cache, v_cache);
 }
 
-void CpuBackend::mlp_block(const Tensor& residual, const LayerWeights& w, float norm_eps) {
-    unfused::mlp_block(*this, scratch_, residual, w, norm_eps);
+void CpuBackend::mlp_block(const Tensor& residual, const LayerWeights& w, float norm_eps, Communicator* tp) {
+    unfused::mlp_block(*this, scratch_, residual, w, norm_eps, tp);
 }
 
 void CpuBackend::logits(const Tensor& residual, const Tensor& final_norm, float norm_eps, const Tensor& lm_head,

@@ -49,7 +49,7 @@ class CpuBackend final : public Backend {
     void embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out) override;
     void attention_block(const Tensor& residual, const LayerWeights& w, const AttentionParams& p,
                          const BatchInput& batch, const Tensor& k_cache, const Tensor& v_cache) override;
-    void mlp_block(const Tensor& residual, const LayerWeights& w, float norm_eps) override;
+    void mlp_block(const Tensor& residual, const LayerWeights& w, float norm_eps, Communicator* tp) override;
     void logits(const Tensor& residual, const Tensor& final_norm, float norm_eps, const Tensor& lm_head,
                 const BatchInput& batch, const Tensor& out) override;
 

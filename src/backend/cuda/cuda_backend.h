@@ -68,7 +68,7 @@ class CudaBackend final : public Backend {
     void attention_block(const Tensor& residual, const LayerWeights& w, const AttentionParams& p,
                          const BatchInput& batch, const Tensor& k_cache, const Tensor& v_cache) override;
     // norm_matmul_silu, matmul_add.
-    void mlp_block(const Tensor& residual, const LayerWeights& w, float norm_eps) override;
+    void mlp_block(const Tensor& residual, const LayerWeights& w, float norm_eps, Communicator* tp) override;
     // rms_norm, gather_rows (unless every row is wanted), matmul: not norm_matmul, as folding
     // the norm into the LM head's many CTAs cost more than the norm kernel on an H100.
     void logits(const Tensor& residual, const Tensor& final_norm, float norm_eps, const Tensor& lm_head,

@@ -52,10 +52,10 @@ void CudaBackend::attention_block(const Tensor& residual, const LayerWeights& w,
     // RoPE, the cache write and attention: one step (one kernel for small decode batches).
     rope_cache_attention(qkv, q, batch, *p.rope, p.head_dim, p.num_kv_heads, k_cache, v_cache, p.num_heads, p.scale,
                          p.window, attn);
-    matmul_add(attn, w.wo, residual, product);
+    unfused::add_product(*this, attn, w.wo, residual, product, p.tp);
 }
 
-void CudaBackend::mlp_block(const Tensor& residual, const LayerWeights& w, float norm_eps) {
+void CudaBackend::mlp_block(const Tensor& residual, const LayerWeights& w, float norm_eps, Communicator* tp) {
     PG_CHECK(!w.w_gate_up.empty(), "CUDA backend: mlp_block of a layer not placed by place_layer");
     const int64_t n = residual.rows(), H = residual.cols(), F = w.w_gate_up.rows() / 2;
     const Tensor normed = scratch_.get(ScratchSlot::Normed, DType::BF16, n, H);
@@ -64,7 +64,7 @@ void CudaBackend::mlp_block(const Tensor& residual, const LayerWeights& w, float
     const Tensor product = scratch_.get(ScratchSlot::Product, DType::F32, n, H);
 
     norm_matmul_silu(residual, w.ffn_norm, norm_eps, w.w_gate_up, gate, normed, gate_up);
-    matmul_add(gate, w.w_down, residual, product);
+    unfused::add_product(*this, gate, w.w_down, residual, product, tp);
 }
 
 void CudaBackend::logits(const Tensor& residual, const Tensor& final_norm, float norm_eps, const Tensor& lm_head,
