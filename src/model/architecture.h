@@ -14,6 +14,7 @@ class Backend;
 class Communicator;
 class HfConfig;
 class Model;
+struct ModelParallel;
 struct GgufConfig;
 struct LoadedModel;
 struct ModelConfig;
@@ -36,7 +37,7 @@ struct Architecture {
     const WeightNames* gguf_weights;
 
     // The forward pass over `loaded`'s weights, which `backend` places; `loaded` must outlive it.
-    std::unique_ptr<Model> (*build)(const LoadedModel& loaded, Backend& backend, Communicator* tp);
+    std::unique_ptr<Model> (*build)(const LoadedModel& loaded, Backend& backend, const ModelParallel& par);
 };
 
 }  // namespace peregrine

@@ -14,15 +14,16 @@ Tensor view(const Tensor& buf, int64_t rows, int64_t cols) {
 }
 
 // Places the weights through the backend, which chooses each layer's layout (place_layer).
-ModelWeights place_weights(const ModelWeights& w, const ModelConfig& c, Backend& backend) {
+// Layers [first, first + count) only: a pipeline stage places its own.
+ModelWeights place_weights(const ModelWeights& w, const ModelConfig& c, Backend& backend, int first, int count) {
     auto matrix = [&](const Tensor& t) { return t.empty() ? t : backend.place_weight(t, true); };
     auto vec = [&](const Tensor& t) { return t.empty() ? t : backend.place_weight(t, false); };
     ModelWeights out;
     out.embed = matrix(w.embed);
     out.final_norm = vec(w.final_norm);
     out.lm_head = matrix(w.lm_head);
-    for (const LayerWeights& l : w.layers) {
-        LayerWeights host = l;
+    for (int i = first; i < first + count; ++i) {
+        LayerWeights host = w.layers[i];
         if (!c.qk_norm) host.q_norm = host.k_norm = Tensor();  // the blocks apply qk-norm where these are set
         out.layers.push_back(backend.place_layer(host));
     }
@@ -30,19 +31,29 @@ ModelWeights place_weights(const ModelWeights& w, const ModelConfig& c, Backend&
 }
 }  // namespace
 
-LlamaModel::LlamaModel(const LoadedModel& model, Backend& backend, Communicator* tp)
-    : config_(model.config),
-      weights_(place_weights(model.weights, model.config, backend)),
-      backend_(backend),
-      tp_(tp),
-      rope_(make_rope_table(model.config.rope)) {
+StageLayers stage_layers(int num_layers, int stage, int stages) {
+    PG_CHECK(stages >= 1 && stage >= 0 && stage < stages);
+    if (num_layers < stages)
+        fail("pipeline parallelism over ", stages, " stages needs at least ", stages, " layers; the model has ",
+             num_layers);
+    const int base = num_layers / stages, extra = num_layers % stages;
+    return {stage * base + std::min(stage, extra), base + (stage < extra ? 1 : 0)};
+}
+
+LlamaModel::LlamaModel(const LoadedModel& model, Backend& backend, const ModelParallel& par)
+    : config_(model.config), backend_(backend), tp_(par.tp), pp_(par.pp), rope_(make_rope_table(model.config.rope)) {
+    const StageLayers stage = stage_layers(config_.num_layers, pp_ ? pp_->rank() : 0, pp_ ? pp_->size() : 1);
+    first_layer_ = stage.first;
+    num_stage_layers_ = stage.count;
+    weights_ = place_weights(model.weights, config_, backend, stage.first, stage.count);
+    Communicator* tp = tp_;
     const int size = tp ? tp->size() : 1, rank = tp ? tp->rank() : 0;
     if (config_.tp.size != size || config_.tp.rank != rank)
         fail("the model was loaded for tensor-parallel rank ", config_.tp.rank, " of ", config_.tp.size,
              ", but runs as rank ", rank, " of ", size);
     // The vocabulary-parallel embedding and logits gather move host memory (CPU tensors).
-    if (sharded() && backend.device() != Device::CPU)
-        fail("tensor parallelism runs on the CPU backend so far, not ", backend.name());
+    if ((sharded() || (pp_ && pp_->size() > 1)) && backend.device() != Device::CPU)
+        fail("tensor and pipeline parallelism run on the CPU backend so far, not ", backend.name());
 }
 
 LlamaModel::~LlamaModel() {
@@ -50,7 +61,7 @@ LlamaModel::~LlamaModel() {
 }
 
 KvCacheShape LlamaModel::kv_cache_shape(int num_blocks, int block_size) const {
-    return {config_.num_layers,   num_blocks,       block_size,
+    return {num_stage_layers_,    num_blocks,       block_size,
             config_.num_kv_heads, config_.head_dim, backend_.kv_cache_dtype()};
 }
 
@@ -97,7 +108,7 @@ Tensor LlamaModel::forward_device(const BatchInput& batch, KvCache& cache) {
     const int64_t num_logits = static_cast<int64_t>(batch.logits_indices.size());
     PG_CHECK(n > 0 && static_cast<int64_t>(batch.positions.size()) == n &&
              static_cast<int64_t>(batch.slot_mapping.size()) == n);
-    PG_CHECK(cache.shape().num_layers == config_.num_layers && cache.shape().head_dim == config_.head_dim);
+    PG_CHECK(cache.shape().num_layers == num_stage_layers_ && cache.shape().head_dim == config_.head_dim);
 
     // A decode-only step (one token per sequence, every one sampled in order) may be replayed
     // from a recording made for its padded size.
@@ -111,7 +122,7 @@ Tensor LlamaModel::forward_device(const BatchInput& batch, KvCache& cache) {
     reserve(run->num_tokens(), std::max<int64_t>(static_cast<int64_t>(run->logits_indices.size()), 1));
     if (bucket > 0) {  // recordings write the cache they were made with
         cache_ptrs_.clear();
-        for (int l = 0; l < config_.num_layers; ++l) {
+        for (int l = 0; l < num_stage_layers_; ++l) {
             cache_ptrs_.push_back(cache.k(l).data);
             cache_ptrs_.push_back(cache.v(l).data);
         }
@@ -123,7 +134,7 @@ Tensor LlamaModel::forward_device(const BatchInput& batch, KvCache& cache) {
     backend_.begin_step(*run);
     // (A replayed recording does not call the lambda: the logits are where run_ops puts them.)
     backend_.run_step(bucket, [&] { run_ops(*run, cache); });
-    if (num_logits == 0) return Tensor();
+    if (num_logits == 0 || !last_stage()) return Tensor();
     // Padding rows come last: the real ones are the first num_logits.
     return view(ws_.logits, num_logits, config_.vocab_size);
 }
@@ -154,15 +165,22 @@ Tensor LlamaModel::run_ops(const BatchInput& batch, KvCache& cache) {
 
     attn.tp = tp_;
 
-    if (sharded())
+    const size_t stream = static_cast<size_t>(n * c.hidden_size);  // residual elements
+    if (!first_stage())
+        pp_->recv(residual.data, stream, DType::F32, pp_->rank() - 1);
+    else if (sharded())
         embed_sharded(batch, residual);
     else
         backend_.embedding(weights_.embed, batch.token_ids.data(), n, residual);
-    for (int l = 0; l < c.num_layers; ++l) {
+    for (int l = 0; l < num_stage_layers_; ++l) {  // cache and weights: this stage's layers
         const LayerWeights& w = weights_.layers[l];
-        attn.window = c.layer_window[l];
+        attn.window = c.layer_window[first_layer_ + l];
         backend_.attention_block(residual, w, attn, batch, cache.k(l), cache.v(l));
         backend_.mlp_block(residual, w, c.rms_norm_eps, tp_);
+    }
+    if (!last_stage()) {
+        pp_->send(residual.data, stream, DType::F32, pp_->rank() + 1);
+        return Tensor();
     }
     if (num_logits == 0) return Tensor();
     // The final norm and LM head, only for the rows whose logits are wanted.

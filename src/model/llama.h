@@ -13,15 +13,23 @@
 
 namespace peregrine {
 
+// The layers pipeline stage `stage` of `stages` runs: [first, first + count), contiguous, the
+// first L % stages stages taking one layer more.
+struct StageLayers {
+    int first = 0, count = 0;
+};
+StageLayers stage_layers(int num_layers, int stage, int stages);
+
 class LlamaModel final : public Model {
   public:
     // `model` must outlive this object. Each layer goes through Backend::place_layer and the
     // rest through place_weight: the CPU backend reads weights where they lie, a GPU backend
     // keeps device copies in the layout its blocks read.
-    // `tp` (may be null; else outlives this): the tensor-parallel group `model` was sharded for
-    // (model.config.tp): the blocks all-reduce their o / down products over it, the embedding
-    // and LM head are vocabulary-parallel. The CPU backend only, so far.
-    LlamaModel(const LoadedModel& model, Backend& backend, Communicator* tp = nullptr);
+    // `par` (its groups outlive this): par.tp is the tensor-parallel group `model` was sharded
+    // for (model.config.tp): the blocks all-reduce their o / down products over it, the
+    // embedding and LM head are vocabulary-parallel. par.pp: this rank runs its stage's layers
+    // (stage_layers). Both run on the CPU backend only, so far.
+    LlamaModel(const LoadedModel& model, Backend& backend, const ModelParallel& par = {});
     ~LlamaModel();
     LlamaModel(const LlamaModel&) = delete;
     LlamaModel& operator=(const LlamaModel&) = delete;
@@ -51,6 +59,8 @@ class LlamaModel final : public Model {
     void embed_sharded(const BatchInput& batch, const Tensor& residual);
     void gather_logits(const Tensor& local, const Tensor& out);
     bool sharded() const { return tp_ != nullptr && tp_->size() > 1; }
+    bool first_stage() const { return pp_ == nullptr || pp_->rank() == 0; }
+    bool last_stage() const { return pp_ == nullptr || pp_->rank() == pp_->size() - 1; }
     std::vector<int32_t> local_ids_;
     std::vector<float> gather_send_, gather_recv_;
     void reserve(int64_t tokens, int64_t logit_rows);
@@ -66,6 +76,8 @@ class LlamaModel final : public Model {
     ModelWeights weights_;  // as placed by the backend
     Backend& backend_;
     Communicator* tp_;
+    Communicator* pp_;
+    int first_layer_ = 0, num_stage_layers_ = 0;  // this stage's layers: [first, first + num)
     RopeTable rope_;
     Workspace ws_;
 };

@@ -52,8 +52,8 @@ const Architecture& architecture_named(const std::string& name) {
     fail("architecture '", name, "' is not registered (", supported_list(), ")");
 }
 
-std::unique_ptr<Model> create_model(const LoadedModel& loaded, Backend& backend, Communicator* tp) {
-    return architecture_named(loaded.config.arch).build(loaded, backend, tp);
+std::unique_ptr<Model> create_model(const LoadedModel& loaded, Backend& backend, const ModelParallel& par) {
+    return architecture_named(loaded.config.arch).build(loaded, backend, par);
 }
 
 }  // namespace peregrine

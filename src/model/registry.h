@@ -27,8 +27,8 @@ const Architecture& detect_architecture(ModelFormat format, const std::string& n
 const Architecture& architecture_named(const std::string& name);
 
 // The forward pass of `loaded`'s architecture on `backend` (which places the weights).
-// `loaded` must outlive the result; so must `tp`, the tensor-parallel group `loaded` was
-// sharded for (null: one rank).
-std::unique_ptr<Model> create_model(const LoadedModel& loaded, Backend& backend, Communicator* tp = nullptr);
+// `loaded` must outlive the result; so must the groups of `par` (model.h: the tensor-parallel
+// group `loaded` was sharded for, the pipeline stages).
+std::unique_ptr<Model> create_model(const LoadedModel& loaded, Backend& backend, const ModelParallel& par = {});
 
 }  // namespace peregrine

@@ -54,8 +54,8 @@ const WeightNames kLlamaGgufWeights = {
         },
 };
 
-std::unique_ptr<Model> build_llama_decoder(const LoadedModel& loaded, Backend& backend, Communicator* tp) {
-    return std::make_unique<LlamaModel>(loaded, backend, tp);
+std::unique_ptr<Model> build_llama_decoder(const LoadedModel& loaded, Backend& backend, const ModelParallel& par) {
+    return std::make_unique<LlamaModel>(loaded, backend, par);
 }
 
 }  // namespace peregrine

@@ -13,6 +13,7 @@ namespace peregrine {
 
 class Backend;
 class Communicator;
+struct ModelParallel;
 
 // transformers' names: "model.layers.<i>.self_attn.q_proj.weight", ...
 extern const WeightNames kLlamaHfWeights;
@@ -21,6 +22,6 @@ extern const WeightNames kLlamaGgufWeights;
 
 // LlamaModel over `loaded` (which must outlive it); its config's flags (attention_bias, qk_norm,
 // layer windows, rope) select what each layer does.
-std::unique_ptr<Model> build_llama_decoder(const LoadedModel& loaded, Backend& backend, Communicator* tp);
+std::unique_ptr<Model> build_llama_decoder(const LoadedModel& loaded, Backend& backend, const ModelParallel& par);
 
 }  // namespace peregrine

@@ -1,7 +1,9 @@
-// Tensor parallelism on the CPU: T ranks, one process each (fork), every rank loading only its
-// slices (load_model with LoadOptions::tp) and running the forward pass with the shared-memory
-// communicator (the o / down all-reduces, the vocabulary-parallel embedding and LM head). Rank
-// 0's logits must match a one-rank run of the same batch: within 1e-4 in f32, the same argmax.
+// Tensor and pipeline parallelism on the CPU: T x P ranks, one process each (fork), every rank
+// loading only its tensor-parallel slices (load_model with LoadOptions::tp) and running its
+// pipeline stage's layers, with the shared-memory communicator (the o / down all-reduces, the
+// vocabulary-parallel embedding and LM head, the residual stream sent stage to stage). The
+// last stage's first tensor-parallel rank must give the logits of a one-rank run of the same
+// batch: within 1e-4 in f32, the same argmax.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,9 +12,11 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
 #include "dist/shm_communicator.h"
 #include "model/kv_cache.h"
 #include "model/llama.h"
@@ -24,13 +28,13 @@ namespace {
 
 // Two sequences prefilled together (every token's logits), then one decode step of each:
 // the paths of a real step (several sequences, chunk positions, cache reads).
-std::vector<float> run(const std::string& path, TensorParallel tp, Communicator* comm) {
+std::vector<float> run(const std::string& path, TensorParallel tp, const ModelParallel& par) {
     CpuBackend backend(1);
     LoadOptions opt;
     opt.matmul_dtype_ok = [&](DType t) { return backend.supports_weight_dtype(t); };
     opt.tp = tp;
     const auto loaded = load_model(path, opt);
-    LlamaModel model(*loaded, backend, comm);
+    LlamaModel model(*loaded, backend, par);
     KvCache cache(backend, model.kv_cache_shape(16, 16));
     const std::vector<std::vector<int32_t>> prompts = {{1, 403, 407, 261, 378}, {1, 9, 77}};
     const std::vector<int32_t> next = {42, 300};
@@ -62,9 +66,12 @@ std::vector<float> run(const std::string& path, TensorParallel tp, Communicator*
     return all;
 }
 
-// Forks `size` ranks; rank 0 compares with `ref` ([rows, vocab]) and says how far it was.
-void expect_ranks_match(const std::string& path, int size, const std::vector<float>& ref, int vocab) {
-    const std::string group = "tp-test-" + std::to_string(::getpid()) + "-" + std::to_string(size);
+// Forks tp x pp ranks (rank g: tensor-parallel rank g % tp of stage g / tp); the last stage's
+// tensor-parallel rank 0 compares with `ref` ([rows, vocab]) and says how far it was.
+void expect_ranks_match(const std::string& path, int tp_size, int pp_size, const std::vector<float>& ref, int vocab) {
+    const int size = tp_size * pp_size;
+    const std::string group =
+        "par-test-" + std::to_string(::getpid()) + "-" + std::to_string(tp_size) + "x" + std::to_string(pp_size);
     std::vector<pid_t> children;
     int fds[2];
     ASSERT_EQ(::pipe(fds), 0);
@@ -74,9 +81,11 @@ void expect_ranks_match(const std::string& path, int size, const std::vector<flo
         if (pid == 0) {
             int code = 0;
             try {
-                const auto comm = ShmCommunicator::create(group, r, size, 60);
-                const std::vector<float> got = run(path, {r, size}, comm.get());
-                if (r == 0) {
+                const int tp_rank = r % tp_size, stage = r / tp_size;
+                const auto tp = ShmCommunicator::create(group + "-tp" + std::to_string(stage), tp_rank, tp_size, 60);
+                const auto pp = ShmCommunicator::create(group + "-pp" + std::to_string(tp_rank), stage, pp_size, 60);
+                const std::vector<float> got = run(path, {tp_rank, tp_size}, {tp.get(), pp.get()});
+                if (stage == pp_size - 1 && tp_rank == 0) {
                     double worst = 0;
                     int argmax_differ = 0;
                     for (size_t row = 0; row * vocab < got.size(); ++row) {
@@ -106,21 +115,32 @@ void expect_ranks_match(const std::string& path, int size, const std::vector<flo
     double report[2] = {-1, -1};
     ASSERT_EQ(::read(fds[0], report, sizeof(report)), static_cast<ssize_t>(sizeof(report)));
     ::close(fds[0]);
-    std::printf("TP %d %s: max |dlogit| %.3g, argmax differs in %g rows\n", size, path.c_str(), report[0], report[1]);
-    EXPECT_LE(report[0], 1e-4) << path << " TP " << size;
-    EXPECT_EQ(report[1], 0) << path << " TP " << size;
+    std::printf("TP %d x PP %d %s: max |dlogit| %.3g, argmax differs in %g rows\n", tp_size, pp_size, path.c_str(),
+                report[0], report[1]);
+    EXPECT_LE(report[0], 1e-4) << path << " TP " << tp_size << " PP " << pp_size;
+    EXPECT_EQ(report[1], 0) << path << " TP " << tp_size << " PP " << pp_size;
 }
 
-class TensorParallelForward : public ::testing::TestWithParam<std::string> {};
+class ParallelForward : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(TensorParallelForward, RanksGiveTheOneRankLogits) {
+TEST_P(ParallelForward, RanksGiveTheOneRankLogits) {
     const std::string path = GetParam();
-    const std::vector<float> ref = run(path, {0, 1}, nullptr);
+    const std::vector<float> ref = run(path, {0, 1}, {});
     const int vocab = open_model_config(path)->config.vocab_size;
-    for (int size : {2, 4}) expect_ranks_match(path, size, ref, vocab);
+    for (const auto& [tp, pp] : {std::pair{2, 1}, std::pair{4, 1}, std::pair{1, 2}, std::pair{2, 2}})
+        expect_ranks_match(path, tp, pp, ref, vocab);
 }
 
-INSTANTIATE_TEST_SUITE_P(F32Fixtures, TensorParallelForward,
+TEST(PipelineStages, LayersAreContiguousAndCoverTheModel) {
+    EXPECT_EQ(stage_layers(5, 0, 2).first, 0);
+    EXPECT_EQ(stage_layers(5, 0, 2).count, 3);
+    EXPECT_EQ(stage_layers(5, 1, 2).first, 3);
+    EXPECT_EQ(stage_layers(5, 1, 2).count, 2);
+    EXPECT_EQ(stage_layers(4, 3, 4).first, 3);
+    EXPECT_THROW(stage_layers(2, 0, 3), Error);
+}
+
+INSTANTIATE_TEST_SUITE_P(F32Fixtures, ParallelForward,
                          ::testing::Values(models_dir() + "/stories260K", data_dir() + "/stories260K.gguf",
                                            data_dir() + "/llama3-tiny", data_dir() + "/qwen2-tiny",
                                            data_dir() + "/qwen3-tiny"));
