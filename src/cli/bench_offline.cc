@@ -60,7 +60,6 @@ struct Bench {
 };
 
 Bench make_bench(const EngineConfig& config) {
-    config.validate();
     Bench b;
     b.executor = LocalExecutor::create(config);
     b.core = core_config(config, b.executor->worker().model_config().eos_token_ids);

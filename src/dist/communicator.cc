@@ -5,15 +5,9 @@
 namespace peregrine {
 
 size_t comm_element_size(DType dtype) {
-    switch (dtype) {
-        case DType::F32:
-            return 4;
-        case DType::BF16:
-            return 2;
-        default:
-            break;
-    }
-    fail("collectives take f32 or bf16 buffers, not ", dtype_name(dtype));
+    if (dtype != DType::F32 && dtype != DType::BF16)
+        fail("collectives take f32 or bf16 buffers, not ", dtype_name(dtype));
+    return static_cast<size_t>(dtype_block_bytes(dtype));
 }
 
 }  // namespace peregrine

@@ -18,9 +18,11 @@ namespace peregrine {
 class Communicator {
   public:
     virtual ~Communicator() = default;
+    Communicator(const Communicator&) = delete;
+    Communicator& operator=(const Communicator&) = delete;
 
-    virtual int rank() const = 0;
-    virtual int size() const = 0;
+    int rank() const { return rank_; }
+    int size() const { return size_; }
     virtual std::string name() const = 0;  // e.g. "shm (rank 1 of 4)", for logs
 
     // In place: every rank ends with the elementwise sum over ranks of buf [count]. The sum is
@@ -36,6 +38,11 @@ class Communicator {
     virtual void recv(void* buf, size_t count, DType dtype, int peer) = 0;
     // Returns once every rank has called it.
     virtual void barrier() = 0;
+
+  protected:
+    Communicator(int rank, int size) : rank_(rank), size_(size) {}
+    const int rank_;  // in [0, size_)
+    const int size_;
 };
 
 // Bytes of one element of a collective's dtype (F32: 4, BF16: 2); throws for other dtypes.

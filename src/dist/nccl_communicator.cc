@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <thread>
 
 #include "core/error.h"
@@ -214,7 +213,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(const NcclId& id, int
 }
 
 NcclCommunicator::NcclCommunicator(const NcclId& id, int rank, int size, int device, void* stream)
-    : lib_(&loaded_library()), stream_(stream), device_(device), rank_(rank), size_(size) {
+    : Communicator(rank, size), lib_(&loaded_library()), stream_(stream), device_(device) {
     if (size < 1 || rank < 0 || rank >= size) fail("NCCL communicator: rank ", rank, " is not in [0, ", size, ")");
     const NcclLibrary& lib = *lib_;
     check_cu(lib, lib.cuInit(0), "cuInit", device);
@@ -259,11 +258,15 @@ std::string NcclCommunicator::name() const {
                    rank_, " of ", size_, ", CUDA device ", device_, ")");
 }
 
+// " (NCCL's last error text)", or nothing when NCCL has none.
+std::string NcclCommunicator::last_error_suffix() const {
+    const char* detail = lib_->GetLastError ? lib_->GetLastError(static_cast<ncclComm_t>(comm_)) : nullptr;
+    return detail && *detail ? str_cat(" (", detail, ")") : std::string();
+}
+
 void NcclCommunicator::check(int result, const char* call) {
     if (result == kNcclSuccess || result == kNcclInProgress) return;
-    const char* detail = lib_->GetLastError ? lib_->GetLastError(static_cast<ncclComm_t>(comm_)) : nullptr;
-    fail(call, " failed on rank ", rank_, " of ", size_, ": ", lib_->GetErrorString(result),
-         detail && *detail ? str_cat(" (", detail, ")") : std::string());
+    fail(call, " failed on rank ", rank_, " of ", size_, ": ", lib_->GetErrorString(result), last_error_suffix());
 }
 
 void NcclCommunicator::check_peer(int peer, const char* op) const {
@@ -321,9 +324,8 @@ void NcclCommunicator::check_async_error() {
     check(lib_->CommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
     if (async == kNcclSuccess || async == kNcclInProgress) return;
     aborted_ = true;
-    const char* detail = lib_->GetLastError ? lib_->GetLastError(static_cast<ncclComm_t>(comm_)) : nullptr;
-    fail("NCCL group failed on rank ", rank_, " of ", size_, ": ", lib_->GetErrorString(async),
-         detail && *detail ? str_cat(" (", detail, ")") : std::string(), " (a peer rank may have died)");
+    fail("NCCL group failed on rank ", rank_, " of ", size_, ": ", lib_->GetErrorString(async), last_error_suffix(),
+         " (a peer rank may have died)");
 }
 
 void NcclCommunicator::barrier() {

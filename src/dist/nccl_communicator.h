@@ -15,7 +15,6 @@
 #pragma once
 
 #include <array>
-#include <cstdint>
 #include <deque>
 #include <memory>
 #include <string>
@@ -53,11 +52,6 @@ class NcclCommunicator final : public Communicator {
     // when NCCL is missing.
     static std::unique_ptr<NcclCommunicator> create(const NcclId& id, int rank, int size, int device, void* stream);
     ~NcclCommunicator() override;
-    NcclCommunicator(const NcclCommunicator&) = delete;
-    NcclCommunicator& operator=(const NcclCommunicator&) = delete;
-
-    int rank() const override { return rank_; }
-    int size() const override { return size_; }
     std::string name() const override;
 
     // ncclAllReduce (sum, in place), ncclAllGather, ncclBroadcast (in place), on the stream.
@@ -91,15 +85,14 @@ class NcclCommunicator final : public Communicator {
 
     void check_peer(int peer, const char* op) const;
     void check(int result, const char* call);
+    std::string last_error_suffix() const;
 
     const NcclLibrary* lib_ = nullptr;
-    void* comm_ = nullptr;     // ncclComm_t
-    void* stream_ = nullptr;   // cudaStream_t
-    void* context_ = nullptr;  // CUcontext: the device's primary context (retained)
-    int device_ = 0;           // CUDA device ordinal
-    int cu_device_ = 0;        // its CUdevice handle (context release takes it)
-    int rank_ = 0;
-    int size_ = 1;
+    void* comm_ = nullptr;            // ncclComm_t
+    void* stream_ = nullptr;          // cudaStream_t
+    void* context_ = nullptr;         // CUcontext: the device's primary context (retained)
+    int device_ = 0;                  // CUDA device ordinal
+    int cu_device_ = 0;               // its CUdevice handle (context release takes it)
     unsigned long long scratch_ = 0;  // CUdeviceptr: one f32 on the device, the barrier's all-reduce buffer
     std::deque<PendingSend> self_sends_;
     bool aborted_ = false;

@@ -85,7 +85,7 @@ struct Descriptor {  // one collective as one rank called it
     uint32_t reserved;
 };
 
-struct RankSlot {                    // 256 bytes per rank
+struct RankSlot {                    // 192 bytes per rank
     int32_t pid;                     // 0 until the rank claims the slot
     uint32_t joined;                 // 1 once pid and start_time are written
     uint64_t start_time;             // clock ticks since boot (0: unknown)
@@ -280,9 +280,8 @@ void sleep_for(std::chrono::milliseconds d) {
 }  // namespace
 
 ShmCommunicator::ShmCommunicator(std::string group, int rank, int size, double timeout_s)
-    : group_(std::move(group)),
-      rank_(rank),
-      size_(size),
+    : Communicator(rank, size),
+      group_(std::move(group)),
       timeout_s_(timeout_s),
       pids_(static_cast<size_t>(size), 0),
       start_times_(static_cast<size_t>(size), 0),
@@ -499,7 +498,8 @@ void ShmCommunicator::give_up(const std::string& message) {
     throw Error(broken_);
 }
 
-void ShmCommunicator::wait_rank(int peer, uint32_t* counter, uint32_t* waiters, uint32_t target, const char* what) {
+void ShmCommunicator::wait_rank(int peer, uint32_t* counter, uint32_t* waiters, uint32_t target, const char* what,
+                                bool names_peer) {
     for (int i = 0; i < kSpins; ++i) {
         if (reached(atom(*counter).load(std::memory_order_acquire), target)) return;
         cpu_relax();
@@ -529,13 +529,14 @@ void ShmCommunicator::wait_rank(int peer, uint32_t* counter, uint32_t* waiters, 
                               " stopped the group: ", h.abort_message);
             throw Error(broken_);
         }
+        auto doing = [&] { return names_peer ? str_cat(what, " rank ", peer) : std::string(what); };
         if (atom(ps.left).load(std::memory_order_acquire) != 0)
-            give_up(str_cat("rank ", peer, " (pid ", pid, ") left the group (rank ", rank_, " was in ", what, ")"));
+            give_up(str_cat("rank ", peer, " (pid ", pid, ") left the group (rank ", rank_, " was in ", doing(), ")"));
         if (!process_alive(pid, start_times_[static_cast<size_t>(peer)]))
-            give_up(str_cat("rank ", peer, " (pid ", pid, ") exited (rank ", rank_, " was in ", what, ")"));
+            give_up(str_cat("rank ", peer, " (pid ", pid, ") exited (rank ", rank_, " was in ", doing(), ")"));
         if (now >= deadline)
             give_up(str_cat("rank ", peer, " did not answer within ", seconds(timeout_s_), " (rank ", rank_, " was in ",
-                            what, ")"));
+                            doing(), ")"));
     }
 }
 
@@ -681,10 +682,10 @@ void ShmCommunicator::send(const void* buf, size_t count, DType dtype, int peer)
     const size_t chunks = std::max<size_t>(1, (bytes + slot_bytes - 1) / slot_bytes);
     ChannelCtl& ch = seg_->channel(rank_, peer);
     const auto* in = static_cast<const uint8_t*>(buf);
-    const std::string what = str_cat("send to rank ", peer);
     for (size_t c = 0; c < chunks; ++c) {
         const uint32_t k = sent_[static_cast<size_t>(peer)];
-        wait_rank(peer, &ch.received, &ch.received_waiters, k - 1, what.c_str());  // slot k % 2 free: chunk k - 2 taken
+        wait_rank(peer, &ch.received, &ch.received_waiters, k - 1, "send to",
+                  true);  // slot k % 2 free: chunk k - 2 taken
         const size_t off = c * slot_bytes;
         const size_t n = std::min(slot_bytes, bytes - off);
         copy(seg_->channel_data(rank_, peer, k % 2), in + off, n);
@@ -702,10 +703,9 @@ void ShmCommunicator::recv(void* buf, size_t count, DType dtype, int peer) {
     const size_t chunks = std::max<size_t>(1, (bytes + slot_bytes - 1) / slot_bytes);
     ChannelCtl& ch = seg_->channel(peer, rank_);
     auto* out = static_cast<uint8_t*>(buf);
-    const std::string what = str_cat("recv from rank ", peer);
     for (size_t c = 0; c < chunks; ++c) {
         const uint32_t k = taken_[static_cast<size_t>(peer)];
-        wait_rank(peer, &ch.sent, &ch.sent_waiters, k + 1, what.c_str());
+        wait_rank(peer, &ch.sent, &ch.sent_waiters, k + 1, "recv from", true);
         if (const uint64_t announced = ch.msg_bytes[k % 2]; announced != bytes)
             give_up(
                 str_cat("rank ", peer, " sent a message of ", announced, " bytes, rank ", rank_, " expected ", bytes));

@@ -93,11 +93,6 @@ class ShmCommunicator : public Communicator {
                                                    size_t staging_bytes = kDefaultStagingBytes);
 
     ~ShmCommunicator() override;
-    ShmCommunicator(const ShmCommunicator&) = delete;
-    ShmCommunicator& operator=(const ShmCommunicator&) = delete;
-
-    int rank() const override { return rank_; }
-    int size() const override { return size_; }
     std::string name() const override;
 
     void all_reduce_sum(void* buf, size_t count, DType dtype) override;
@@ -127,13 +122,14 @@ class ShmCommunicator : public Communicator {
     void begin_collective(uint32_t op, DType dtype, size_t count, int root, const char* what);
     // Waits until the shared `counter` of rank `peer` reaches `target` (sleeping on it with
     // `waiters` counted), checking the group's abort word, the peer's liveness and the deadline.
-    void wait_rank(int peer, uint32_t* counter, uint32_t* waiters, uint32_t target, const char* what);
+    // `what` names the operation in messages, followed by " rank <peer>" when `names_peer`
+    // (send / recv: the text is built only when a message is).
+    void wait_rank(int peer, uint32_t* counter, uint32_t* waiters, uint32_t target, const char* what,
+                   bool names_peer = false);
     [[noreturn]] void give_up(const std::string& message);
     void check_usable() const;
 
     std::string group_;
-    int rank_;
-    int size_;
     double timeout_s_;
     std::vector<int> pids_;              // [size]
     std::vector<uint64_t> start_times_;  // [size], clock ticks since boot

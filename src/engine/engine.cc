@@ -57,29 +57,7 @@ void RequestStream::push(RequestOutput out, bool last) {
     cv_.notify_all();
 }
 
-void EngineConfig::validate() const {
-    auto one_of = [](const std::string& v, std::initializer_list<const char*> names) {
-        for (const char* n : names)
-            if (v == n) return true;
-        return false;
-    };
-    if (!one_of(load_format, {"auto", "dummy"})) fail("load_format must be auto or dummy, got '", load_format, "'");
-    if (!one_of(device, {"auto", "cuda", "cpu"})) fail("device must be auto, cuda or cpu, got '", device, "'");
-    if (!one_of(dtype, {"auto", "float32", "bfloat16"}))
-        fail("dtype must be auto, float32 or bfloat16, got '", dtype, "'");
-    if (!one_of(kv_eviction, {"lru", "lfu", "fifo"}))
-        fail("kv_eviction must be lru, lfu or fifo, got '", kv_eviction, "'");
-    if (threads < 0) fail("threads must be >= 0 (0 = one per core), got ", threads);
-    if (!(gpu_memory_utilization >= 0.05 && gpu_memory_utilization <= 1.0))
-        fail("gpu_memory_utilization must be in [0.05, 1], got ", gpu_memory_utilization);
-    if (block_size < 1 || block_size > 1024) fail("block_size must be in [1, 1024], got ", block_size);
-    if (kv_cache_memory < 0) fail("kv_cache_memory must be >= 0, got ", kv_cache_memory);
-    if (max_num_seqs < 1) fail("max_num_seqs must be >= 1, got ", max_num_seqs);
-    if (max_num_batched_tokens < 1) fail("max_num_batched_tokens must be >= 1, got ", max_num_batched_tokens);
-}
-
 std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
-    config.validate();
     auto executor = LocalExecutor::create(config);
     const LoadedModel& loaded = executor->worker().loaded();
     ModelInfo info;

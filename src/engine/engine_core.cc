@@ -68,13 +68,13 @@ EngineCore::EngineCore(const CoreConfig& config, ModelExecutor& executor)
 
 EngineCore::~EngineCore() = default;
 
-void EngineCore::check_request(const Request& request) const {
+void EngineCore::check_request(const Request& request, bool has_text) const {
     check_prompt(request, executor_.vocab_size(), executor_.max_model_len(),
                  executor_.num_kv_blocks() * executor_.block_size());
     SamplingLimits limits;
     limits.vocab_size = executor_.vocab_size();
     limits.max_num_seqs = config_.scheduler.max_num_seqs;
-    limits.has_tokenizer = true;  // stop strings are matched by the front end (output_processor.h)
+    limits.has_tokenizer = has_text;
     const std::vector<FieldError> errors = validate(request.sampling, limits);
     if (!errors.empty()) fail(errors.front().message);
 }
@@ -199,7 +199,7 @@ bool EngineCore::can_overlap(const Launch& l) const {
         for (const auto& s : r->seqs)
             // A draw that processes its logits needs the host to know the previous token
             // (CPU-only features, penalty lists built on the host).
-            if (s->status != SeqStatus::Finished && processes_logits(*s)) return false;
+            if (s->status != SeqStatus::Finished && sample_row(*s, 0, false).processes_logits()) return false;
     return true;
 }
 
@@ -236,7 +236,7 @@ std::optional<EngineCore::Launch> EngineCore::launch(bool overlapped) {
     // (An overlapped launch was allowed only when every live sequence qualifies.)
     l.on_device = executor_.samples_on_device();
     for (size_t i = 0; l.on_device && i < l.sched.seqs.size(); ++i) {
-        l.on_device = !l.sched.seqs[i].sample || !needs_host_sampler(*l.sched.seqs[i].seq);
+        l.on_device = !l.sched.seqs[i].sample || !sample_row(*l.sched.seqs[i].seq, 0, false).needs_host();
     }
     PG_CHECK(l.on_device || !overlapped, "an overlapped step must sample on the device");
     const Clock::time_point t1 = Clock::now();

@@ -40,7 +40,9 @@ class EngineCore {
     // Throws Error (with a message fit for an API client) when the request is malformed:
     // empty or out-of-vocabulary prompt, a prompt that leaves no room in the context or the
     // KV cache, bad sampling values. Reads only immutable state: safe from any thread.
-    void check_request(const Request& request) const;
+    // `has_text`: the front end matches stop strings (output_processor.h); without text they
+    // are refused.
+    void check_request(const Request& request, bool has_text = true) const;
     // Checks (as above, plus a duplicate id) and queues.
     void add_request(Request request);
     // Ends every unfinished choice of the request now (finish reason "abort"), freeing its

@@ -24,8 +24,7 @@ EngineLoop::~EngineLoop() {
 }
 
 std::shared_ptr<RequestStream> EngineLoop::submit(Request request) {
-    core_.check_request(request);  // immutable state only
-    if (!text_ && !request.sampling.stop.empty()) fail("stop strings need a tokenizer");
+    core_.check_request(request, text_ != nullptr);  // immutable state only
     auto stream = std::make_shared<RequestStream>(request.id);
     if (text_) {
         stream->text_ = std::make_unique<RequestText>(*text_, request);

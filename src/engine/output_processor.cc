@@ -35,8 +35,6 @@ bool RequestText::process(RequestOutput& out, int* stopped) {
             c.ending = out;
             c.ending->finish = FinishReason::Stop;
             c.ending->stop_reason = std::move(stop);
-            c.ending->usage.reset();
-            c.ending->timing.reset();
             *stopped = out.index;
             break;
         }

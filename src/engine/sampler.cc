@@ -74,16 +74,6 @@ SampleRow sample_row(Sequence& seq, int logits_row, bool logprobs) {
     return r;
 }
 
-// (These two read the parameters directly: the same tests as SampleRow's, without building one.)
-bool needs_host_sampler(const Sequence& seq) {
-    return !seq.sampling->logit_bias.empty() || seq.num_output() < seq.sampling->min_tokens;
-}
-
-bool processes_logits(const Sequence& seq) {
-    const SamplingParams& p = *seq.sampling;
-    return needs_host_sampler(seq) || is_penalised(p.repetition_penalty, p.presence_penalty, p.frequency_penalty);
-}
-
 int32_t Sampler::sample(const float* logits, int vocab, const SampleRow& p, TokenLogprob* logprob) {
     const float* l = logits;
     if (p.processes_logits()) {

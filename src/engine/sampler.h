@@ -17,13 +17,6 @@ namespace peregrine {
 // it: the request's parameters, seq's seed, RNG and token history (the row points into seq).
 SampleRow sample_row(Sequence& seq, int logits_row, bool logprobs);
 
-// Whether drawing seq's next token needs the CPU sampler (SampleRow::needs_host: logit_bias,
-// min_tokens masking).
-bool needs_host_sampler(const Sequence& seq);
-// Whether drawing seq's next token reads more than its raw logits (SampleRow::processes_logits:
-// the above, or penalties over its token history).
-bool processes_logits(const Sequence& seq);
-
 class Sampler {
   public:
     // `eos_ids`: the model's end tokens (masked while the row's mask_end is set).

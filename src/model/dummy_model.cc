@@ -11,15 +11,11 @@ std::unique_ptr<LoadedModel> load_dummy_model(const std::string& path, Backend& 
                                               TensorParallel tp) {
     std::unique_ptr<LoadedModel> m = open_model_config(path);
     m->format = "dummy (" + std::string(m->gguf ? "gguf metadata" : "config.json") + ")";
-    try {
-        m->config = shard_config(m->config, tp);
-    } catch (const Error& e) {
-        fail(m->path, ": ", e.what());
-    }
+    m->config = shard_config(m->config, tp, m->path);
     // The rank's shapes: heads, kv heads and intermediate size are the shard's; the embedding
     // and LM head hold the rank's vocabulary rows.
     const ModelConfig& c = m->config;
-    const int64_t vocab_rows = c.vocab_end() - c.vocab_begin();
+    const int64_t vocab_rows = c.vocab_rows();
     const DType mat = backend.activation_dtype();
 
     // Every tensor allocated here is released when the LoadedModel goes.

@@ -79,7 +79,7 @@ void LlamaModel::reserve(int64_t tokens, int64_t logit_rows) {
     free_workspace();
     ws_.residual = backend_.allocate(DType::F32, {tokens, config_.hidden_size});
     ws_.logits = backend_.allocate(DType::F32, {logit_rows, config_.vocab_size});
-    if (sharded()) ws_.local = backend_.allocate(DType::F32, {logit_rows, config_.vocab_end() - config_.vocab_begin()});
+    if (sharded()) ws_.local = backend_.allocate(DType::F32, {logit_rows, config_.vocab_rows()});
     ws_.capacity = tokens;
     ws_.logit_rows = logit_rows;
 }
@@ -186,7 +186,7 @@ Tensor LlamaModel::run_ops(const BatchInput& batch, KvCache& cache) {
     // The final norm and LM head, only for the rows whose logits are wanted.
     const Tensor out = view(ws_.logits, num_logits, c.vocab_size);
     if (sharded()) {
-        const Tensor local = view(ws_.local, num_logits, c.vocab_end() - c.vocab_begin());
+        const Tensor local = view(ws_.local, num_logits, c.vocab_rows());
         backend_.logits(residual, weights_.final_norm, c.rms_norm_eps, weights_.lm_head, batch, local);
         gather_logits(local, out);
     } else {

@@ -95,7 +95,7 @@ class Builder {
         const int64_t q0 = r * int64_t{c.q_dim()}, qn = c.q_dim();
         const int64_t kv0 = int64_t{shard_kv_head(f, c.tp)} * D, kvn = c.kv_dim();
         const int64_t f0 = r * int64_t{c.intermediate_size}, fn = c.intermediate_size;
-        const int64_t v0 = c.vocab_begin(), vn = c.vocab_end() - c.vocab_begin();
+        const int64_t v0 = c.vocab_begin(), vn = c.vocab_rows();
         ModelWeights& w = m_.weights;
         w.embed = rows(src_.get(names.embed, {V, H}), v0, vn);
         touch(w.embed);
@@ -316,11 +316,7 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptio
     std::unique_ptr<LoadedModel> m = open_model_config(path);
     const Architecture& arch = architecture_named(m->config.arch);
     const ModelConfig full = m->config;
-    try {
-        m->config = shard_config(full, options.tp);
-    } catch (const Error& e) {
-        fail(m->path, ": ", e.what());
-    }
+    m->config = shard_config(full, options.tp, m->path);
     // Progress counts what this rank reads: about 1/T of the file under tensor parallelism.
     const size_t ranks = static_cast<size_t>(options.tp.size);
     if (m->gguf) {

@@ -29,7 +29,9 @@ void ModelConfig::validate(const std::string& source) const {
     if (static_cast<int>(layer_window.size()) != num_layers) fail(source, ": layer windows not set for every layer");
 }
 
-ModelConfig shard_config(const ModelConfig& full, TensorParallel tp) {
+namespace {
+
+ModelConfig shard(const ModelConfig& full, TensorParallel tp) {
     const int T = tp.size;
     if (T < 1) fail("tensor parallel size must be at least 1, got ", T);
     if (tp.rank < 0 || tp.rank >= T) fail("tensor parallel rank ", tp.rank, " is outside [0, ", T, ")");
@@ -49,6 +51,17 @@ ModelConfig shard_config(const ModelConfig& full, TensorParallel tp) {
     c.num_kv_heads = full.num_kv_heads >= T ? full.num_kv_heads / T : 1;
     c.intermediate_size = full.intermediate_size / T;
     return c;
+}
+
+}  // namespace
+
+ModelConfig shard_config(const ModelConfig& full, TensorParallel tp, const std::string& source) {
+    if (source.empty()) return shard(full, tp);
+    try {
+        return shard(full, tp);
+    } catch (const Error& e) {
+        fail(source, ": ", e.what());
+    }
 }
 
 int shard_kv_head(const ModelConfig& full, TensorParallel tp) {

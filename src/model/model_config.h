@@ -74,6 +74,7 @@ struct ModelConfig {
     // [0, vocab_size) with tp.size 1.
     int vocab_begin() const { return tp.rank * (vocab_size / tp.size); }
     int vocab_end() const { return tp.rank == tp.size - 1 ? vocab_size : (tp.rank + 1) * (vocab_size / tp.size); }
+    int vocab_rows() const { return vocab_end() - vocab_begin(); }
 
     int q_dim() const { return num_heads * head_dim; }
     int kv_dim() const { return num_kv_heads * head_dim; }
@@ -88,8 +89,9 @@ struct ModelConfig {
 // replicated across the T / num_kv_heads ranks whose query heads read it (shard_kv_head).
 // vocab_size stays the full vocabulary (vocab_begin / vocab_end give the rank's rows).
 // T = 1 returns `full` unchanged. Throws Error naming the numbers when the heads, the kv heads
-// or the intermediate size do not divide among T ranks, or when the rank is out of range.
-ModelConfig shard_config(const ModelConfig& full, TensorParallel tp);
+// or the intermediate size do not divide among T ranks, or when the rank is out of range; the
+// message starts with "<source>: " when `source` (the model's path) is given.
+ModelConfig shard_config(const ModelConfig& full, TensorParallel tp, const std::string& source = "");
 
 // The first of `full`'s kv heads that rank `tp.rank` holds: r * (KV / T) when T <= KV, else the
 // one kv head its first query head (r * H / T) reads, (r * H / T) / (H / KV).

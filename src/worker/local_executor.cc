@@ -17,6 +17,7 @@ void ModelExecutor::collect_samples(std::vector<int32_t>&, std::vector<TokenLogp
 LocalExecutor::LocalExecutor(std::unique_ptr<Worker> worker) : worker_(std::move(worker)) {}
 
 std::unique_ptr<LocalExecutor> LocalExecutor::create(const EngineConfig& config) {
+    config.validate();  // every engine is built here (Engine::create, the benchmarks)
     auto w = std::make_unique<Worker>(config);
     w->init_device();
     w->load_model();

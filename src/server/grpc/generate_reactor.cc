@@ -63,7 +63,6 @@ class GenerateReactor : public grpc::ServerWriteReactor<pb::GenerateResponse> {
         std::shared_ptr<GenerateReactor> keep;
         std::lock_guard<std::recursive_mutex> lock(mu_);
         keep = std::move(self_);  // the pump's sink may still hold one
-        done_ = true;
     }
 
   private:
@@ -126,7 +125,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<pb::GenerateResponse> {
     Ticket ticket_;  // the request's share of the in-flight limits, until its last output
     std::deque<pb::GenerateResponse> queue_;
     pb::GenerateResponse current_;
-    bool started_ = false, writing_ = false, ended_ = false, cancelled_ = false, finished_ = false, done_ = false;
+    bool started_ = false, writing_ = false, ended_ = false, cancelled_ = false, finished_ = false;
 };
 
 }  // namespace

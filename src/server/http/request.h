@@ -12,7 +12,6 @@ namespace peregrine::server {
 struct HttpRequest {
     std::string method;                                        // "GET", "POST", ...
     std::string path;                                          // the target without its query
-    std::string query;                                         // after '?', undecoded
     std::vector<std::pair<std::string, std::string>> headers;  // names lower case
     std::string body;
     std::string remote;              // "ip:port"

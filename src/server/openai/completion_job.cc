@@ -12,11 +12,6 @@ namespace peregrine::server {
 
 namespace {
 
-int64_t unix_now() {
-    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
-        .count();
-}
-
 // One /v1/completions or /v1/chat/completions request, from submission to its last byte. Lives
 // on the connection's strand (on_outputs arrives there through Exchange::post).
 class CompletionJob : public std::enable_shared_from_this<CompletionJob> {

@@ -8,12 +8,12 @@
 
 namespace peregrine::server {
 
-namespace {
-
 int64_t unix_now() {
     return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
         .count();
 }
+
+namespace {
 
 // The engine refused a request (Engine::submit): a 400 naming the field when the message does
 // (validate()'s messages start with the quoted field; a few older ones with the bare name).
@@ -68,7 +68,7 @@ void CompletionService::abort_all() {
 }
 
 void CompletionService::shutdown() {
-    if (model_ && model_->engine) model_->engine->shutdown();
+    abort_all();
     pump_.stop();
 }
 
@@ -157,7 +157,7 @@ AdmittedCompletion CompletionService::admit(const Caller& caller, CompletionPara
         for (const PromptInput& in : p.prompts) {
             if (in.is_text) {
                 prompts.push_back(encode_prompt(in.text, p.add_special_tokens, "prompt"));
-                out.echo_texts.push_back(in.text);
+                out.echo_texts.push_back(p.echo ? in.text : std::string());  // read only for echo
             } else {
                 for (int32_t t : in.ids)
                     if (!m.tokenizer->valid_id(t))

@@ -26,6 +26,9 @@
 
 namespace peregrine::server {
 
+// Seconds since the Unix epoch (OpenAI's `created`).
+int64_t unix_now();
+
 // A completion request checked and admitted, ready for the engine.
 struct AdmittedCompletion {
     CompletionParams params;

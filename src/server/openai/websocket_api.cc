@@ -15,7 +15,6 @@ struct WsConnection {
     std::string authorization;  // of the handshake: what each message's request is checked as
     std::string remote;
     std::unordered_map<std::string, std::shared_ptr<WsRequestExchange>> running;
-    bool closed = false;
 
     void send(const Json& j) { ws->send(dump(j)); }
     void send_error(const Json& id, const ApiError& e) {
@@ -123,7 +122,6 @@ void WebSocketApi::accept(const ApiCall& call) {
         WebSocketCallbacks cb;
         cb.on_message = [this, conn](std::string text) { on_message(conn, text); };
         cb.on_close = [conn] {
-            conn->closed = true;
             auto running = std::move(conn->running);
             conn->running.clear();
             for (auto& [id, rex] : running) rex->connection_gone();
