@@ -15,6 +15,9 @@ packages=(
     # for clang: libclang_rt.fuzzer-x86_64.a) must be named, and llvm-14 brings llvm-symbolizer
     # for readable sanitizer stacks. (g++'s ASan/UBSan runtimes come with build-essential.)
     clang libclang-rt-14-dev llvm-14 clang-format
+    # The multi-host launch test starts `peregrine serve` under Debian's Open MPI `mpirun`
+    # (tests/server/parallel.test.mjs); Peregrine itself links no MPI library.
+    openmpi-bin
 )
 # The server tests run node (the official `openai` npm client); any recent nodejs with npm will do.
 command -v npm >/dev/null || packages+=(nodejs npm)

@@ -38,6 +38,22 @@ struct EngineConfig {
     // With device sampling, queue step N+1 before step N's tokens come back.
     bool async_scheduling = true;
 
+    // --- parallelism: one process per rank (docs/PARALLEL.md). With tensor_parallel_size *
+    // pipeline_parallel_size > 1, Engine::create joins (rank 0 of the group: first spawns this
+    // host's other ranks) a group of that many processes; it returns only on rank 0, and every
+    // other rank serves the group inside it and exits the process when the group stops.
+    int tensor_parallel_size = 1;    // ranks that split every layer (heads, MLP columns, vocabulary)
+    int pipeline_parallel_size = 1;  // stages of contiguous layers
+    // Several hosts: one launched process per host (vLLM / SGLang spelling). Unset values (0,
+    // -1, empty) come from PEREGRINE_NNODES / _NODE_RANK / _MASTER_ADDR / _MASTER_PORT, then
+    // mpirun's, PMI's, Slurm's or a LeaderWorkerSet's variables; none: this host alone.
+    int nnodes = 0;
+    int node_rank = -1;
+    std::string master_addr;  // rank 0's host, where its rendezvous store listens
+    int master_port = 0;      // 0: 29500
+
+    int parallel_size() const { return tensor_parallel_size * pipeline_parallel_size; }
+
     // Throws Error naming the field when a value is out of range or unknown.
     void validate() const;
 };

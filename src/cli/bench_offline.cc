@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "engine/engine_core.h"
 #include "engine/engine_loop.h"
-#include "worker/local_executor.h"
+#include "worker/parallel_executor.h"
 
 namespace peregrine::cli {
 
@@ -55,14 +55,15 @@ struct RunResult {
 
 // The core is stepped on this thread (no engine thread in the measurement), without text.
 struct Bench {
-    std::unique_ptr<LocalExecutor> executor;
+    std::unique_ptr<ModelExecutor> executor;
     CoreConfig core;
 };
 
 Bench make_bench(const EngineConfig& config) {
     Bench b;
-    b.executor = LocalExecutor::create(config);
-    b.core = core_config(config, b.executor->worker().model_config().eos_token_ids);
+    BuiltExecutor built = create_executor(config);
+    b.core = core_config(config, built.worker->model_config().eos_token_ids);
+    b.executor = std::move(built.executor);
     return b;
 }
 

@@ -62,6 +62,25 @@ void add_engine_options(CLI::App* cmd, EngineConfig& o) {
                   "CUDA: batch-invariant kernels: a request's tokens do not depend on what else is in the batch "
                   "or on how its prompt was chunked (greedy output as when run alone; slower)");
     cmd->add_option("--dummy-seed", o.dummy_seed, "Seed of --load-format dummy weights (default 0)");
+
+    // Parallelism (docs/PARALLEL.md); vLLM's and SGLang's spellings.
+    cmd->add_option("--tensor-parallel-size", o.tensor_parallel_size,
+                    "Ranks (processes) that split every layer: heads, MLP columns, vocabulary (default 1)")
+        ->check(CLI::Range(1, 64));
+    cmd->add_option("--pipeline-parallel-size", o.pipeline_parallel_size,
+                    "Pipeline stages of contiguous layers, one rank each per tensor-parallel rank (default 1)")
+        ->check(CLI::Range(1, 64));
+    cmd->add_option("--nnodes", o.nnodes,
+                    "Hosts of a multi-host group, one launched process each (default: $PEREGRINE_NNODES, "
+                    "mpirun / PMI / Slurm / LeaderWorkerSet variables, else 1)")
+        ->check(CLI::Range(1, 4096));
+    cmd->add_option("--node-rank", o.node_rank, "This host's index in [0, nnodes) (default: from the environment)")
+        ->check(CLI::Range(0, 4095));
+    cmd->add_option("--master-addr", o.master_addr,
+                    "Host of rank 0, where the group's rendezvous store listens (default: $PEREGRINE_MASTER_ADDR, "
+                    "else 127.0.0.1 for one host)");
+    cmd->add_option("--master-port", o.master_port, "Port of rank 0's rendezvous store (default 29500)")
+        ->check(CLI::Range(1, 65535));
 }
 
 }  // namespace peregrine::cli

@@ -24,6 +24,7 @@
 #include "server/openai/openai_server.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "worker/parallel_executor.h"
 
 namespace peregrine::cli {
 
@@ -98,6 +99,9 @@ std::unique_ptr<server::ServedModel> load(const EngineConfig& config) {
 }
 
 int run(ServeArgs& a) {
+    // A model-parallel group forks this host's ranks before any thread starts; on ranks other
+    // than 0 this never returns (they run what rank 0 sends, then exit).
+    if (a.engine.parallel_size() > 1) join_model_group(a.engine);
     // SIGINT/SIGTERM go to sigwait below, not to whichever thread happens to run.
     sigset_t signals;
     sigemptyset(&signals);

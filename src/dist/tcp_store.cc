@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "dist/socket_io.h"
 
 namespace peregrine {
 
@@ -35,16 +36,6 @@ constexpr char kErr = 'E';    // b = message
 
 // A frame's field longer than this is a protocol error (not a peer of ours), not an allocation.
 constexpr uint32_t kMaxField = 64u << 20;
-
-void put_u32(std::string& out, uint32_t v) {
-    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
-}
-
-uint32_t get_u32(const std::string& in, size_t at) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(in[at + i])) << (8 * i);
-    return v;
-}
 
 std::string frame(char op, const std::string& a, const std::string& b) {
     std::string out;
@@ -76,26 +67,6 @@ Parse take_frame(std::string& buf, char& op, std::string& a, std::string& b) {
     return Parse::kFrame;
 }
 
-// Whole buffer or false (peer gone). MSG_NOSIGNAL: a closed peer must not SIGPIPE the process.
-bool send_all(int fd, const std::string& data) {
-    size_t done = 0;
-    while (done < data.size()) {
-        const ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return false;
-        done += static_cast<size_t>(n);
-    }
-    return true;
-}
-
-std::string errno_text(int err) {
-    return std::strerror(err);
-}
-
-std::string seconds_text(milliseconds ms) {
-    return str_cat(static_cast<double>(ms.count()) / 1000.0, " s");
-}
-
 int parse_decimal(const std::string& s) {
     try {
         size_t used = 0;
@@ -114,28 +85,8 @@ int parse_decimal(const std::string& s) {
 class TcpStoreServer {
   public:
     TcpStoreServer(int port, int world_size) : world_size_(world_size), connected_(world_size, false) {
-        listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (listen_fd_ < 0) fail("rendezvous store: socket(): ", errno_text(errno));
-        const int one = 1;
-        ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        sockaddr_in addr{};
-        addr.sin_family = AF_INET;
-        addr.sin_addr.s_addr = htonl(INADDR_ANY);
-        addr.sin_port = htons(static_cast<uint16_t>(port));
-        if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-            const int err = errno;
-            ::close(listen_fd_);
-            fail("rendezvous store: cannot listen on port ", port, ": ", errno_text(err),
-                 err == EADDRINUSE ? " (another group's rank 0 on this host? choose another --master-port)" : "");
-        }
-        if (::listen(listen_fd_, 128) != 0) {
-            const int err = errno;
-            ::close(listen_fd_);
-            fail("rendezvous store: listen(): ", errno_text(err));
-        }
-        socklen_t len = sizeof(addr);
-        ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-        port_ = ntohs(addr.sin_port);
+        listen_fd_ = listen_tcp(port, port_, "rendezvous store",
+                                " (another group's rank 0 on this host? choose another --master-port)");
         if (::pipe2(wake_, O_CLOEXEC) != 0) {
             const int err = errno;
             ::close(listen_fd_);
@@ -352,47 +303,6 @@ class TcpStoreServer {
     std::string failure_;  // guarded by mu_
 };
 
-namespace {
-
-// Connects to host:port, retrying (ranks start in any order, DNS of a new pod may lag) until
-// `deadline`. Returns the socket; throws naming the address and the last error.
-int connect_with_retry(const std::string& host, int port, Clock::time_point deadline, milliseconds timeout) {
-    std::string last_error = "no attempt";
-    for (;;) {
-        addrinfo hints{};
-        hints.ai_family = AF_INET;
-        hints.ai_socktype = SOCK_STREAM;
-        addrinfo* found = nullptr;
-        const int gai = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
-        if (gai != 0) {
-            last_error = str_cat("cannot resolve '", host, "': ", ::gai_strerror(gai));
-        } else {
-            for (addrinfo* ai = found; ai; ai = ai->ai_next) {
-                const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-                if (fd < 0) {
-                    last_error = errno_text(errno);
-                    continue;
-                }
-                if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
-                    ::freeaddrinfo(found);
-                    const int one = 1;
-                    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-                    return fd;
-                }
-                last_error = errno_text(errno);
-                ::close(fd);
-            }
-            ::freeaddrinfo(found);
-        }
-        if (Clock::now() >= deadline)
-            fail("could not reach rank 0's rendezvous store at ", host, ":", port, " within ", seconds_text(timeout),
-                 " (", last_error, "): is rank 0 running, and are --master-addr / --master-port right?");
-        std::this_thread::sleep_for(milliseconds(100));
-    }
-}
-
-}  // namespace
-
 TcpStore::TcpStore(const Options& options) : options_(options) {
     if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size)
         fail("rendezvous store: rank ", options_.rank, " is not in [0, ", options_.world_size, ")");
@@ -405,7 +315,7 @@ TcpStore::TcpStore(const Options& options) : options_(options) {
         port_ = server_->port();
         host = "127.0.0.1";  // the server listens on every interface; loopback always reaches it
     }
-    fd_ = connect_with_retry(host, port_, Clock::now() + options_.timeout, options_.timeout);
+    fd_ = connect_with_retry(host, port_, options_.timeout, "rank 0's rendezvous store");
     try {
         request(kHello, std::to_string(options_.rank), std::to_string(options_.world_size), options_.timeout);
     } catch (...) {

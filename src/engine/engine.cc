@@ -5,7 +5,7 @@
 #include "engine/output_processor.h"
 #include "engine/tokenizer_text.h"
 #include "tokenizer/tokenizer.h"
-#include "worker/local_executor.h"
+#include "worker/parallel_executor.h"
 
 namespace peregrine {
 
@@ -58,8 +58,8 @@ void RequestStream::push(RequestOutput out, bool last) {
 }
 
 std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
-    auto executor = LocalExecutor::create(config);
-    const LoadedModel& loaded = executor->worker().loaded();
+    BuiltExecutor built = create_executor(config);
+    const LoadedModel& loaded = built.worker->loaded();
     ModelInfo info;
     info.path = loaded.path;
     info.format = loaded.format;
@@ -74,7 +74,7 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
                                                                    : Tokenizer::load(loaded.model_dir));
     const CoreConfig core = core_config(config, info.eos_token_ids);
     return std::make_unique<Engine>(std::make_unique<EngineLoop>(
-        core, std::move(executor), std::make_shared<TokenizerText>(tokenizer), std::move(info), tokenizer));
+        core, std::move(built.executor), std::make_shared<TokenizerText>(tokenizer), std::move(info), tokenizer));
 }
 
 Engine::Engine(std::unique_ptr<EngineLoop> loop) : loop_(std::move(loop)) {}

@@ -26,6 +26,12 @@ void EngineConfig::validate() const {
     if (block_size < 1 || block_size > 1024) fail("block_size must be in [1, 1024], got ", block_size);
     if (kv_cache_memory < 0) fail("kv_cache_memory must be >= 0, got ", kv_cache_memory);
     if (max_num_seqs < 1) fail("max_num_seqs must be >= 1, got ", max_num_seqs);
+    if (tensor_parallel_size < 1 || tensor_parallel_size > 64)
+        fail("tensor_parallel_size must be in [1, 64], got ", tensor_parallel_size);
+    if (pipeline_parallel_size < 1 || pipeline_parallel_size > 64)
+        fail("pipeline_parallel_size must be in [1, 64], got ", pipeline_parallel_size);
+    if (nnodes < 0) fail("nnodes must be >= 1 (0: from the environment), got ", nnodes);
+    if (master_port < 0 || master_port > 65535) fail("master_port must be in [1, 65535] (0: 29500), got ", master_port);
     if (max_num_batched_tokens < 1) fail("max_num_batched_tokens must be >= 1, got ", max_num_batched_tokens);
 }
 

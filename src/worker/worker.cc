@@ -24,16 +24,18 @@ double seconds_since(Clock::time_point t0) {
 }
 
 // The backend `device` names: cuda when built with CUDA and a GPU is present for "auto".
-std::unique_ptr<Backend> make_backend(const EngineConfig& c) {
+std::unique_ptr<Backend> make_backend(const EngineConfig& c, int device_index) {
 #ifdef PG_WITH_CUDA
-    if (c.device == "cuda" || (c.device == "auto" && cuda_device_available())) {
+    if (worker_uses_cuda(c)) {
         CudaOptions co;
         co.graphs = !c.enforce_eager;
         co.batch_invariant = c.batch_invariant;
         co.max_graph_batch = std::min(c.max_num_seqs, 256);
+        co.device = device_index;
         return std::make_unique<CudaBackend>(co);
     }
 #else
+    (void)device_index;
     if (c.device == "cuda") fail("device cuda: this build has no CUDA backend (nvcc was not found at build time)");
 #endif
     return std::make_unique<CpuBackend>(c.threads, cpu_precision_from_name(c.dtype));
@@ -69,7 +71,16 @@ void profile_step(Model& model, Backend& backend, int tokens, int seqs, int bloc
 
 }  // namespace
 
-Worker::Worker(const EngineConfig& config) : config_(config), device_logits_(std::make_unique<Tensor>()) {}
+bool worker_uses_cuda(const EngineConfig& c) {
+#ifdef PG_WITH_CUDA
+    return c.device == "cuda" || (c.device == "auto" && cuda_device_available());
+#else
+    return c.device == "cuda";
+#endif
+}
+
+Worker::Worker(const EngineConfig& config, const WorkerPlace& place)
+    : config_(config), place_(place), device_logits_(std::make_unique<Tensor>()) {}
 
 Worker::Worker(Backend& backend, Model& model, int num_blocks, int block_size, DeviceSampler* sampler)
     : backend_(&backend), model_(&model), sampler_(sampler), device_logits_(std::make_unique<Tensor>()) {
@@ -80,7 +91,7 @@ Worker::Worker(Backend& backend, Model& model, int num_blocks, int block_size, D
 Worker::~Worker() = default;
 
 void Worker::init_device() {
-    own_backend_ = make_backend(config_);
+    own_backend_ = make_backend(config_, place_.device_index);
     backend_ = own_backend_.get();
 }
 
@@ -89,13 +100,15 @@ void Worker::load_model() {
     Backend* backend = backend_;
     LoadOptions opt;
     opt.matmul_dtype_ok = [backend](DType t) { return backend->supports_weight_dtype(t); };
-    opt.progress = config_.load_progress;
+    opt.progress = place_.verbose ? config_.load_progress : nullptr;
+    opt.tp = place_.tp;
     const std::string path = config_.model.empty() ? default_model_path() : config_.model;
     const auto t0 = Clock::now();
-    loaded_ = config_.load_format == "dummy" ? load_dummy_model(path, *backend_, config_.dummy_seed)
+    loaded_ = config_.load_format == "dummy" ? load_dummy_model(path, *backend_, config_.dummy_seed, 0.02f, place_.tp)
                                              : peregrine::load_model(path, opt);
-    own_model_ = create_model(*loaded_, *backend_);  // places the weights
+    own_model_ = create_model(*loaded_, *backend_, place_.comms);  // places the weights
     model_ = own_model_.get();
+    if (!place_.verbose) return;
     std::fprintf(stderr, "model: %s (%s, %.2fs)\n  %s\n  weights: %s\n  backend: %s\n", path.c_str(),
                  loaded_->format.c_str(), seconds_since(t0), loaded_->config.summary().c_str(),
                  loaded_->weight_dtypes.c_str(), backend_->name().c_str());
@@ -141,7 +154,7 @@ void Worker::init_kv_cache(int num_blocks) {
     PG_CHECK(model_ && !cache_, "init_kv_cache: call load_model first, once");
     const KvCacheShape shape = model_->kv_cache_shape(num_blocks, config_.block_size);
     cache_ = std::make_unique<KvCache>(*backend_, shape);
-    if (own_model_)
+    if (own_model_ && place_.verbose)
         std::fprintf(stderr, "  KV cache: %d blocks of %d tokens (%.1f MiB, %s), holds %lld tokens\n", num_blocks,
                      shape.block_size, num_blocks * static_cast<double>(shape.bytes_per_block()) / (1 << 20),
                      std::string(dtype_name(shape.dtype)).c_str(),
@@ -186,7 +199,7 @@ void Worker::warm_up() {
             ++steps;
         }
     }
-    if (steps > 0)
+    if (steps > 0 && place_.verbose)
         std::fprintf(stderr, "  ran %d decode steps to record their graphs (%.2fs)\n", steps, seconds_since(t0));
     backend_->synchronize();
 }

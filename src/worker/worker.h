@@ -27,9 +27,20 @@ class Backend;
 class KvCache;
 struct TokenLogprob;
 
+// Whether a worker of `config` runs on the CUDA backend (device cuda, or auto with a GPU present).
+bool worker_uses_cuda(const EngineConfig& config);
+
+// Where a worker sits in a model-parallel group (worker/rank_group.h). The default: alone.
+struct WorkerPlace {
+    ModelParallel comms;   // tensor / pipeline communicators; null where that size is 1
+    TensorParallel tp;     // the weight slices it loads
+    int device_index = 0;  // CUDA device
+    bool verbose = true;   // prints the load summary (rank 0 of a group)
+};
+
 class Worker {
   public:
-    explicit Worker(const EngineConfig& config);
+    explicit Worker(const EngineConfig& config, const WorkerPlace& place = {});
     // A worker over a backend and a model that the caller built and keeps alive (tests,
     // benchmarks): device and model steps are done; the KV cache is allocated here.
     // `sampler` (may be null) draws from logits left on the device.
@@ -65,6 +76,7 @@ class Worker {
 
   private:
     EngineConfig config_;
+    WorkerPlace place_;
     std::unique_ptr<Backend> own_backend_;
     std::unique_ptr<LoadedModel> loaded_;
     std::unique_ptr<Model> own_model_;

@@ -12,9 +12,14 @@ const openai = require('openai');
 export const OpenAI = openai.OpenAI;
 export const APIError = openai.APIError;
 
+// Extra `serve` flags for every server a test file starts: PG_SERVE_ARGS (space separated), e.g.
+// "--device cpu --tensor-parallel-size 2" to run the same API tests against a model-parallel group.
+const extraArgs = (process.env.PG_SERVE_ARGS ?? '').split(' ').filter((a) => a);
+
 // Starts the server with `args`; resolves once it is ready. stop() ends it (SIGTERM).
-export async function startServer(args = []) {
-    const proc = spawn(binary, ['serve', '--port', '0', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+export async function startServer(args = [], { command = [binary, 'serve'] } = {}) {
+    const [exe, ...pre] = command;
+    const proc = spawn(exe, [...pre, '--port', '0', ...extraArgs, ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
     let log = '';
     const ready = new Promise((resolve, reject) => {
         const timer = setTimeout(() => reject(new Error(`server not ready in 60 s:\n${log}`)), 60000);

@@ -1,0 +1,199 @@
+#include "worker/parallel_executor.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "core/error.h"
+#include "worker/local_executor.h"
+#include "worker/step_message.h"
+
+namespace peregrine {
+
+namespace {
+
+// Seconds a rank other than 0 keeps serving after SIGINT / SIGTERM (serve drains for up to 30 s
+// by default, then stops the group).
+constexpr int kSignalGraceS = 40;
+
+// The group join_model_group joined on rank 0, until create_executor takes it.
+std::unique_ptr<RankGroup>& joined_group() {
+    static std::unique_ptr<RankGroup> group;
+    return group;
+}
+
+WorkerPlace place_of(const RankGroup& g) {
+    WorkerPlace p;
+    p.comms = g.comms();
+    p.tp = g.tp();
+    p.verbose = g.rank() == 0;
+    return p;
+}
+
+// Every rank readies its worker the same way; the KV pool is the smallest any rank can hold.
+std::unique_ptr<Worker> ready_worker(RankGroup& g) {
+    auto w = std::make_unique<Worker>(g.config(), place_of(g));
+    w->init_device();
+    w->load_model();
+    w->init_kv_cache(g.agree_min("kv-blocks", w->determine_kv_blocks()));
+    w->warm_up();
+    return w;
+}
+
+// SIGINT / SIGTERM reach every rank at once (Ctrl-C in a terminal, mpirun forwarding, a pod's
+// termination): rank 0 drains and then stops the group, so another rank keeps serving it for a
+// grace period and only then gives up.
+void stop_later_on_signal(int rank) {
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    ::pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    std::thread([signals, rank] {
+        int sig = 0;
+        sigwait(&signals, &sig);
+        std::fprintf(stderr, "rank %d: %s; waiting up to %d s for rank 0 to stop the group\n", rank, strsignal(sig),
+                     kSignalGraceS);
+        std::this_thread::sleep_for(std::chrono::seconds(kSignalGraceS));
+        std::fprintf(stderr, "peregrine: rank %d: rank 0 did not stop the group; exiting\n", rank);
+        std::fflush(nullptr);
+        ::_exit(1);
+    }).detach();
+}
+
+// Ranks other than 0: run what rank 0 sends until it says stop; then end the process.
+[[noreturn]] void serve_rank(std::unique_ptr<RankGroup> g) {
+    const int rank = g->rank();
+    stop_later_on_signal(rank);
+    try {
+        std::unique_ptr<Worker> w = ready_worker(*g);
+        const bool returns_logits = g->stages() > 1 && g->last_stage() && g->tp().rank == 0;
+        const int vocab = w->model_config().vocab_size;
+        std::string bytes;
+        std::vector<float> logits;
+        bool stopped = false;
+        while (!stopped && g->recv_step(bytes)) {
+            StepMessage m = decode_step(bytes);
+            switch (m.op) {
+                case StepMessage::kExecute: {
+                    w->execute(m.batch, logits);
+                    const size_t count = m.batch.logits_indices.size() * static_cast<size_t>(vocab);
+                    if (returns_logits && count > 0) g->comms().pp->send(logits.data(), count, DType::F32, 0);
+                    break;
+                }
+                case StepMessage::kCopyBlocks:
+                    w->copy_blocks(m.copies);
+                    break;
+                case StepMessage::kStop:
+                    stopped = true;
+                    break;
+            }
+        }
+        if (!stopped) fail("rank 0 closed the control channel without a stop (it exited or crashed)");
+        w.reset();
+        g->reap_children(10);
+        g.reset();  // says goodbye to the store: rank 0 sees a clean exit
+        std::fflush(nullptr);
+        ::_exit(0);
+    } catch (const std::exception& e) {
+        // No goodbye: rank 0's store sees this rank drop and stops the group, naming it.
+        std::fprintf(stderr, "peregrine: rank %d: %s\n", rank, e.what());
+        std::fflush(nullptr);
+        ::_exit(1);
+    }
+}
+
+}  // namespace
+
+void join_model_group(const EngineConfig& config) {
+    if (joined_group()) return;
+    std::unique_ptr<RankGroup> g = RankGroup::join(config);
+    if (g->rank() != 0) serve_rank(std::move(g));
+    joined_group() = std::move(g);
+}
+
+ParallelExecutor::ParallelExecutor(std::unique_ptr<RankGroup> group, std::unique_ptr<Worker> worker)
+    : group_(std::move(group)), worker_(std::move(worker)) {}
+
+std::unique_ptr<ParallelExecutor> ParallelExecutor::create(std::unique_ptr<RankGroup> group) {
+    PG_CHECK(group && group->rank() == 0, "ParallelExecutor: rank 0 only");
+    // A rank that dies while this one loads ends the group at once, not after the load.
+    group->watch(nullptr);
+    std::fprintf(stderr, "%s\n", group->describe().c_str());
+    std::unique_ptr<Worker> w = ready_worker(*group);
+    return std::unique_ptr<ParallelExecutor>(new ParallelExecutor(std::move(group), std::move(w)));
+}
+
+ParallelExecutor::~ParallelExecutor() {
+    group_->stop_watching();  // the ranks' connections close from here on: that is no failure
+    try {
+        group_->send_step(encode_stop());
+    } catch (const Error&) {
+        // a rank already gone: nothing left to stop there
+    }
+    group_->reap_children(10);
+}
+
+int ParallelExecutor::vocab_size() const {
+    return worker_->model_config().vocab_size;
+}
+
+int ParallelExecutor::max_model_len() const {
+    return worker_->model_config().max_position_embeddings;
+}
+
+int ParallelExecutor::num_kv_blocks() const {
+    return worker_->num_kv_blocks();
+}
+
+int ParallelExecutor::block_size() const {
+    return worker_->block_size();
+}
+
+// A failed collective or a closed connection leaves the group unusable (the ranks no longer
+// agree on which step they are in): the whole group stops.
+void ParallelExecutor::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+    if (pairs.empty()) return;
+    try {
+        group_->send_step(encode_copy_blocks(pairs));
+        worker_->copy_blocks(pairs);
+    } catch (const Error& e) {
+        RankGroup::exit_group(group_->diagnose(e.what()));
+    }
+}
+
+void ParallelExecutor::execute(const BatchInput& batch, std::vector<float>& logits) {
+    try {
+        group_->send_step(encode_execute(batch));
+        worker_->execute(batch, logits);
+        if (group_->stages() > 1) {
+            const size_t count = batch.logits_indices.size() * static_cast<size_t>(vocab_size());
+            logits.resize(count);
+            if (count > 0) group_->comms().pp->recv(logits.data(), count, DType::F32, group_->stages() - 1);
+        }
+    } catch (const Error& e) {
+        RankGroup::exit_group(group_->diagnose(e.what()));
+    }
+}
+
+BuiltExecutor create_executor(const EngineConfig& config) {
+    BuiltExecutor b;
+    if (config.parallel_size() <= 1) {
+        auto local = LocalExecutor::create(config);
+        b.worker = &local->worker();
+        b.executor = std::move(local);
+        return b;
+    }
+    join_model_group(config);
+    auto parallel = ParallelExecutor::create(std::move(joined_group()));
+    b.worker = &parallel->worker();
+    b.executor = std::move(parallel);
+    return b;
+}
+
+}  // namespace peregrine

@@ -1,0 +1,281 @@
+#include "worker/rank_group.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "core/error.h"
+#include "dist/control_channel.h"
+#include "dist/launch_env.h"
+#include "dist/shm_communicator.h"
+#include "dist/socket_io.h"
+#include "dist/tcp_store.h"
+#include "worker/worker.h"
+
+namespace peregrine {
+
+namespace {
+
+// Loading a 70B model can take minutes on a slow disk: rendezvous waits that span a load are
+// long, and a rank that dies meanwhile is noticed through its closed connection instead.
+constexpr std::chrono::minutes kGroupTimeout{30};
+// A rank that stops answering inside a collective (alive but stuck) for this long breaks the group.
+constexpr double kCollectiveTimeoutS = 300;
+
+std::string host_name() {
+    char name[256] = {};
+    ::gethostname(name, sizeof(name) - 1);
+    return name;
+}
+
+// Distinguishes two machines (or VMs) that share a host name; containers of one machine share
+// it, and their host names differ.
+std::string boot_id() {
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    std::string id;
+    std::getline(in, id);
+    return id;
+}
+
+// What every rank must agree on to run one model together.
+std::string fingerprint(const EngineConfig& c) {
+    return str_cat("model=", c.model, " load_format=", c.load_format, " dummy_seed=", c.dummy_seed,
+                   " device=", c.device, " dtype=", c.dtype, " block_size=", c.block_size,
+                   " kv_cache_memory=", c.kv_cache_memory, " max_num_seqs=", c.max_num_seqs,
+                   " max_num_batched_tokens=", c.max_num_batched_tokens, " tp=", c.tensor_parallel_size,
+                   " pp=", c.pipeline_parallel_size, " enforce_eager=", c.enforce_eager,
+                   " batch_invariant=", c.batch_invariant);
+}
+
+// A port no one listens on now (the kernel's next ephemeral one); a race with another process
+// taking it before rank 0 binds it is a clear "address in use" error.
+int free_port() {
+    int port = 0;
+    ::close(listen_tcp(0, port, "rendezvous store"));
+    return port;
+}
+
+std::string status_text(int status) {
+    if (WIFEXITED(status)) return str_cat("exited with status ", WEXITSTATUS(status));
+    if (WIFSIGNALED(status)) return str_cat("killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+    return "stopped";
+}
+
+}  // namespace
+
+std::unique_ptr<RankGroup> RankGroup::join(const EngineConfig& config) {
+    config.validate();
+    PG_CHECK(config.parallel_size() > 1, "RankGroup::join: a group of one");
+    LaunchFlags flags;
+    if (config.nnodes > 0) flags.nnodes = config.nnodes;
+    if (config.node_rank >= 0) flags.node_rank = config.node_rank;
+    if (!config.master_addr.empty()) flags.master_addr = config.master_addr;
+    if (config.master_port > 0) flags.master_port = config.master_port;
+    const LaunchEnv launch = resolve_launch_env(flags, current_environment());
+
+    std::unique_ptr<RankGroup> g(new RankGroup());
+    g->config_ = config;
+    g->tp_size_ = config.tensor_parallel_size;
+    g->pp_size_ = config.pipeline_parallel_size;
+    g->launched_ = launch.world_size;
+    const int world = g->size();
+    if (world % launch.world_size != 0)
+        fail("tensor-parallel size ", g->tp_size_, " x pipeline-parallel size ", g->pp_size_, " = ", world,
+             " ranks do not divide among ", launch.world_size, " hosts (", launch.source, ")");
+    const int per_host = world / launch.world_size;
+    if (worker_uses_cuda(config))
+        fail("tensor and pipeline parallelism run on the CPU backend in this build (the CUDA model path is not "
+             "sharded yet); pass --device cpu");
+    if (config.threads <= 0)
+        g->config_.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / per_host);
+
+    // A group within this one launched process needs no known port: an ephemeral one, so that
+    // groups started side by side on one host do not collide (unless a port was asked for).
+    LaunchEnv where = launch;
+    if (launch.world_size == 1 && config.master_port == 0 && !std::getenv("PEREGRINE_MASTER_PORT"))
+        where.master_port = free_port();
+
+    // This host's other ranks, before any thread exists in this process.
+    int local = 0;
+    const pid_t parent = ::getpid();
+    std::fflush(nullptr);
+    for (int i = 1; i < per_host; ++i) {
+        const pid_t pid = ::fork();
+        if (pid < 0) fail("could not start rank ", launch.rank * per_host + i, ": fork: ", std::strerror(errno));
+        if (pid == 0) {
+            // Dies with the process that forked it (signals: see serve_rank).
+            ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (::getppid() != parent) ::_exit(1);
+            local = i;
+            g->children_.clear();
+            g->child_ranks_.clear();
+            break;
+        }
+        g->children_.push_back(pid);
+        g->child_ranks_.push_back(launch.rank * per_host + i);
+    }
+    g->rank_ = launch.rank * per_host + local;
+
+    TcpStore::Options so;
+    so.master_addr = where.master_addr;
+    so.master_port = where.master_port;
+    so.rank = g->rank_;
+    so.world_size = world;
+    so.timeout = kGroupTimeout;
+    g->store_ = std::make_unique<TcpStore>(so);
+    g->store_->check_fingerprint(fingerprint(config));
+
+    // Where every rank runs: names ranks in messages; the CPU communicator needs one host.
+    const std::string here = host_name() + "\n" + boot_id();
+    g->store_->set(str_cat("where/", g->rank_), str_cat(::getpid(), "\n", here));
+    for (int r = 0; r < world; ++r) {
+        const std::string w = g->store_->get(str_cat("where/", r));
+        const size_t nl = w.find('\n');
+        const std::string host = w.substr(nl + 1);
+        g->where_.push_back(str_cat("pid ", w.substr(0, nl), " on ", host.substr(0, host.find('\n'))));
+        if (r == 0 || host != here) ++g->hosts_;
+        if (host != here)
+            fail("rank ", r, " runs on another host (", g->where_.back(), ") than rank ", g->rank_,
+                 ": the CPU backend's communicator is one host's shared memory");
+    }
+
+    // One name for this group's shared-memory segments, chosen by rank 0.
+    if (g->rank_ == 0)
+        g->store_->set("shm/name",
+                       str_cat("pg-", ::getpid(), "-", std::chrono::steady_clock::now().time_since_epoch().count()));
+    const std::string shm = g->store_->get("shm/name");
+    const TensorParallel tp = g->tp();
+    if (g->tp_size_ > 1) {
+        auto c = ShmCommunicator::create(str_cat(shm, "-tp", g->stage()), tp.rank, tp.size, 600);
+        c->set_timeout(kCollectiveTimeoutS);
+        g->tp_comm_ = std::move(c);
+    }
+    if (g->pp_size_ > 1) {
+        auto c = ShmCommunicator::create(str_cat(shm, "-pp", tp.rank), g->stage(), g->pp_size_, 600);
+        c->set_timeout(kCollectiveTimeoutS);
+        g->pp_comm_ = std::move(c);
+    }
+
+    if (g->rank_ == 0)
+        g->leader_ = std::make_unique<ControlLeader>(*g->store_, kGroupTimeout);
+    else
+        g->follower_ = std::make_unique<ControlFollower>(*g->store_, launch.master_addr, kGroupTimeout);
+    return g;
+}
+
+RankGroup::~RankGroup() {
+    stop_watching();
+}
+
+std::string RankGroup::describe() const {
+    return str_cat("tensor parallel ", tp_size_, " x pipeline parallel ", pp_size_, ": ", size(), " ranks, ", launched_,
+                   " launched process", launched_ == 1 ? "" : "es", " on ", hosts_, " host", hosts_ == 1 ? "" : "s",
+                   " (shared-memory collectives, ", config_.threads, " threads each)");
+}
+
+std::string RankGroup::who(int rank) const {
+    return rank >= 0 && rank < static_cast<int>(where_.size()) ? str_cat("rank ", rank, " (", where_[rank], ")")
+                                                                : str_cat("rank ", rank);
+}
+
+int RankGroup::agree_min(const std::string& key, int value) {
+    store_->set(str_cat("min/", key, "/", rank_), std::to_string(value));
+    if (rank_ == 0) {
+        int m = value;
+        for (int r = 1; r < size(); ++r) m = std::min(m, std::stoi(store_->get(str_cat("min/", key, "/", r))));
+        store_->set(str_cat("min/", key), std::to_string(m));
+    }
+    return std::stoi(store_->get(str_cat("min/", key)));
+}
+
+void RankGroup::send_step(const std::string& message) {
+    PG_CHECK(leader_, "send_step: rank 0 only");
+    leader_->send(message);
+}
+
+bool RankGroup::recv_step(std::string& message) {
+    PG_CHECK(follower_, "recv_step: ranks other than 0");
+    return follower_->recv(message);
+}
+
+std::string RankGroup::failure() {
+    for (size_t i = 0; i < children_.size(); ++i) {
+        int status = 0;
+        if (children_[i] > 0 && ::waitpid(children_[i], &status, WNOHANG) == children_[i]) {
+            children_[i] = -1;
+            return str_cat(who(child_ranks_[i]), " ", status_text(status));
+        }
+    }
+    const std::string store_failure = store_->failure();
+    if (!store_failure.empty()) return store_failure;
+    if (leader_) {
+        const int r = leader_->closed_rank();
+        if (r >= 0) return str_cat(who(r), " closed its connection to rank 0 (it exited or crashed)");
+    }
+    return "";
+}
+
+void RankGroup::watch(std::function<void(const std::string&)> on_failure) {
+    PG_CHECK(leader_ && !watching_, "watch: rank 0, once");
+    if (!on_failure) on_failure = [](const std::string& m) { exit_group(m); };
+    watching_ = true;
+    watcher_ = std::thread([this, on_failure] {
+        while (watching_) {
+            const std::string failed = failure();
+            if (!failed.empty()) {
+                on_failure(failed);
+                return;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+    });
+}
+
+void RankGroup::stop_watching() {
+    watching_ = false;
+    if (watcher_.joinable()) watcher_.join();
+}
+
+std::string RankGroup::diagnose(const std::string& error) {
+    stop_watching();
+    for (int i = 0; i < 20; ++i) {
+        const std::string failed = failure();
+        if (!failed.empty()) return failed;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return error;
+}
+
+void RankGroup::exit_group(const std::string& message) {
+    std::fprintf(stderr, "peregrine: %s; stopping the group\n", message.c_str());
+    std::fflush(stderr);
+    ::_exit(1);  // this host's forked ranks die with this process (PR_SET_PDEATHSIG)
+}
+
+void RankGroup::reap_children(double seconds) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    for (pid_t& pid : children_) {
+        while (pid > 0) {
+            int status = 0;
+            if (::waitpid(pid, &status, WNOHANG) == pid) {
+                pid = -1;
+            } else if (std::chrono::steady_clock::now() >= deadline) {
+                ::kill(pid, SIGKILL);
+                ::waitpid(pid, &status, 0);
+                pid = -1;
+            } else {
+                std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            }
+        }
+    }
+}
+
+}  // namespace peregrine
