@@ -52,8 +52,11 @@ class Backend : public DeviceServices {
     // same `batch` (n = batch.num_tokens()). Caches: [num_blocks, block_size, num_kv_heads,
     // head_dim] of kv_cache_dtype().
 
-    // out[i] = table[ids[i]] (any weight dtype, converted to f32). out: [n, hidden] f32.
-    virtual void embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out) = 0;
+    // out[i] = table[ids[i] - vocab_begin] (any weight dtype, converted to f32); rows whose id
+    // lies outside [vocab_begin, vocab_begin + table.rows()) are zeros: under vocabulary-parallel
+    // tensor parallelism another rank holds them (and an all-reduce fills them in). out: [n, hidden] f32.
+    virtual void embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out,
+                           int32_t vocab_begin) = 0;
 
     // One layer's attention, adding into the residual stream residual [n, hidden] f32:
     //   h = rms_norm(residual) * attn_norm

@@ -53,6 +53,16 @@ class DeviceServices {
     // cache: [num_blocks, block_size, num_kv_heads, head_dim].
     virtual void copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) = 0;
 
+    // dst[r, dst_col + c] = src[r, src_col + c] for r < rows, c < cols: 2-D tensors of this
+    // device of one dtype, each row `cols()` elements apart (the tensor-parallel logits gather).
+    virtual void copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t rows,
+                              int64_t cols) = 0;
+    // The queue (CUDA stream) this device's ops run on, for collectives that must join it
+    // (NCCL); null where ops run in the caller's thread.
+    virtual void* native_stream() { return nullptr; }
+    // The GPU this device drives (-1: none).
+    virtual int device_index() const { return -1; }
+
     // Waits until every queued operation is done (nothing to wait for where ops run in the
     // caller's thread, as on the CPU).
     virtual void synchronize() {}

@@ -51,9 +51,9 @@ LlamaModel::LlamaModel(const LoadedModel& model, Backend& backend, const ModelPa
     if (config_.tp.size != size || config_.tp.rank != rank)
         fail("the model was loaded for tensor-parallel rank ", config_.tp.rank, " of ", config_.tp.size,
              ", but runs as rank ", rank, " of ", size);
-    // The vocabulary-parallel embedding and logits gather move host memory (CPU tensors).
-    if ((sharded() || (pp_ && pp_->size() > 1)) && backend.device() != Device::CPU)
-        fail("tensor and pipeline parallelism run on the CPU backend so far, not ", backend.name());
+    // The residual stream and the logits cross stages through host memory so far.
+    if (pp_ && pp_->size() > 1 && backend.device() != Device::CPU)
+        fail("pipeline parallelism runs on the CPU backend so far, not ", backend.name());
 }
 
 LlamaModel::~LlamaModel() {
@@ -66,7 +66,7 @@ KvCacheShape LlamaModel::kv_cache_shape(int num_blocks, int block_size) const {
 }
 
 void LlamaModel::free_workspace() {
-    for (Tensor* t : {&ws_.residual, &ws_.logits, &ws_.local})
+    for (Tensor* t : {&ws_.residual, &ws_.logits, &ws_.local, &ws_.gather_send, &ws_.gather_recv})
         if (!t->empty()) backend_.release(*t);
     ws_.capacity = ws_.logit_rows = 0;
 }
@@ -79,7 +79,14 @@ void LlamaModel::reserve(int64_t tokens, int64_t logit_rows) {
     free_workspace();
     ws_.residual = backend_.allocate(DType::F32, {tokens, config_.hidden_size});
     ws_.logits = backend_.allocate(DType::F32, {logit_rows, config_.vocab_size});
-    if (sharded()) ws_.local = backend_.allocate(DType::F32, {logit_rows, config_.vocab_rows()});
+    if (sharded()) {
+        // all_gather takes equal counts: each rank sends its slice padded to the widest (the
+        // last rank's, V / T + V % T columns).
+        const int64_t T = tp_->size(), width = config_.vocab_size / T + config_.vocab_size % T;
+        ws_.local = backend_.allocate(DType::F32, {logit_rows, config_.vocab_rows()});
+        ws_.gather_send = backend_.allocate(DType::F32, {logit_rows, width});
+        ws_.gather_recv = backend_.allocate(DType::F32, {T * logit_rows, width});
+    }
     ws_.capacity = tokens;
     ws_.logit_rows = logit_rows;
 }
@@ -171,7 +178,7 @@ Tensor LlamaModel::run_ops(const BatchInput& batch, KvCache& cache) {
     else if (sharded())
         embed_sharded(batch, residual);
     else
-        backend_.embedding(weights_.embed, batch.token_ids.data(), n, residual);
+        backend_.embedding(weights_.embed, batch.token_ids.data(), n, residual, 0);
     for (int l = 0; l < num_stage_layers_; ++l) {  // cache and weights: this stage's layers
         const LayerWeights& w = weights_.layers[l];
         attn.window = c.layer_window[first_layer_ + l];
@@ -197,39 +204,25 @@ Tensor LlamaModel::run_ops(const BatchInput& batch, KvCache& cache) {
 
 void LlamaModel::embed_sharded(const BatchInput& batch, const Tensor& residual) {
     const int64_t n = batch.num_tokens(), H = config_.hidden_size;
-    const int32_t begin = config_.vocab_begin(), end = config_.vocab_end();
-    local_ids_.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
-        const int32_t id = batch.token_ids[i];
-        local_ids_[i] = id >= begin && id < end ? id - begin : 0;  // row 0 stands in, zeroed below
-    }
-    backend_.embedding(weights_.embed, local_ids_.data(), n, residual);
-    float* rows = residual.ptr<float>();
-    for (int64_t i = 0; i < n; ++i) {
-        const int32_t id = batch.token_ids[i];
-        if (id < begin || id >= end) std::fill(rows + i * H, rows + (i + 1) * H, 0.0f);
-    }
-    tp_->all_reduce_sum(residual.data, static_cast<size_t>(n * H), DType::F32);  // one rank holds each row
+    // This rank's rows; zeros for the other ranks' tokens, which they fill in.
+    backend_.embedding(weights_.embed, batch.token_ids.data(), n, residual, config_.vocab_begin());
+    tp_->all_reduce_sum(residual.data, static_cast<size_t>(n * H), DType::F32);
 }
 
-// all_gather takes equal counts: each rank sends its rows padded to the widest slice
-// (V / T + V % T columns: the last rank's), then the slices are laid side by side.
+// Every rank's slice [rows, its vocabulary rows] padded to `width` columns, all-gathered
+// (rank-major: [T, rows, width]), then laid side by side in `out` [rows, vocab]. Device copies
+// only, so the gather runs inside a recorded step.
 void LlamaModel::gather_logits(const Tensor& local, const Tensor& out) {
     const int64_t rows = local.rows(), V = config_.vocab_size, T = tp_->size(), base = V / T;
-    const int64_t width = base + V % T;
-    gather_send_.assign(static_cast<size_t>(rows * width), 0.0f);
-    const float* mine = local.ptr<float>();
-    for (int64_t r = 0; r < rows; ++r)
-        std::copy(mine + r * local.cols(), mine + (r + 1) * local.cols(), gather_send_.begin() + r * width);
-    gather_recv_.resize(static_cast<size_t>(T * rows * width));
-    tp_->all_gather(gather_send_.data(), gather_recv_.data(), static_cast<size_t>(rows * width), DType::F32);
-    float* dst = out.ptr<float>();
+    const int64_t width = ws_.gather_send.cols();
+    const Tensor send = view(ws_.gather_send, rows, width);
+    backend_.copy_columns(local, 0, send, 0, rows, local.cols());
+    const Tensor recv = view(ws_.gather_recv, T * rows, width);
+    tp_->all_gather(send.data, recv.data, static_cast<size_t>(rows * width), DType::F32);
     for (int64_t t = 0; t < T; ++t) {
         const int64_t begin = t * base, cols = (t == T - 1 ? V : (t + 1) * base) - begin;
-        for (int64_t r = 0; r < rows; ++r) {
-            const float* src = gather_recv_.data() + (t * rows + r) * width;
-            std::copy(src, src + cols, dst + r * V + begin);
-        }
+        const Tensor block(static_cast<float*>(recv.data) + t * rows * width, DType::F32, {rows, width}, recv.device);
+        backend_.copy_columns(block, 0, out, begin, rows, cols);
     }
 }
 

@@ -28,7 +28,7 @@ class LlamaModel final : public Model {
     // `par` (its groups outlive this): par.tp is the tensor-parallel group `model` was sharded
     // for (model.config.tp): the blocks all-reduce their o / down products over it, the
     // embedding and LM head are vocabulary-parallel. par.pp: this rank runs its stage's layers
-    // (stage_layers). Both run on the CPU backend only, so far.
+    // (stage_layers), on the CPU backend only so far.
     LlamaModel(const LoadedModel& model, Backend& backend, const ModelParallel& par = {});
     ~LlamaModel();
     LlamaModel(const LlamaModel&) = delete;
@@ -53,6 +53,8 @@ class LlamaModel final : public Model {
         Tensor residual;  // [capacity, hidden] f32: the residual stream
         Tensor logits;    // [logit_rows, vocab] f32
         Tensor local;     // tensor parallelism: [logit_rows, this rank's vocabulary rows] f32
+        Tensor gather_send;  // tensor parallelism: [logit_rows, widest slice] f32
+        Tensor gather_recv;  // tensor parallelism: [T * logit_rows, widest slice] f32
     };
     // Tensor parallelism: the vocabulary-parallel embedding (this rank's rows, zeros for the
     // others' tokens, all-reduced) and the LM head's slices gathered into `out` [rows, vocab].
@@ -61,8 +63,6 @@ class LlamaModel final : public Model {
     bool sharded() const { return tp_ != nullptr && tp_->size() > 1; }
     bool first_stage() const { return pp_ == nullptr || pp_->rank() == 0; }
     bool last_stage() const { return pp_ == nullptr || pp_->rank() == pp_->size() - 1; }
-    std::vector<int32_t> local_ids_;
-    std::vector<float> gather_send_, gather_recv_;
     void reserve(int64_t tokens, int64_t logit_rows);
     void free_workspace();
     // The blocks of one step, from the embedding to logits in ws_.logits; returns the logits view.

@@ -27,10 +27,11 @@ std::unique_ptr<RankGroup>& joined_group() {
     return group;
 }
 
-WorkerPlace place_of(const RankGroup& g) {
+WorkerPlace place_of(RankGroup& g) {
     WorkerPlace p;
-    p.comms = g.comms();
+    p.connect = [&g](Backend& backend) { return g.connect(backend); };
     p.tp = g.tp();
+    p.device_index = g.device_index();
     p.verbose = g.rank() == 0;
     return p;
 }
@@ -81,9 +82,13 @@ void stop_later_on_signal(int rank) {
             StepMessage m = decode_step(bytes);
             switch (m.op) {
                 case StepMessage::kExecute: {
+                    if (!returns_logits) {  // the logits stay where they are (rank 0 has its own)
+                        w->execute_on_device(m.batch);
+                        break;
+                    }
                     w->execute(m.batch, logits);
                     const size_t count = m.batch.logits_indices.size() * static_cast<size_t>(vocab);
-                    if (returns_logits && count > 0) g->comms().pp->send(logits.data(), count, DType::F32, 0);
+                    if (count > 0) g->comms().pp->send(logits.data(), count, DType::F32, 0);
                     break;
                 }
                 case StepMessage::kCopyBlocks:
@@ -179,6 +184,27 @@ void ParallelExecutor::execute(const BatchInput& batch, std::vector<float>& logi
     } catch (const Error& e) {
         RankGroup::exit_group(group_->diagnose(e.what()));
     }
+}
+
+bool ParallelExecutor::samples_on_device() const {
+    return worker_->samples_on_device() && group_->stages() == 1;
+}
+
+void ParallelExecutor::execute_on_device(const BatchInput& batch) {
+    try {
+        group_->send_step(encode_execute(batch));
+        worker_->execute_on_device(batch);
+    } catch (const Error& e) {
+        RankGroup::exit_group(group_->diagnose(e.what()));
+    }
+}
+
+void ParallelExecutor::launch_sampling(const std::vector<SampleRow>& rows) {
+    worker_->launch_sampling(rows);
+}
+
+void ParallelExecutor::collect_samples(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& logprobs) {
+    worker_->collect_samples(tokens, logprobs);
 }
 
 BuiltExecutor create_executor(const EngineConfig& config) {

@@ -2,7 +2,7 @@
 // first to every other rank over the control channel, then runs on rank 0's own worker; every
 // rank's forward meets the others' in the collectives (tensor parallel) or hands the residual
 // stream on (pipeline parallel), and the last stage's logits come back to rank 0 over the
-// pipeline communicator. Rank 0 samples on the CPU.
+// pipeline communicator (CPU). Rank 0 samples: on the CPU, or on its GPU from the gathered logits.
 //
 // A rank that fails ends the whole group: rank 0 prints a line naming the rank ("peregrine:
 // rank 1 (pid 4242 on host-a) killed by signal 9 (Killed); stopping the group") and exits 1,
@@ -36,6 +36,13 @@ class ParallelExecutor final : public ModelExecutor {
     int block_size() const override;
     void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
     void execute(const BatchInput& batch, std::vector<float>& logits) override;
+    // Rank 0 samples where its logits lie (CUDA: the gathered logits on its GPU). Draws are not
+    // fed into the next batch on the device (max_fed_draws 0): the other ranks embed the ids
+    // rank 0 sends them, so each step's tokens come back before the next is sent.
+    bool samples_on_device() const override;
+    void execute_on_device(const BatchInput& batch) override;
+    void launch_sampling(const std::vector<SampleRow>& rows) override;
+    void collect_samples(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& logprobs) override;
 
   private:
     ParallelExecutor(std::unique_ptr<RankGroup> group, std::unique_ptr<Worker> worker);

@@ -15,9 +15,11 @@
 #include "core/error.h"
 #include "dist/control_channel.h"
 #include "dist/launch_env.h"
+#include "dist/nccl_communicator.h"
 #include "dist/shm_communicator.h"
 #include "dist/socket_io.h"
 #include "dist/tcp_store.h"
+#include "backend/backend.h"
 #include "worker/worker.h"
 
 namespace peregrine {
@@ -91,9 +93,10 @@ std::unique_ptr<RankGroup> RankGroup::join(const EngineConfig& config) {
         fail("tensor-parallel size ", g->tp_size_, " x pipeline-parallel size ", g->pp_size_, " = ", world,
              " ranks do not divide among ", launch.world_size, " hosts (", launch.source, ")");
     const int per_host = world / launch.world_size;
-    if (worker_uses_cuda(config))
-        fail("tensor and pipeline parallelism run on the CPU backend in this build (the CUDA model path is not "
-             "sharded yet); pass --device cpu");
+    g->cuda_ = worker_uses_cuda(config);
+    if (g->cuda_ && g->pp_size_ > 1)
+        fail("pipeline parallelism runs on the CPU backend so far (--device cpu); on CUDA use "
+             "--tensor-parallel-size alone");
     if (config.threads <= 0)
         g->config_.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / per_host);
 
@@ -123,6 +126,9 @@ std::unique_ptr<RankGroup> RankGroup::join(const EngineConfig& config) {
         g->child_ranks_.push_back(launch.rank * per_host + i);
     }
     g->rank_ = launch.rank * per_host + local;
+    // GPUs of a host in launch order: several launched processes on one host (mpirun -np N on a
+    // single machine) take consecutive blocks of per_host GPUs.
+    g->device_index_ = launch.local_rank * per_host + local;
 
     TcpStore::Options so;
     so.master_addr = where.master_addr;
@@ -142,12 +148,17 @@ std::unique_ptr<RankGroup> RankGroup::join(const EngineConfig& config) {
         const std::string host = w.substr(nl + 1);
         g->where_.push_back(str_cat("pid ", w.substr(0, nl), " on ", host.substr(0, host.find('\n'))));
         if (r == 0 || host != here) ++g->hosts_;
-        if (host != here)
+        if (host != here && !g->cuda_)
             fail("rank ", r, " runs on another host (", g->where_.back(), ") than rank ", g->rank_,
                  ": the CPU backend's communicator is one host's shared memory");
     }
 
-    // One name for this group's shared-memory segments, chosen by rank 0.
+    // CUDA: the NCCL groups join once the backend exists (connect). CPU: one name for this
+    // group's shared-memory segments, chosen by rank 0.
+    if (g->cuda_) {
+        g->open_control(launch.master_addr);
+        return g;
+    }
     if (g->rank_ == 0)
         g->store_->set("shm/name",
                        str_cat("pg-", ::getpid(), "-", std::chrono::steady_clock::now().time_since_epoch().count()));
@@ -164,11 +175,28 @@ std::unique_ptr<RankGroup> RankGroup::join(const EngineConfig& config) {
         g->pp_comm_ = std::move(c);
     }
 
-    if (g->rank_ == 0)
-        g->leader_ = std::make_unique<ControlLeader>(*g->store_, kGroupTimeout);
-    else
-        g->follower_ = std::make_unique<ControlFollower>(*g->store_, launch.master_addr, kGroupTimeout);
+    g->open_control(launch.master_addr);
     return g;
+}
+
+void RankGroup::open_control(const std::string& master_addr) {
+    if (rank_ == 0)
+        leader_ = std::make_unique<ControlLeader>(*store_, kGroupTimeout);
+    else
+        follower_ = std::make_unique<ControlFollower>(*store_, master_addr, kGroupTimeout);
+}
+
+ModelParallel RankGroup::connect(Backend& backend) {
+    if (!cuda_ || tp_comm_ || pp_comm_) return comms();
+    PG_CHECK(backend.native_stream(), "RankGroup::connect: a CUDA group needs the CUDA backend");
+    // One NCCL group per stage for tensor parallelism (pipeline parallelism is refused on CUDA
+    // at join); its first rank draws the id.
+    const TensorParallel t = tp();
+    const std::string key = str_cat("nccl/tp", stage());
+    if (t.rank == 0) store_->set(key, NcclCommunicator::new_id().bytes());
+    const NcclId id = NcclId::from_bytes(store_->get(key));
+    tp_comm_ = NcclCommunicator::create(id, t.rank, t.size, backend.device_index(), backend.native_stream());
+    return comms();
 }
 
 RankGroup::~RankGroup() {
@@ -178,7 +206,8 @@ RankGroup::~RankGroup() {
 std::string RankGroup::describe() const {
     return str_cat("tensor parallel ", tp_size_, " x pipeline parallel ", pp_size_, ": ", size(), " ranks, ", launched_,
                    " launched process", launched_ == 1 ? "" : "es", " on ", hosts_, " host", hosts_ == 1 ? "" : "s",
-                   " (shared-memory collectives, ", config_.threads, " threads each)");
+                   cuda_ ? str_cat(" (NCCL, GPU ", device_index_, " for rank 0)")
+                         : str_cat(" (shared-memory collectives, ", config_.threads, " threads each)"));
 }
 
 std::string RankGroup::who(int rank) const {

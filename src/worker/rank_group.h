@@ -31,6 +31,7 @@
 
 namespace peregrine {
 
+class Backend;
 class ControlFollower;
 class ControlLeader;
 class TcpStore;
@@ -51,7 +52,11 @@ class RankGroup {
     int stage() const { return rank_ / tp_size_; }
     int stages() const { return pp_size_; }
     bool last_stage() const { return stage() == pp_size_ - 1; }
+    // The communicators over `backend`: the shared-memory ones joined at start (CPU), or NCCL
+    // groups joined on the backend's stream and GPU (CUDA). Once per process.
+    ModelParallel connect(Backend& backend);
     ModelParallel comms() const { return {tp_comm_.get(), pp_comm_.get()}; }
+    int device_index() const { return device_index_; }
     // The config this rank's worker uses: `threads` is this rank's share of the host's cores.
     const EngineConfig& config() const { return config_; }
     // "tensor parallel 2 x pipeline parallel 1: 2 ranks, 1 launched process on 1 host (...)".
@@ -84,12 +89,15 @@ class RankGroup {
     RankGroup() = default;
     std::string who(int rank) const;  // "rank 1 (pid 4242 on host-a)"
     std::string failure();            // "" while every rank is there
+    void open_control(const std::string& master_addr);
 
     EngineConfig config_;
     int rank_ = 0;
     int tp_size_ = 1, pp_size_ = 1;
     int launched_ = 1;  // processes the launcher started (one per host, or mpirun's -np)
     int hosts_ = 0;     // distinct hosts among the ranks
+    bool cuda_ = false;
+    int device_index_ = 0;  // this rank's GPU on its host
     std::vector<pid_t> children_;       // forked ranks of this host (indexed by local index - 1)
     std::vector<int> child_ranks_;      // their ranks
     std::vector<std::string> where_;    // [size] "pid on host" of every rank

@@ -106,7 +106,8 @@ void Worker::load_model() {
     const auto t0 = Clock::now();
     loaded_ = config_.load_format == "dummy" ? load_dummy_model(path, *backend_, config_.dummy_seed, 0.02f, place_.tp)
                                              : peregrine::load_model(path, opt);
-    own_model_ = create_model(*loaded_, *backend_, place_.comms);  // places the weights
+    const ModelParallel par = place_.connect ? place_.connect(*backend_) : ModelParallel{};
+    own_model_ = create_model(*loaded_, *backend_, par);  // places the weights
     model_ = own_model_.get();
     if (!place_.verbose) return;
     std::fprintf(stderr, "model: %s (%s, %.2fs)\n  %s\n  weights: %s\n  backend: %s\n", path.c_str(),

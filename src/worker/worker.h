@@ -11,6 +11,7 @@
 // Then `execute*` run flattened batches. One thread drives a worker (the engine's).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -32,7 +33,9 @@ bool worker_uses_cuda(const EngineConfig& config);
 
 // Where a worker sits in a model-parallel group (worker/rank_group.h). The default: alone.
 struct WorkerPlace {
-    ModelParallel comms;   // tensor / pipeline communicators; null where that size is 1
+    // The tensor / pipeline communicators over this worker's backend (null where that size is
+    // 1), made once the backend exists (NCCL joins its stream). Empty: alone.
+    std::function<ModelParallel(Backend&)> connect;
     TensorParallel tp;     // the weight slices it loads
     int device_index = 0;  // CUDA device
     bool verbose = true;   // prints the load summary (rank 0 of a group)

@@ -113,13 +113,19 @@ void CpuBackend::logits(const Tensor& residual, const Tensor& final_norm, float 
     unfused::logits(*this, scratch_, residual, final_norm, norm_eps, lm_head, batch, out);
 }
 
-void CpuBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out) {
+void CpuBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out,
+                           int32_t vocab_begin) {
     check_f32(out, "embedding output");
     const int64_t dim = table.cols();
     PG_CHECK(out.cols() == dim && out.rows() >= n);
     for (int64_t i = 0; i < n; ++i) {
-        PG_CHECK(ids[i] >= 0 && ids[i] < table.rows(), "token id ", ids[i], " out of range");
-        dequantize_row(table.dtype, table.row(ids[i]), out.ptr<float>() + i * dim, dim);
+        PG_CHECK(ids[i] >= 0, "token id ", ids[i], " out of range");
+        const int64_t row = int64_t{ids[i]} - vocab_begin;
+        float* dst = out.ptr<float>() + i * dim;
+        if (row >= 0 && row < table.rows())
+            dequantize_row(table.dtype, table.row(row), dst, dim);
+        else
+            std::fill(dst, dst + dim, 0.0f);
     }
 }
 
@@ -332,6 +338,16 @@ void CpuBackend::add(const Tensor& x, const Tensor& out) {
             for (int64_t i = begin; i < end; ++i) o[i] += a[i];
         },
         64, total * 8);
+}
+
+void CpuBackend::copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t rows,
+                              int64_t cols) {
+    PG_CHECK(src.dtype == dst.dtype && src_col + cols <= src.cols() && dst_col + cols <= dst.cols() &&
+             rows <= src.rows() && rows <= dst.rows());
+    const size_t es = dtype_row_bytes(src.dtype, 1);
+    for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(static_cast<char*>(dst.data) + (r * dst.cols() + dst_col) * es,
+                    static_cast<const char*>(src.data) + (r * src.cols() + src_col) * es, cols * es);
 }
 
 void CpuBackend::copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) {

@@ -41,12 +41,14 @@ class CpuBackend final : public Backend {
     void upload(const void* src, const Tensor& dst) override;
     void download(const Tensor& src, void* dst) override;
     void copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
+    void copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t rows,
+                      int64_t cols) override;
     // Sizes the blocks' scratch (scratch.h) for the step.
     void begin_step(const BatchInput& batch) override;
     bool supports_weight_dtype(DType t) const override;
 
     // The blocks, each the plain ops below in the order of unfused_blocks.h.
-    void embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out) override;
+    void embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out, int32_t vocab_begin) override;
     void attention_block(const Tensor& residual, const LayerWeights& w, const AttentionParams& p,
                          const BatchInput& batch, const Tensor& k_cache, const Tensor& v_cache) override;
     void mlp_block(const Tensor& residual, const LayerWeights& w, float norm_eps, Communicator* tp) override;

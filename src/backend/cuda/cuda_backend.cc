@@ -413,12 +413,13 @@ const int32_t* CudaBackend::device_ints(const int32_t* host, int64_t n, int32_t*
 
 // ---- ops ---------------------------------------------------------------------------------------
 
-void CudaBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out) {
+void CudaBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out,
+                            int32_t vocab_begin) {
     PG_CHECK(out.dtype == DType::F32);
     const int32_t* d_ids =
         (step_ && ids == step_->token_ids.data()) ? dbatch_.token_ids : device_ints(ids, n, scratch_ints_);
-    cuda::embedding(bf(table), d_ids, feed_, static_cast<int>(n), static_cast<int>(table.cols()), out.ptr<float>(),
-                    stream_);
+    cuda::embedding(bf(table), d_ids, feed_, static_cast<int>(n), static_cast<int>(table.cols()), vocab_begin,
+                    static_cast<int>(table.rows()), out.ptr<float>(), stream_);
 }
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
@@ -706,6 +707,18 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
 
 void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
     cuda::silu_mul(bf(gate), bf(up), bf(out), gate.rows(), gate.cols(), stream_);
+}
+
+// A strided device-to-device copy: capturable in a step's graph.
+void CudaBackend::copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t rows,
+                               int64_t cols) {
+    PG_CHECK(src.dtype == dst.dtype && src_col + cols <= src.cols() && dst_col + cols <= dst.cols() &&
+             rows <= src.rows() && rows <= dst.rows());
+    if (rows == 0 || cols == 0) return;
+    const size_t es = dtype_row_bytes(src.dtype, 1);
+    PG_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(dst.data) + dst_col * es, dst.cols() * es,
+                                    static_cast<const char*>(src.data) + src_col * es, src.cols() * es, cols * es,
+                                    rows, cudaMemcpyDeviceToDevice, stream_));
 }
 
 void CudaBackend::copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) {

@@ -49,6 +49,10 @@ class CudaBackend final : public Backend {
     Tensor place_weight(const Tensor& host, bool matrix) override;
     void fill_random(const Tensor& t, uint64_t seed, float lo, float hi) override;
     void copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
+    void copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t rows,
+                      int64_t cols) override;
+    void* native_stream() override { return stream_; }
+    int device_index() const override { return options_.device; }
     void synchronize() override;
     bool memory_info(size_t& free_bytes, size_t& total_bytes) const override;
     void begin_step(const BatchInput& batch) override;
@@ -62,7 +66,7 @@ class CudaBackend final : public Backend {
     DType kv_cache_dtype() const override { return DType::BF16; }
     // Stacks q/k/v into wqkv (+ bqkv) unless the layer has qk-norm, and gate/up into w_gate_up.
     LayerWeights place_layer(const LayerWeights& host) override;
-    void embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out) override;
+    void embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out, int32_t vocab_begin) override;
     // Stacked q/k/v: norm_matmul, rope_cache_attention, matmul_add. qk-norm: the ops apart
     // (unfused_blocks.h), then matmul_add.
     void attention_block(const Tensor& residual, const LayerWeights& w, const AttentionParams& p,

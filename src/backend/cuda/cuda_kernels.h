@@ -52,7 +52,8 @@ struct DeviceBatch {
 // out[i, :] = f32(table[ids[i], :]). table: [vocab, hidden] bf16; out: [n, hidden] f32. An id
 // -1 - j stands for feed[j] (the previous step's draw j; async scheduling); with no feed,
 // negative ids give zero rows.
-void embedding(const bf16_t* table, const int32_t* ids, const int32_t* feed, int n, int hidden, float* out,
+void embedding(const bf16_t* table, const int32_t* ids, const int32_t* feed, int n, int hidden, int vocab_begin,
+               int vocab_rows, float* out,
                cudaStream_t stream);
 
 // With residual != nullptr: residual += x; out = rms_norm(residual) * weight.

@@ -130,16 +130,19 @@ inline unsigned grid_for(int64_t work, int threads) {
 
 // ---- embedding -----------------------------------------------------------------------------
 
-// out[row, :] = f32(table[ids[row], :]); one CTA per row; id -1 - j reads feed[j] (when
-// given), other negative ids give zeros.
+// out[row, :] = f32(table[ids[row] - vocab_begin, :]); one CTA per row; id -1 - j reads feed[j]
+// (when given); ids outside [vocab_begin, vocab_begin + vocab_rows) (another tensor-parallel
+// rank's rows) and other negative ids give zeros.
 template <int V>
 __global__ void embedding_kernel(const uint16_t* __restrict__ table, const int32_t* __restrict__ ids,
-                                 const int32_t* feed, int hidden, float* __restrict__ out) {
+                                 const int32_t* feed, int hidden, int vocab_begin, int vocab_rows,
+                                 float* __restrict__ out) {
     pdl_launch_dependents();
     pdl_wait();
     const int64_t row = blockIdx.x;
     int32_t id = ids[row];
     if (id < 0 && feed) id = feed[-1 - id];  // written by the previous step's sampler
+    id = id >= vocab_begin && id - vocab_begin < vocab_rows ? id - vocab_begin : -1;
     const uint16_t* src = table + static_cast<int64_t>(id) * hidden;
     float* dst = out + row * hidden;
     for (int c = threadIdx.x * V; c < hidden; c += blockDim.x * V) {
@@ -504,16 +507,16 @@ __global__ void fill_random_kernel(T* out, int64_t n, uint64_t seed, float lo, f
 
 // ---- launchers -------------------------------------------------------------------------------
 
-void embedding(const bf16_t* table, const int32_t* ids, const int32_t* feed, int n, int hidden, float* out,
-               cudaStream_t stream) {
+void embedding(const bf16_t* table, const int32_t* ids, const int32_t* feed, int n, int hidden, int vocab_begin,
+               int vocab_rows, float* out, cudaStream_t stream) {
     if (n <= 0 || hidden <= 0) return;
     const bool vec = hidden % 8 == 0 && aligned16(table) && aligned16(out);
     const int v = vec ? 8 : 1;
     const int threads = std::clamp(round_up(hidden / v, 32), 32, 256);
     if (vec)
-        launch_pdl(embedding_kernel<8>, n, threads, 0, stream, table, ids, feed, hidden, out);
+        launch_pdl(embedding_kernel<8>, n, threads, 0, stream, table, ids, feed, hidden, vocab_begin, vocab_rows, out);
     else
-        launch_pdl(embedding_kernel<1>, n, threads, 0, stream, table, ids, feed, hidden, out);
+        launch_pdl(embedding_kernel<1>, n, threads, 0, stream, table, ids, feed, hidden, vocab_begin, vocab_rows, out);
     check_launch("embedding");
 }
 

@@ -49,14 +49,45 @@ TEST(CudaElementwise, EmbeddingMatchesCpu) {
 
         std::vector<float> ref(static_cast<size_t>(n) * hidden);
         cpu().embedding(Tensor(const_cast<uint16_t*>(table.data()), DType::BF16, {vocab, hidden}), ids.data(), n,
-                        host_f32(ref, n, hidden));
+                        host_f32(ref, n, hidden), 0);
 
         DeviceBuffer<uint16_t> d_table(table);
         DeviceBuffer<int32_t> d_ids(ids);
         DeviceBuffer<float> d_out(ref.size());
         d_out.fill_bytes(0xff);
-        cuda::embedding(d_table.get(), d_ids.get(), nullptr, n, hidden, d_out.get(), nullptr);
+        cuda::embedding(d_table.get(), d_ids.get(), nullptr, n, hidden, 0, vocab, d_out.get(), nullptr);
         EXPECT_EQ(d_out.download(), ref) << "hidden " << hidden;  // bf16 -> f32 is exact
+    }
+}
+
+// Vocabulary-parallel: a rank holding rows [begin, begin + rows) of the vocabulary gives zeros
+// for every other id (fed draws included), as the CPU does.
+TEST(CudaElementwise, EmbeddingOfAVocabularySlice) {
+    PG_SKIP_WITHOUT_CUDA();
+    std::mt19937 rng(4);
+    const int hidden = 64, begin = 100, rows = 50;
+    const std::vector<uint16_t> slice = to_bf16(random_floats(static_cast<size_t>(rows) * hidden, rng));
+    const std::vector<int32_t> ids = {0, 99, 100, 120, 149, 150, 299, 100};
+    const int n = static_cast<int>(ids.size());
+    std::vector<float> ref(static_cast<size_t>(n) * hidden);
+    cpu().embedding(Tensor(const_cast<uint16_t*>(slice.data()), DType::BF16, {rows, hidden}), ids.data(), n,
+                    host_f32(ref, n, hidden), begin);
+    for (int i = 0; i < hidden; ++i) EXPECT_EQ(ref[i], 0.0f);  // id 0: not this rank's
+    DeviceBuffer<uint16_t> d_table(slice);
+    DeviceBuffer<int32_t> d_ids(ids);
+    DeviceBuffer<float> d_out(ref.size());
+    d_out.fill_bytes(0xff);
+    cuda::embedding(d_table.get(), d_ids.get(), nullptr, n, hidden, begin, rows, d_out.get(), nullptr);
+    EXPECT_EQ(d_out.download(), ref);
+    // A fed draw (id -1) of 120 is this rank's row 20; of 7, another rank's.
+    for (int drawn : {120, 7}) {
+        DeviceBuffer<int32_t> d_feed(std::vector<int32_t>{drawn});
+        DeviceBuffer<int32_t> d_one(std::vector<int32_t>{-1});
+        DeviceBuffer<float> d_row(hidden);
+        cuda::embedding(d_table.get(), d_one.get(), d_feed.get(), 1, hidden, begin, rows, d_row.get(), nullptr);
+        const std::vector<float> row = d_row.download();
+        for (int i = 0; i < hidden; ++i)
+            ASSERT_EQ(row[i], drawn == 120 ? bf16_to_f32(slice[20 * hidden + i]) : 0.0f) << drawn;
     }
 }
 
@@ -68,7 +99,7 @@ TEST(CudaElementwise, EmbeddingNegativeIdGivesZeros) {
     DeviceBuffer<int32_t> d_ids(std::vector<int32_t>{-1, 2});
     DeviceBuffer<float> d_out(2 * hidden);
     d_out.fill_bytes(0xff);
-    cuda::embedding(d_table.get(), d_ids.get(), nullptr, 2, hidden, d_out.get(), nullptr);
+    cuda::embedding(d_table.get(), d_ids.get(), nullptr, 2, hidden, 0, 4, d_out.get(), nullptr);
     const std::vector<float> out = d_out.download();
     for (int i = 0; i < hidden; ++i) EXPECT_EQ(out[i], 0.0f);
     EXPECT_EQ(cuda_test::count_nonfinite(out), 0u);
@@ -84,7 +115,7 @@ TEST(CudaElementwise, EmbeddingTakesFedDraws) {
     DeviceBuffer<int32_t> d_feed(std::vector<int32_t>{4, 1, 3});
     DeviceBuffer<int32_t> d_ids(std::vector<int32_t>{-3, 2, -1, -2});
     DeviceBuffer<float> d_out(4 * hidden);
-    cuda::embedding(d_table.get(), d_ids.get(), d_feed.get(), 4, hidden, d_out.get(), nullptr);
+    cuda::embedding(d_table.get(), d_ids.get(), d_feed.get(), 4, hidden, 0, vocab, d_out.get(), nullptr);
     const std::vector<float> out = d_out.download();
     const int want[4] = {3, 2, 4, 1};
     for (int r = 0; r < 4; ++r)
@@ -407,7 +438,7 @@ TEST(CudaElementwise, FillRandomEqualsCpuDummyWeights) {
 
 TEST(CudaElementwise, EmptyLaunchesAreNoOps) {
     PG_SKIP_WITHOUT_CUDA();
-    cuda::embedding(nullptr, nullptr, nullptr, 0, 64, nullptr, nullptr);
+    cuda::embedding(nullptr, nullptr, nullptr, 0, 64, 0, 0, nullptr, nullptr);
     cuda::rms_norm(nullptr, true, nullptr, nullptr, 1e-6f, nullptr, true, 0, 64, nullptr);
     cuda::DeviceBatch db;
     cuda::rope_and_cache(nullptr, nullptr, nullptr, db, nullptr, 64, 1.0f, true, 4, 4, 64, nullptr, nullptr, nullptr);
