@@ -8,7 +8,7 @@
 namespace peregrine {
 
 std::unique_ptr<LoadedModel> load_dummy_model(const std::string& path, Backend& backend, uint64_t seed, float scale,
-                                              TensorParallel tp) {
+                                              TensorParallel tp, PipelineStage pp) {
     std::unique_ptr<LoadedModel> m = open_model_config(path);
     m->format = "dummy (" + std::string(m->gguf ? "gguf metadata" : "config.json") + ")";
     m->config = shard_config(m->config, tp, m->path);
@@ -42,7 +42,14 @@ std::unique_ptr<LoadedModel> load_dummy_model(const std::string& path, Backend& 
     const int64_t H = c.hidden_size, F = c.intermediate_size;
     ModelWeights& w = m->weights;
     w.embed = matrix(vocab_rows, H);
+    const StageLayers mine = stage_layers(c.num_layers, pp.stage, pp.stages);
+    const uint64_t per_layer = 9 + (c.attention_bias ? 3 : 0) + (c.qk_norm ? 2 : 0);  // tensors made below
     for (int l = 0; l < c.num_layers; ++l) {
+        if (!mine.contains(l)) {  // another stage's: its seeds are skipped, not drawn
+            w.layers.emplace_back();
+            next += per_layer;
+            continue;
+        }
         LayerWeights lw;
         lw.attn_norm = norm(H);
         lw.wq = matrix(c.q_dim(), H);

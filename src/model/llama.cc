@@ -31,15 +31,6 @@ ModelWeights place_weights(const ModelWeights& w, const ModelConfig& c, Backend&
 }
 }  // namespace
 
-StageLayers stage_layers(int num_layers, int stage, int stages) {
-    PG_CHECK(stages >= 1 && stage >= 0 && stage < stages);
-    if (num_layers < stages)
-        fail("pipeline parallelism over ", stages, " stages needs at least ", stages, " layers; the model has ",
-             num_layers);
-    const int base = num_layers / stages, extra = num_layers % stages;
-    return {stage * base + std::min(stage, extra), base + (stage < extra ? 1 : 0)};
-}
-
 LlamaModel::LlamaModel(const LoadedModel& model, Backend& backend, const ModelParallel& par)
     : config_(model.config), backend_(backend), tp_(par.tp), pp_(par.pp), rope_(make_rope_table(model.config.rope)) {
     const StageLayers stage = stage_layers(config_.num_layers, pp_ ? pp_->rank() : 0, pp_ ? pp_->size() : 1);

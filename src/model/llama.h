@@ -13,13 +13,6 @@
 
 namespace peregrine {
 
-// The layers pipeline stage `stage` of `stages` runs: [first, first + count), contiguous, the
-// first L % stages stages taking one layer more.
-struct StageLayers {
-    int first = 0, count = 0;
-};
-StageLayers stage_layers(int num_layers, int stage, int stages);
-
 class LlamaModel final : public Model {
   public:
     // `model` must outlive this object. Each layer goes through Backend::place_layer and the

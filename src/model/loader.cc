@@ -101,7 +101,9 @@ class Builder {
         touch(w.embed);
         w.final_norm = vector_f32(names.final_norm, src_.get(names.final_norm, {H}));
         w.layers.resize(c.num_layers);
+        const StageLayers mine = stage_layers(c.num_layers, opt_.pp.stage, opt_.pp.stages);
         for (int l = 0; l < c.num_layers; ++l) {
+            if (!mine.contains(l)) continue;  // another pipeline stage's: never read
             LayerWeights& L = w.layers[l];
             // Column-parallel: the rank's block of output rows (a view).
             auto row_block = [&](const char* part, int64_t rows_full, int64_t begin, int64_t count) {

@@ -24,6 +24,8 @@ struct LoadOptions {
     std::function<void(size_t, size_t)> progress;
     // Load only this rank's slices (Megatron-style; see load_model). size 1: the whole model.
     TensorParallel tp;
+    // Load only this pipeline stage's layers (stage_layers); the others stay empty.
+    PipelineStage pp;
 };
 
 struct LoadedModel {
@@ -75,8 +77,10 @@ std::unique_ptr<LoadedModel> open_model_config(const std::string& path);
 // replicated norms are the same on every rank, the sharded tensors are drawn from seeds mixed
 // with the rank (they are not slices of what a one-rank dummy load would draw).
 class Backend;
+// With pp.stages > 1, only the stage's layers are allocated (the others stay empty; each layer
+// draws the values it would draw in a one-stage load).
 std::unique_ptr<LoadedModel> load_dummy_model(const std::string& path, Backend& backend, uint64_t seed = 0,
-                                              float scale = 0.02f, TensorParallel tp = {});
+                                              float scale = 0.02f, TensorParallel tp = {}, PipelineStage pp = {});
 
 // The embedded default model's folder: $PEREGRINE_MODELS or models/ next to the source tree,
 // or next to the binary.

@@ -55,6 +55,16 @@ ModelConfig shard(const ModelConfig& full, TensorParallel tp) {
 
 }  // namespace
 
+StageLayers stage_layers(int num_layers, int stage, int stages) {
+    PG_CHECK(stages >= 1 && stage >= 0 && stage < stages);
+    if (num_layers < stages)
+        fail("pipeline parallelism over ", stages, " stages needs at least ", stages, " layers; the model has ",
+             num_layers);
+    const int base = num_layers / stages, extra = num_layers % stages;
+    return {stage * base + std::min(stage, extra), base + (stage < extra ? 1 : 0)};
+}
+
+
 ModelConfig shard_config(const ModelConfig& full, TensorParallel tp, const std::string& source) {
     if (source.empty()) return shard(full, tp);
     try {

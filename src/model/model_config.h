@@ -37,6 +37,21 @@ struct TensorParallel {
     int size = 1;
 };
 
+// A rank's pipeline stage: stage `stage` of `stages`, each running a contiguous range of layers.
+struct PipelineStage {
+    int stage = 0;  // in [0, stages)
+    int stages = 1;
+};
+
+// The layers pipeline stage `stage` of `stages` runs: [first, first + count), contiguous, the
+// first L % stages stages taking one layer more. Throws Error when there are fewer layers than
+// stages.
+struct StageLayers {
+    int first = 0, count = 0;
+    bool contains(int layer) const { return layer >= first && layer < first + count; }
+};
+StageLayers stage_layers(int num_layers, int stage, int stages);
+
 struct ModelConfig {
     // The registry's name for the architecture (model/registry.h): "llama", "qwen2", ...
     std::string arch = "llama";

@@ -31,6 +31,7 @@ WorkerPlace place_of(RankGroup& g) {
     WorkerPlace p;
     p.connect = [&g](Backend& backend) { return g.connect(backend); };
     p.tp = g.tp();
+    p.pp = {g.stage(), g.stages()};
     p.device_index = g.device_index();
     p.verbose = g.rank() == 0;
     return p;

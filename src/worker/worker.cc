@@ -102,9 +102,10 @@ void Worker::load_model() {
     opt.matmul_dtype_ok = [backend](DType t) { return backend->supports_weight_dtype(t); };
     opt.progress = place_.verbose ? config_.load_progress : nullptr;
     opt.tp = place_.tp;
+    opt.pp = place_.pp;
     const std::string path = config_.model.empty() ? default_model_path() : config_.model;
     const auto t0 = Clock::now();
-    loaded_ = config_.load_format == "dummy" ? load_dummy_model(path, *backend_, config_.dummy_seed, 0.02f, place_.tp)
+    loaded_ = config_.load_format == "dummy" ? load_dummy_model(path, *backend_, config_.dummy_seed, 0.02f, place_.tp, place_.pp)
                                              : peregrine::load_model(path, opt);
     const ModelParallel par = place_.connect ? place_.connect(*backend_) : ModelParallel{};
     own_model_ = create_model(*loaded_, *backend_, par);  // places the weights

@@ -37,6 +37,7 @@ struct WorkerPlace {
     // 1), made once the backend exists (NCCL joins its stream). Empty: alone.
     std::function<ModelParallel(Backend&)> connect;
     TensorParallel tp;     // the weight slices it loads
+    PipelineStage pp;      // the layers it loads
     int device_index = 0;  // CUDA device
     bool verbose = true;   // prints the load summary (rank 0 of a group)
 };

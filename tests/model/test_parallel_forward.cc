@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,7 +34,11 @@ std::vector<float> run(const std::string& path, TensorParallel tp, const ModelPa
     LoadOptions opt;
     opt.matmul_dtype_ok = [&](DType t) { return backend.supports_weight_dtype(t); };
     opt.tp = tp;
+    opt.pp = {par.pp ? par.pp->rank() : 0, par.pp ? par.pp->size() : 1};  // only the stage's layers read
     const auto loaded = load_model(path, opt);
+    for (int l = 0; l < loaded->config.num_layers; ++l)
+        EXPECT_EQ(loaded->weights.layers[l].wq.empty(),
+                  !stage_layers(loaded->config.num_layers, opt.pp.stage, opt.pp.stages).contains(l));
     LlamaModel model(*loaded, backend, par);
     KvCache cache(backend, model.kv_cache_shape(16, 16));
     const std::vector<std::vector<int32_t>> prompts = {{1, 403, 407, 261, 378}, {1, 9, 77}};
@@ -129,6 +134,30 @@ TEST_P(ParallelForward, RanksGiveTheOneRankLogits) {
     const int vocab = open_model_config(path)->config.vocab_size;
     for (const auto& [tp, pp] : {std::pair{2, 1}, std::pair{4, 1}, std::pair{1, 2}, std::pair{2, 2}})
         expect_ranks_match(path, tp, pp, ref, vocab);
+}
+
+// A dummy load of one stage allocates that stage's layers only, with the values a one-stage
+// load draws for them.
+TEST(PipelineStages, DummyLoadOfAStageHoldsItsLayersOnly) {
+    CpuBackend backend(1);
+    const std::string path = models_dir() + "/stories260K";
+    const auto whole = load_dummy_model(path, backend, 7);
+    const int L = whole->config.num_layers;
+    for (int stage = 0; stage < 2; ++stage) {
+        const auto part = load_dummy_model(path, backend, 7, 0.02f, {}, {stage, 2});
+        const StageLayers mine = stage_layers(L, stage, 2);
+        for (int l = 0; l < L; ++l) {
+            const LayerWeights& got = part->weights.layers[l];
+            if (!mine.contains(l)) {
+                EXPECT_TRUE(got.wq.empty() && got.w_down.empty() && got.attn_norm.empty()) << "layer " << l;
+                continue;
+            }
+            const LayerWeights& want = whole->weights.layers[l];
+            for (const auto& [a, b] : {std::pair{&got.wq, &want.wq}, std::pair{&got.w_down, &want.w_down},
+                                       std::pair{&got.ffn_norm, &want.ffn_norm}})
+                ASSERT_EQ(std::memcmp(a->data, b->data, a->nbytes()), 0) << "stage " << stage << " layer " << l;
+        }
+    }
 }
 
 TEST(PipelineStages, LayersAreContiguousAndCoverTheModel) {
