@@ -28,6 +28,7 @@
 #include "model/llama.h"
 #include "model/loader.h"
 #include "support/golden_util.h"
+#include "support/parallel_steps.h"
 
 extern char** environ;
 
@@ -76,42 +77,14 @@ class StagedCommunicator final : public Communicator {
     std::vector<char> a_, b_;
 };
 
-// Two sequences prefilled together (every token's logits), then one decode step of each.
+// The steps of tests/support/parallel_steps.h on this rank.
 std::vector<float> run(const std::string& path, TensorParallel tp, Communicator* comm, Backend& backend) {
     LoadOptions opt;
     opt.matmul_dtype_ok = [&](DType t) { return backend.supports_weight_dtype(t); };
     opt.tp = tp;
     const auto loaded = load_model(path, opt);
     LlamaModel model(*loaded, backend, {comm, nullptr});
-    KvCache cache(backend, model.kv_cache_shape(16, 16));
-    const std::vector<std::vector<int32_t>> prompts = {{1, 403, 407, 261, 378}, {1, 9, 77}};
-    const std::vector<int32_t> next = {42, 300};
-    auto batch = [&](bool decode) {
-        BatchInput b;
-        b.max_blocks_per_seq = 8;
-        b.query_start.push_back(0);
-        for (size_t s = 0; s < prompts.size(); ++s) {
-            const int first = decode ? static_cast<int>(prompts[s].size()) : 0;
-            const int count = decode ? 1 : static_cast<int>(prompts[s].size());
-            for (int i = 0; i < count; ++i) {
-                const int pos = first + i;
-                b.token_ids.push_back(decode ? next[s] : prompts[s][i]);
-                b.positions.push_back(pos);
-                b.slot_mapping.push_back((static_cast<int>(s) * 8 + pos / 16) * 16 + pos % 16);
-                b.logits_indices.push_back(static_cast<int32_t>(b.token_ids.size()) - 1);
-            }
-            b.query_start.push_back(static_cast<int32_t>(b.token_ids.size()));
-            b.context_lens.push_back(first + count);
-            for (int k = 0; k < 8; ++k) b.block_tables.push_back(static_cast<int32_t>(s) * 8 + k);
-        }
-        return b;
-    };
-    std::vector<float> all, logits;
-    for (const bool decode : {false, true}) {
-        model.forward(batch(decode), cache, logits);
-        all.insert(all.end(), logits.begin(), logits.end());
-    }
-    return all;
+    return run_two_sequence_steps(model, backend);
 }
 
 CudaOptions eager() {
