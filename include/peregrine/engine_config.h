@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
+
+#include "peregrine/engine_types.h"
 
 namespace peregrine {
 
@@ -38,6 +41,11 @@ struct EngineConfig {
     // With device sampling, queue step N+1 before step N's tokens come back.
     bool async_scheduling = true;
 
+    // --- prefix-cache events (vLLM's KV events): called on the engine's thread after each step
+    // that changed the prefix cache, with that step's events in order. Must return at once (queue
+    // them). Empty: no events are recorded.
+    std::function<void(std::vector<KvCacheEvent>)> kv_events;
+
     // --- parallelism: one process per rank (docs/PARALLEL.md). With tensor_parallel_size *
     // pipeline_parallel_size > 1, Engine::create joins (rank 0 of the group: first spawns this
     // host's other ranks) a group of that many processes; it returns only on rank 0, and every
@@ -63,6 +71,7 @@ struct EngineStats {
     int num_waiting = 0;  // sequences, an n > 1 request not started yet counted as n
     int num_kv_blocks = 0;
     int num_kv_blocks_used = 0;
+    int block_size = 0;  // tokens per KV block
     uint64_t prefix_queries = 0;  // tokens
     uint64_t prefix_hits = 0;     // tokens
     uint64_t evictions = 0;

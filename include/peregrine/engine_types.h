@@ -68,6 +68,18 @@ struct Request {
     std::string group;
 };
 
+// A change to the prefix cache (the KV blocks other requests can reuse), as vLLM's KV-cache
+// events report it: routers and the inference gateway's prefix scorers subscribe to them to know
+// which replica holds which prompt prefix. Only full blocks are announced.
+struct KvCacheEvent {
+    enum class Kind { BlockStored, BlockRemoved, AllBlocksCleared };
+    Kind kind = Kind::BlockStored;
+    std::vector<uint64_t> block_hashes;  // consecutive blocks of one sequence (Stored), or any (Removed)
+    // BlockStored: the hash of the block before the first one; none for a sequence's first block.
+    std::optional<uint64_t> parent_block_hash;
+    std::vector<int32_t> token_ids;  // BlockStored: block_size tokens per hash, in order
+};
+
 enum class FinishReason { None, Stop, Length, Abort };
 const char* finish_reason_name(FinishReason r);
 

@@ -109,7 +109,10 @@ void BlockManager::commit(Sequence& seq, int num_computed) {
         blk.tokens.assign(toks, toks + block_size_);
         blk.hashed = true;
         blk.cached_at = ++clock_;
-        if (cached_.emplace(blk.hash, seq.block_table[i]).second) blk.cached = true;
+        if (cached_.emplace(blk.hash, seq.block_table[i]).second) {
+            blk.cached = true;
+            if (recording_) record_stored(blk, i == 0 ? std::nullopt : std::optional<uint64_t>(parent));
+        }
     }
 }
 
@@ -162,6 +165,25 @@ void BlockManager::drop_ref(int32_t b) {
     }
 }
 
+// Consecutive blocks of one sequence stored in one commit extend the last event, as vLLM
+// groups them.
+void BlockManager::record_stored(const Block& blk, std::optional<uint64_t> parent) {
+    if (!events_.empty() && parent) {
+        KvCacheEvent& last = events_.back();
+        if (last.kind == KvCacheEvent::Kind::BlockStored && last.block_hashes.back() == *parent) {
+            last.block_hashes.push_back(blk.hash);
+            last.token_ids.insert(last.token_ids.end(), blk.tokens.begin(), blk.tokens.end());
+            return;
+        }
+    }
+    KvCacheEvent e;
+    e.kind = KvCacheEvent::Kind::BlockStored;
+    e.block_hashes.push_back(blk.hash);
+    e.parent_block_hash = parent;
+    e.token_ids = blk.tokens;
+    events_.push_back(std::move(e));
+}
+
 int32_t BlockManager::take_block() {
     int32_t b;
     if (!free_.empty()) {
@@ -173,6 +195,12 @@ int32_t BlockManager::take_block() {
         evictable_.erase(evictable_.begin());
         cached_.erase(blocks_[b].hash);
         ++stats_.evictions;
+        if (recording_) {
+            KvCacheEvent e;
+            e.kind = KvCacheEvent::Kind::BlockRemoved;
+            e.block_hashes.push_back(blocks_[b].hash);
+            events_.push_back(std::move(e));
+        }
     }
     Block& blk = blocks_[b];
     blk = Block{};

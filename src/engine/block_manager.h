@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "engine/sequence.h"
+#include "peregrine/engine_types.h"
 
 namespace peregrine {
 
@@ -40,6 +42,10 @@ class BlockManager {
     int num_available() const { return static_cast<int>(free_.size() + evictable_.size()); }
     int num_used() const { return num_blocks() - num_available(); }
     const BlockStats& stats() const { return stats_; }
+    // Prefix-cache events (a block becoming findable, a findable block evicted), kept from
+    // set_recording(true) until taken.
+    void set_recording(bool on) { recording_ = on; }
+    std::vector<KvCacheEvent> take_events() { return std::exchange(events_, {}); }
     void count_prefix_query(int queried_tokens, int hit_tokens) {
         stats_.prefix_queries += queried_tokens;
         stats_.prefix_hits += hit_tokens;
@@ -91,6 +97,7 @@ class BlockManager {
     };
 
     int32_t take_block();  // a fresh private block (ref 1), evicting if needed
+    void record_stored(const Block& blk, std::optional<uint64_t> parent);
     void add_ref(int32_t b);
     void drop_ref(int32_t b);
     std::tuple<uint64_t, uint64_t, int32_t> eviction_key(int32_t b) const;
@@ -104,6 +111,8 @@ class BlockManager {
     std::unordered_map<uint64_t, int32_t> cached_;                 // hash -> block
     uint64_t clock_ = 0;
     BlockStats stats_;
+    bool recording_ = false;
+    std::vector<KvCacheEvent> events_;
 };
 
 }  // namespace peregrine

@@ -64,7 +64,9 @@ EngineCore::EngineCore(const CoreConfig& config, ModelExecutor& executor)
       executor_(executor),
       blocks_(executor.num_kv_blocks(), executor.block_size(), config.eviction, config.prefix_caching),
       scheduler_(config.scheduler, blocks_),
-      sampler_(config.eos_token_ids) {}
+      sampler_(config.eos_token_ids) {
+    blocks_.set_recording(static_cast<bool>(config.kv_events));
+}
 
 EngineCore::~EngineCore() = default;
 
@@ -378,6 +380,10 @@ std::vector<RequestOutput> EngineCore::step() {
         start_sampling(*next, ended);
         inflight_ = std::move(next);
     }
+    if (config_.kv_events) {
+        std::vector<KvCacheEvent> events = blocks_.take_events();
+        if (!events.empty()) config_.kv_events(std::move(events));
+    }
     return outputs;
 }
 
@@ -387,6 +393,7 @@ EngineStats EngineCore::stats() const {
     s.num_waiting = scheduler_.num_waiting_seats();
     s.num_kv_blocks = blocks_.num_blocks();
     s.num_kv_blocks_used = blocks_.num_used();
+    s.block_size = blocks_.block_size();
     s.prefix_queries = blocks_.stats().prefix_queries;
     s.prefix_hits = blocks_.stats().prefix_hits;
     s.evictions = blocks_.stats().evictions;

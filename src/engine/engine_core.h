@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +29,8 @@ struct CoreConfig {
     // With device sampling, queue step N+1 before step N's tokens come back (its sequences take
     // N's draws as input tokens on the device), so the host's work overlaps the device's.
     bool async_scheduling = true;
+    // Prefix-cache events of each step (EngineConfig::kv_events); empty: none recorded.
+    std::function<void(std::vector<KvCacheEvent>)> kv_events;
 };
 
 class EngineCore {

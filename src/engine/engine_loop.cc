@@ -137,6 +137,7 @@ CoreConfig core_config(const EngineConfig& c, const std::vector<int>& eos_token_
     core.eviction = eviction_policy_from_name(c.kv_eviction);
     core.prefix_caching = c.prefix_caching;
     core.async_scheduling = c.async_scheduling;
+    core.kv_events = c.kv_events;
     core.eos_token_ids.assign(eos_token_ids.begin(), eos_token_ids.end());
     return core;
 }

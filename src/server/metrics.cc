@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "core/error.h"
+
 namespace peregrine::server {
 
 namespace {
@@ -157,10 +159,23 @@ std::string ServerMetrics::render(std::string_view model_name, const EngineStats
         w.header(total, "counter", help);
         w.sample(total, model, v);
     };
+    const double kv_usage = s.num_kv_blocks > 0 ? static_cast<double>(s.num_kv_blocks_used) / s.num_kv_blocks : 0.0;
     gauge("peregrine:num_requests_running", "Number of requests in model execution batches.", s.num_running);
     gauge("peregrine:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting);
-    gauge("peregrine:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-          s.num_kv_blocks > 0 ? static_cast<double>(s.num_kv_blocks_used) / s.num_kv_blocks : 0.0);
+    gauge("peregrine:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv_usage);
+    // The same under vLLM's names and meanings: what the Kubernetes inference gateway's
+    // endpoint pickers (and llm-d's scorers) read from a model server with no configuration.
+    gauge("vllm:num_requests_running", "Number of requests in model execution batches.", s.num_running);
+    gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting);
+    gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv_usage);
+    w.header("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig");
+    w.sample("vllm:cache_config_info",
+             with_label(model, str_cat("block_size=\"", s.block_size, "\",num_gpu_blocks=\"", s.num_kv_blocks, "\"")),
+             1.0);
+    counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+            static_cast<double>(s.prefix_queries));
+    counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+            static_cast<double>(s.prefix_hits));
     counter("peregrine:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
             static_cast<double>(s.prefix_queries));
     counter("peregrine:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",

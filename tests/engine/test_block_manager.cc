@@ -135,3 +135,49 @@ TEST(BlockManager, CopyOnWriteOfASharedPartialBlock) {
 
 }  // namespace
 }  // namespace peregrine
+
+namespace peregrine {
+namespace {
+
+// vLLM-style prefix-cache events: full blocks only, grouped per sequence with the parent chain,
+// evictions of findable blocks, nothing when not recording.
+TEST(BlockManagerEvents, StoredBlocksChainAndEvictionsAreRemoved) {
+    BlockManager bm(6, 2);
+    cache_prompt(bm, {1, 2, 3, 4, 5}, 1);  // two full blocks and a partial one
+    EXPECT_TRUE(bm.take_events().empty());  // not recording yet
+    bm.set_recording(true);
+
+    cache_prompt(bm, {7, 8, 9, 10, 11}, 2);
+    std::vector<KvCacheEvent> ev = bm.take_events();
+    ASSERT_EQ(ev.size(), 1u);
+    EXPECT_EQ(ev[0].kind, KvCacheEvent::Kind::BlockStored);
+    ASSERT_EQ(ev[0].block_hashes.size(), 2u);  // the partial block is not announced
+    EXPECT_FALSE(ev[0].parent_block_hash.has_value());
+    EXPECT_EQ(ev[0].token_ids, (std::vector<int32_t>{7, 8, 9, 10}));
+    const uint64_t first = ev[0].block_hashes[0], second = ev[0].block_hashes[1];
+    EXPECT_EQ(first, BlockManager::hash_block(0, 0, std::vector<int32_t>{7, 8}.data(), 2));
+    EXPECT_EQ(second, BlockManager::hash_block(first, 0, std::vector<int32_t>{9, 10}.data(), 2));
+
+    // A sequence sharing the first block: only its new blocks, chained to the shared one. The
+    // pool holds 4 cached blocks and 2 free ones: its third new block evicts the least recently
+    // used cached one (prompt 1's).
+    Sequence s = seq_of({7, 8, 30, 31, 32, 33, 0}, 3);
+    std::vector<std::pair<int32_t, int32_t>> copies;
+    const auto hits = bm.match_prefix(s);
+    ASSERT_EQ(hits.size(), 1u);
+    bm.allocate(s, s.num_tokens() - 2, hits, copies);
+    bm.commit(s, s.num_tokens());
+    ev = bm.take_events();
+    ASSERT_EQ(ev.size(), 2u);
+    EXPECT_EQ(ev[0].kind, KvCacheEvent::Kind::BlockRemoved);
+    ASSERT_EQ(ev[0].block_hashes.size(), 1u);
+    EXPECT_EQ(ev[1].kind, KvCacheEvent::Kind::BlockStored);
+    EXPECT_EQ(ev[1].block_hashes.size(), 2u);
+    EXPECT_EQ(ev[1].parent_block_hash, std::optional<uint64_t>(first));
+    EXPECT_EQ(ev[1].token_ids, (std::vector<int32_t>{30, 31, 32, 33}));
+    bm.release(s);
+    EXPECT_TRUE(bm.take_events().empty());  // releasing keeps blocks findable: no event
+}
+
+}  // namespace
+}  // namespace peregrine

@@ -55,6 +55,7 @@ TEST(Metrics, RenderHasEveryFamily) {
     s.num_waiting = 1;
     s.num_kv_blocks = 8;
     s.num_kv_blocks_used = 2;
+    s.block_size = 16;
     s.prompt_tokens = 10;
     const std::string text = m.render("my\"model", s);
     auto has = [&](const std::string& line) { return text.find(line) != std::string::npos; };
@@ -62,6 +63,13 @@ TEST(Metrics, RenderHasEveryFamily) {
     EXPECT_TRUE(has("peregrine:num_requests_running{model_name=\"my\\\"model\"} 2\n"));
     EXPECT_TRUE(has("peregrine:num_requests_waiting{model_name=\"my\\\"model\"} 1\n"));
     EXPECT_TRUE(has("peregrine:kv_cache_usage_perc{model_name=\"my\\\"model\"} 0.25\n"));
+    // vLLM's names, as the inference gateway reads them.
+    EXPECT_TRUE(has("# TYPE vllm:num_requests_running gauge\n"));
+    EXPECT_TRUE(has("vllm:num_requests_running{model_name=\"my\\\"model\"} 2\n"));
+    EXPECT_TRUE(has("vllm:num_requests_waiting{model_name=\"my\\\"model\"} 1\n"));
+    EXPECT_TRUE(has("vllm:kv_cache_usage_perc{model_name=\"my\\\"model\"} 0.25\n"));
+    EXPECT_TRUE(has("vllm:cache_config_info{model_name=\"my\\\"model\",block_size=\"16\",num_gpu_blocks=\"8\"} 1\n"));
+    EXPECT_TRUE(has("# TYPE vllm:prefix_cache_hits_total counter\n"));
     EXPECT_TRUE(has("# TYPE peregrine:prompt_tokens_total counter\n"));
     EXPECT_TRUE(has("peregrine:prompt_tokens_total{model_name=\"my\\\"model\"} 10\n"));
     EXPECT_TRUE(has("peregrine:request_success_total{model_name=\"my\\\"model\",finished_reason=\"length\"} 1\n"));
