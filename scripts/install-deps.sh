@@ -8,6 +8,9 @@ packages=(
     nlohmann-json3-dev libcli11-dev libpcre2-dev libicu-dev libxxhash-dev
     libgtest-dev libgmock-dev
     libboost-dev
+    # KV-cache events over ZMQ (src/server/kv_events.*); the test subscribes with Debian's
+    # python3-zmq and decodes with python3-msgpack (tests/server/kv_events_test.py).
+    libzmq3-dev python3-zmq python3-msgpack
     libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
     xz-utils
     # CI's format check (scripts/ci-format.sh) and fuzzers (scripts/ci-fuzz.sh): Debian 12's

@@ -21,6 +21,7 @@
 #include "model/loader.h"
 #include "server/grpc/grpc_server.h"
 #include "server/http/http_server.h"
+#include "server/kv_events.h"
 #include "server/openai/openai_server.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -48,6 +49,7 @@ struct ServeArgs {
     int keep_alive_timeout_s = 60;
     int read_timeout_s = 60;
     double shutdown_timeout_s = 10;
+    server::KvEventOptions kv_events;  // endpoint empty: no events
 };
 
 // Connections are descriptors: take the hard limit (as nginx and Go do) before sizing the cap.
@@ -120,6 +122,8 @@ int run(ServeArgs& a) {
     sopts.rate_limits.tokens_per_minute = a.rate_limit_tpm;
     sopts.access_log = a.access_log;
     sopts.limits = a.limits;
+    // Declared before `app`, so destroyed after the engine that calls it.
+    std::unique_ptr<server::KvEventPublisher> kv_events;
     auto app = std::make_shared<server::OpenAiServer>(sopts);
 
     server::HttpServerOptions hopts;
@@ -145,6 +149,15 @@ int run(ServeArgs& a) {
     }
     std::fprintf(stderr, "listening on %s (loading the model)\n", url.c_str());
 
+    // Before the engine, so that its first steps' events have somewhere to go.
+    if (!a.kv_events.endpoint.empty()) {
+        a.kv_events.block_size = a.engine.block_size;
+        kv_events = std::make_unique<server::KvEventPublisher>(a.kv_events);
+        server::KvEventPublisher* pub = kv_events.get();
+        a.engine.kv_events = [pub](std::vector<KvCacheEvent> events) { pub->publish(std::move(events)); };
+        std::fprintf(stderr, "KV events: %s%s%s\n", a.kv_events.endpoint.c_str(),
+                     a.kv_events.replay_endpoint.empty() ? "" : ", replay at ", a.kv_events.replay_endpoint.c_str());
+    }
     app->set_model(load(a.engine));
     if (grpc) grpc->set_serving(true);
     std::fprintf(stderr, "ready: serving '%s' at %s/v1 (%zu API key%s)\n", app->model_name().c_str(), url.c_str(),
@@ -227,6 +240,17 @@ std::function<int()> add_serve(CLI::App& app) {
     cmd->add_option("--max-prompts", args->limits.max_prompts,
                     "Most prompts in one /v1/completions request (default 1024)")
         ->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--kv-events-endpoint", args->kv_events.endpoint,
+                    "Publish prefix-cache events (vLLM's KV events: ZMQ PUB, msgpack) at this ZMQ endpoint, e.g. "
+                    "tcp://*:5557 (default: off)");
+    cmd->add_option("--kv-events-topic", args->kv_events.topic,
+                    "Topic frame of every KV-event message, e.g. kv@POD@MODEL (default: empty)");
+    cmd->add_option("--kv-events-replay-endpoint", args->kv_events.replay_endpoint,
+                    "ZMQ ROUTER endpoint answering replay requests for missed KV events, e.g. tcp://*:5558 "
+                    "(default: off)");
+    cmd->add_option("--kv-events-buffer-steps", args->kv_events.buffer_steps,
+                    "KV-event batches kept for replay (default 10000)")
+        ->check(CLI::NonNegativeNumber);
     cmd->add_option("--max-connections", args->max_connections,
                     "Open connections at most (WebSockets included); more get 503 and are closed (default: the "
                     "descriptor limit less 256)")
