@@ -38,6 +38,7 @@ allowed() {  # layer -> the include prefixes it may use
         worker) echo "core formats dist backend backend/cpu backend/cuda model worker peregrine" ;;
         engine) echo "core formats tokenizer dist backend model worker engine peregrine" ;;
         server) echo "core formats tokenizer template dist backend model worker engine server peregrine" ;;
+        router) echo "core server router" ;;
         public) echo "peregrine" ;;
         *) echo "*" ;;
     esac

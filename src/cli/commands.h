@@ -12,6 +12,7 @@ std::function<int()> add_tokenize(CLI::App& app);
 std::function<int()> add_detokenize(CLI::App& app);
 std::function<int()> add_chat_template(CLI::App& app);
 std::function<int()> add_serve(CLI::App& app);
+std::function<int()> add_router(CLI::App& app);
 std::function<int()> add_bench(CLI::App& app);  // `bench serve`, `bench throughput`, `bench latency`
 // `bench throughput` and `bench latency` under the `bench` group; -1 when neither was given.
 std::function<int()> add_bench_offline(CLI::App* group);

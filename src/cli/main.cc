@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
     auto run_detokenize = peregrine::cli::add_detokenize(app);
     auto run_chat_template = peregrine::cli::add_chat_template(app);
     auto run_serve = peregrine::cli::add_serve(app);
+    auto run_router = peregrine::cli::add_router(app);
     auto run_bench = peregrine::cli::add_bench(app);
     try {
         app.parse(argc, argv);
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
         if (app.got_subcommand("detokenize")) return run_detokenize();
         if (app.got_subcommand("chat-template")) return run_chat_template();
         if (app.got_subcommand("serve")) return run_serve();
+        if (app.got_subcommand("router")) return run_router();
         if (app.got_subcommand("bench")) return run_bench();
         std::cout << app.help();
         return 1;

@@ -1,0 +1,521 @@
+#include "router/router_server.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/error.h"
+#include "router/routing.h"
+#include "server/api_error.h"
+#include "server/metrics.h"
+
+namespace peregrine::router {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+namespace {
+
+struct HostPort {
+    std::string host;
+    std::string port;
+};
+
+// http://host:port (no path, no https): what a replica's URL may be.
+HostPort parse_backend(const std::string& url) {
+    const std::string scheme = "http://";
+    if (url.rfind(scheme, 0) != 0) fail("--backend '", url, "': must start with http:// (e.g. http://10.0.0.5:8000)");
+    std::string rest = url.substr(scheme.size());
+    while (!rest.empty() && rest.back() == '/') rest.pop_back();
+    const size_t colon = rest.rfind(':');
+    if (rest.empty() || rest.find('/') != std::string::npos || colon == std::string::npos || colon == 0)
+        fail("--backend '", url, "': expected http://HOST:PORT");
+    const std::string port = rest.substr(colon + 1);
+    int p = 0;
+    try {
+        p = std::stoi(port);
+    } catch (...) {
+        p = 0;
+    }
+    if (p < 1 || p > 65535 || std::to_string(p) != port) fail("--backend '", url, "': bad port '", port, "'");
+    return {rest.substr(0, colon), port};
+}
+
+std::string error_json(const std::string& message, const std::string& type = "server_error") {
+    return json{{"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}}}}.dump();
+}
+
+// What the prefix index keys on (the prompt as text) and the session key of an API request.
+void prompt_facts(const std::string& path, const std::string& body, std::string& text, std::string& session) {
+    if (path != "/v1/completions" && path != "/v1/chat/completions") return;
+    const json j = json::parse(body, nullptr, false);
+    if (!j.is_object()) return;
+    if (j.contains("prompt_cache_key") && j["prompt_cache_key"].is_string())
+        session = j["prompt_cache_key"].get<std::string>();
+    else if (j.contains("user") && j["user"].is_string())
+        session = j["user"].get<std::string>();
+    if (j.contains("messages") && j["messages"].is_array()) {
+        for (const json& m : j["messages"]) {
+            if (!m.is_object()) continue;
+            text += m.value("role", "");
+            text += ": ";
+            const json& c = m.contains("content") ? m["content"] : json();
+            text += c.is_string() ? c.get<std::string>() : c.dump();
+            text += "\n";
+        }
+    } else if (j.contains("prompt")) {
+        const json& p = j["prompt"];
+        text = p.is_string() ? p.get<std::string>() : p.dump();
+    }
+}
+
+// Splits an event stream into the data of each event (data lines joined by '\n').
+class EventSplitter {
+  public:
+    template <typename Fn>
+    void feed(std::string_view bytes, Fn on_event) {
+        buf_.append(bytes);
+        size_t start = 0;
+        for (;;) {
+            const size_t end = buf_.find("\n\n", start);
+            if (end == std::string::npos) break;
+            std::string data;
+            size_t line = start;
+            while (line < end) {
+                size_t nl = buf_.find('\n', line);
+                if (nl == std::string::npos || nl > end) nl = end;
+                std::string_view l(buf_.data() + line, nl - line);
+                if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+                if (l.rfind("data:", 0) == 0) {
+                    l.remove_prefix(5);
+                    if (!l.empty() && l.front() == ' ') l.remove_prefix(1);
+                    if (!data.empty()) data += '\n';
+                    data += l;
+                }
+                line = nl + 1;
+            }
+            on_event(data);
+            start = end + 2;
+        }
+        buf_.erase(0, start);
+    }
+
+  private:
+    std::string buf_;
+};
+
+// A busy replica still answers /health from its I/O threads, but not always within a few ms on
+// a loaded host: a dead one refuses at once, so a generous timeout costs nothing.
+constexpr double kHealthTimeoutS = 2.0;
+
+std::vector<double> latency_buckets() {
+    return {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600};
+}
+
+}  // namespace
+
+struct RouterService::Impl {
+    RouterOptions options;
+    Router router;
+    asio::io_context ioc;
+    asio::executor_work_guard<asio::io_context::executor_type> work{ioc.get_executor()};
+    std::vector<std::thread> threads;
+    std::thread checker;
+    std::mutex stop_mu;
+    std::condition_variable stop_cv;
+    bool stopping = false;
+    std::atomic<bool> draining{false};
+    std::atomic<int64_t> in_flight{0};
+    std::string dns_host, dns_port;
+
+    mutable std::mutex metrics_mu;
+    std::map<std::string, server::Histogram> latency;  // by replica URL
+    uint64_t retries = 0, no_replica = 0, midstream_failures = 0;
+
+    Impl(RouterOptions o) : options(std::move(o)), router(policy_from_name(options.policy), options.backends) {
+        for (const std::string& b : options.backends) parse_backend(b);
+        if (!options.backend_dns.empty()) {
+            const size_t colon = options.backend_dns.rfind(':');
+            if (colon == std::string::npos || colon == 0)
+                fail("--backend-dns '", options.backend_dns, "': expected NAME:PORT");
+            dns_host = options.backend_dns.substr(0, colon);
+            dns_port = options.backend_dns.substr(colon + 1);
+            parse_backend("http://" + dns_host + ":" + dns_port);  // checks the port
+        }
+        if (options.backends.empty() && options.backend_dns.empty())
+            fail("peregrine router: give at least one --backend URL or --backend-dns NAME:PORT");
+    }
+
+    void observe(const std::string& url, double seconds) {
+        std::lock_guard lock(metrics_mu);
+        auto it = latency.find(url);
+        if (it == latency.end()) it = latency.emplace(url, server::Histogram(latency_buckets())).first;
+        it->second.observe(seconds);
+    }
+
+    // ---- active checks and discovery (one thread) ------------------------------------------
+
+    static bool health_ok(const std::string& url, double timeout_s) {
+        try {
+            const HostPort hp = parse_backend(url);
+            asio::io_context io;
+            beast::tcp_stream stream(io);
+            stream.expires_after(std::chrono::milliseconds(static_cast<int>(timeout_s * 1000)));
+            tcp::resolver resolver(io);
+            stream.connect(resolver.resolve(hp.host, hp.port));
+            http::request<http::empty_body> req{http::verb::get, "/health", 11};
+            req.set(http::field::host, hp.host);
+            http::write(stream, req);
+            beast::flat_buffer buf;
+            http::response<http::string_body> res;
+            http::read(stream, buf, res);
+            return res.result_int() == 200;
+        } catch (...) {
+            return false;
+        }
+    }
+
+    std::vector<std::string> resolve_dns() const {
+        addrinfo hints{};
+        hints.ai_family = AF_INET;
+        hints.ai_socktype = SOCK_STREAM;
+        addrinfo* found = nullptr;
+        std::vector<std::string> urls;
+        if (::getaddrinfo(dns_host.c_str(), dns_port.c_str(), &hints, &found) != 0) return urls;
+        for (addrinfo* a = found; a; a = a->ai_next) {
+            char ip[64];
+            if (::getnameinfo(a->ai_addr, a->ai_addrlen, ip, sizeof(ip), nullptr, 0, NI_NUMERICHOST) == 0) {
+                const std::string u = "http://" + std::string(ip) + ":" + dns_port;
+                if (std::find(urls.begin(), urls.end(), u) == urls.end()) urls.push_back(u);
+            }
+        }
+        ::freeaddrinfo(found);
+        std::sort(urls.begin(), urls.end());
+        return urls;
+    }
+
+    void check_loop() {
+        auto next_dns = Clock::now();
+        for (;;) {
+            if (!dns_host.empty() && Clock::now() >= next_dns) {
+                const std::vector<std::string> urls = resolve_dns();
+                if (!urls.empty()) router.set_urls(urls);  // a failed lookup keeps the last set
+                next_dns = Clock::now() + std::chrono::milliseconds(static_cast<int>(options.dns_interval_s * 1000));
+            }
+            for (const ReplicaState& r : router.snapshot())
+                router.set_healthy(r.id, health_ok(r.url, kHealthTimeoutS));
+            std::unique_lock lock(stop_mu);
+            if (stop_cv.wait_for(lock, std::chrono::milliseconds(static_cast<int>(options.health_interval_s * 1000)),
+                                 [&] { return stopping; }))
+                return;
+        }
+    }
+
+    // ---- forwarding ------------------------------------------------------------------------
+
+    struct Job {
+        std::string method, path, body, content_type, authorization, request_id, text, session;
+        std::shared_ptr<server::Exchange> ex;
+        std::shared_ptr<std::atomic<bool>> gone = std::make_shared<std::atomic<bool>>(false);
+        std::shared_ptr<std::function<void()>> cancel = std::make_shared<std::function<void()>>();
+        std::shared_ptr<std::mutex> cancel_mu = std::make_shared<std::mutex>();
+        // The job's coroutine and its cancel run here, never at once.
+        asio::strand<asio::io_context::executor_type> strand;
+        explicit Job(asio::io_context& ioc) : strand(asio::make_strand(ioc)) {}
+    };
+
+    // Runs on the exchange's strand.
+    static void post(const std::shared_ptr<server::Exchange>& ex, std::function<void(server::Exchange&)> fn) {
+        ex->post([ex, fn = std::move(fn)] { fn(*ex); });
+    }
+
+    enum class Outcome { Done, RetryElsewhere };
+
+    asio::awaitable<Outcome> try_replica(Job& job, const Decision& d, bool last_attempt) {
+        const auto t0 = Clock::now();
+        const HostPort hp = parse_backend(d.url);
+        auto ex_exec = co_await asio::this_coro::executor;
+        beast::tcp_stream stream(ex_exec);
+        {
+            std::lock_guard lock(*job.cancel_mu);
+            *job.cancel = [&stream] {
+                beast::error_code ignored;
+                stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+                stream.socket().close(ignored);
+            };
+        }
+        auto clear_cancel = [&] {
+            std::lock_guard lock(*job.cancel_mu);
+            *job.cancel = nullptr;
+        };
+        beast::error_code ec;
+        tcp::resolver resolver(ex_exec);
+        const auto endpoints =
+            co_await resolver.async_resolve(hp.host, hp.port, asio::redirect_error(asio::use_awaitable, ec));
+        if (!ec) {
+            stream.expires_after(std::chrono::milliseconds(static_cast<int>(options.connect_timeout_s * 1000)));
+            co_await stream.async_connect(endpoints, asio::redirect_error(asio::use_awaitable, ec));
+        }
+        http::request<http::string_body> req{http::string_to_verb(job.method), job.path, 11};
+        req.set(http::field::host, hp.host + ":" + hp.port);
+        if (!job.content_type.empty()) req.set(http::field::content_type, job.content_type);
+        if (!job.authorization.empty()) req.set(http::field::authorization, job.authorization);
+        req.set("X-Request-Id", job.request_id);
+        req.body() = job.body;
+        req.prepare_payload();
+        beast::flat_buffer buffer;
+        http::response_parser<http::buffer_body> parser;
+        parser.body_limit(std::numeric_limits<std::uint64_t>::max());
+        if (!ec) {
+            stream.socket().set_option(tcp::no_delay(true), ec);
+            stream.expires_after(std::chrono::milliseconds(static_cast<int>(options.request_timeout_s * 1000)));
+            co_await http::async_write(stream, req, asio::redirect_error(asio::use_awaitable, ec));
+        }
+        if (!ec) co_await http::async_read_header(stream, buffer, parser, asio::redirect_error(asio::use_awaitable, ec));
+        if (ec) {  // nothing reached the client: eject, and try another replica once
+            clear_cancel();
+            router.finish(d.id, true);
+            if (!job.gone->load()) router.set_healthy(d.id, false);
+            if (!last_attempt && !job.gone->load()) co_return Outcome::RetryElsewhere;
+            post(job.ex, [msg = "replica " + d.url + " failed: " + ec.message()](server::Exchange& x) {
+                if (!x.client_gone()) x.respond(502, error_json(msg));
+            });
+            co_return Outcome::Done;
+        }
+        const int status = parser.get().result_int();
+        const std::string type(parser.get()[http::field::content_type]);
+        const bool events = status == 200 && type.rfind("text/event-stream", 0) == 0;
+        EventSplitter splitter;
+        std::string whole;
+        bool started = false, failed = false;
+        char chunk[16384];
+        while (!parser.is_done()) {
+            parser.get().body().data = chunk;
+            parser.get().body().size = sizeof(chunk);
+            co_await http::async_read(stream, buffer, parser, asio::redirect_error(asio::use_awaitable, ec));
+            if (ec == http::error::need_buffer) ec = {};
+            const size_t got = sizeof(chunk) - parser.get().body().size;
+            if (events) {
+                splitter.feed(std::string_view(chunk, got), [&](const std::string& data) {
+                    if (!started) {
+                        started = true;
+                        post(job.ex, [](server::Exchange& x) {
+                            if (!x.client_gone()) x.start_events();
+                        });
+                    }
+                    post(job.ex, [data](server::Exchange& x) {
+                        if (!x.client_gone()) x.send_event(data);
+                    });
+                });
+            } else {
+                whole.append(chunk, got);
+            }
+            if (ec) {
+                failed = true;
+                break;
+            }
+        }
+        clear_cancel();
+        if (failed && !job.gone->load()) {
+            router.set_healthy(d.id, false);
+            if (events && !started && !last_attempt) {  // no byte went out yet: retry
+                router.finish(d.id, true);
+                co_return Outcome::RetryElsewhere;
+            }
+            {
+                std::lock_guard lock(metrics_mu);
+                ++midstream_failures;
+            }
+            const std::string msg = "replica " + d.url + " failed during the response: " + ec.message();
+            if (events) {
+                post(job.ex, [msg, started](server::Exchange& x) {
+                    if (x.client_gone()) return;
+                    if (!started) x.start_events();
+                    x.send_event(error_json(msg));
+                    x.end_events();
+                });
+            } else {
+                post(job.ex, [msg](server::Exchange& x) {
+                    if (!x.client_gone()) x.respond(502, error_json(msg));
+                });
+            }
+        } else if (events) {
+            post(job.ex, [started](server::Exchange& x) {
+                if (x.client_gone()) return;
+                if (!started) x.start_events();
+                x.end_events();
+            });
+        } else {
+            post(job.ex, [status, whole = std::move(whole), type](server::Exchange& x) mutable {
+                if (!x.client_gone()) x.respond(status, std::move(whole), type.empty() ? "application/json" : type);
+            });
+        }
+        router.finish(d.id, failed);
+        observe(d.url, std::chrono::duration<double>(Clock::now() - t0).count());
+        beast::error_code ignored;
+        stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+        co_return Outcome::Done;
+    }
+
+    asio::awaitable<void> forward(std::shared_ptr<Job> job) {
+        int exclude = -1;
+        for (int attempt = 0; attempt < 2; ++attempt) {
+            const Decision d = router.pick(job->text, job->session, exclude);
+            if (d.replica < 0) {
+                {
+                    std::lock_guard lock(metrics_mu);
+                    ++no_replica;
+                }
+                post(job->ex, [](server::Exchange& x) {
+                    if (!x.client_gone()) x.respond(503, error_json("no healthy replica to serve the request"));
+                });
+                break;
+            }
+            if (attempt > 0) {
+                std::lock_guard lock(metrics_mu);
+                ++retries;
+            }
+            if (co_await try_replica(*job, d, attempt == 1) == Outcome::Done) break;
+            exclude = d.replica;
+        }
+        --in_flight;
+    }
+
+    std::string metrics_text() const {
+        server::PrometheusWriter w;
+        const std::vector<ReplicaState> rs = router.snapshot();
+        auto per_replica = [&](const char* name, const char* type, const char* help, auto value) {
+            w.header(name, type, help);
+            for (const ReplicaState& r : rs)
+                w.sample(name, "backend=\"" + server::escape_label(r.url) + "\"", static_cast<double>(value(r)));
+        };
+        per_replica("peregrine_router:requests_total", "counter", "Requests sent to each replica.",
+                    [](const ReplicaState& r) { return r.requests; });
+        per_replica("peregrine_router:errors_total", "counter", "Requests that failed at each replica.",
+                    [](const ReplicaState& r) { return r.errors; });
+        per_replica("peregrine_router:in_flight", "gauge", "Requests outstanding at each replica.",
+                    [](const ReplicaState& r) { return r.outstanding; });
+        per_replica("peregrine_router:healthy", "gauge", "1 when the replica takes requests, 0 when ejected.",
+                    [](const ReplicaState& r) { return r.healthy ? 1 : 0; });
+        w.header("peregrine_router:routing_decisions_total", "counter", "Routing decisions by reason.");
+        for (const auto& [reason, n] : router.decisions())
+            w.sample("peregrine_router:routing_decisions_total", "reason=\"" + reason + "\"", static_cast<double>(n));
+        w.header("peregrine_router:prefix_index_keys", "gauge", "Prompt-prefix keys the cache-aware index holds.");
+        w.sample("peregrine_router:prefix_index_keys", "", static_cast<double>(router.prefix_index_size()));
+        std::lock_guard lock(metrics_mu);
+        w.header("peregrine_router:retries_total", "counter", "Requests retried on another replica.");
+        w.sample("peregrine_router:retries_total", "", static_cast<double>(retries));
+        w.header("peregrine_router:midstream_failures_total", "counter",
+                 "Responses that failed after their first byte went to the client.");
+        w.sample("peregrine_router:midstream_failures_total", "", static_cast<double>(midstream_failures));
+        w.header("peregrine_router:request_latency_seconds", "histogram",
+                 "Time from sending a request to a replica to the end of its response.");
+        for (const auto& [url, h] : latency)
+            w.histogram("peregrine_router:request_latency_seconds", "backend=\"" + server::escape_label(url) + "\"", h);
+        return w.text();
+    }
+};
+
+RouterService::RouterService(RouterOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+RouterService::~RouterService() {
+    stop();
+}
+
+void RouterService::start() {
+    Impl& m = *impl_;
+    for (int i = 0; i < std::max(1, m.options.client_threads); ++i) m.threads.emplace_back([&m] { m.ioc.run(); });
+    m.checker = std::thread([&m] { m.check_loop(); });
+}
+
+void RouterService::stop() {
+    Impl& m = *impl_;
+    {
+        std::lock_guard lock(m.stop_mu);
+        if (m.stopping) return;
+        m.stopping = true;
+    }
+    m.stop_cv.notify_all();
+    if (m.checker.joinable()) m.checker.join();
+    m.work.reset();
+    m.ioc.stop();
+    for (std::thread& t : m.threads) t.join();
+}
+
+void RouterService::begin_drain() {
+    impl_->draining = true;
+}
+
+int64_t RouterService::in_flight() const {
+    return impl_->in_flight.load();
+}
+
+void RouterService::handle(const server::HttpRequest& req, std::shared_ptr<server::Exchange> ex) {
+    Impl& m = *impl_;
+    if (req.path == "/health") {
+        int healthy = 0;
+        for (const ReplicaState& r : m.router.snapshot()) healthy += r.healthy ? 1 : 0;
+        const bool ok = healthy > 0 && !m.draining;
+        ex->respond(ok ? 200 : 503, json{{"status", m.draining ? "draining" : ok ? "ok" : "no healthy replica"},
+                                         {"healthy_replicas", healthy},
+                                         {"policy", policy_name(m.router.policy())}}
+                                        .dump());
+        return;
+    }
+    if (req.path == "/metrics") {
+        ex->respond(200, m.metrics_text(), "text/plain; version=0.0.4");
+        return;
+    }
+    if (!m.options.api_keys.empty()) {
+        const std::string_view auth = req.header("authorization");
+        const std::string_view prefix = "Bearer ";
+        const bool ok = auth.rfind(prefix, 0) == 0 &&
+                        std::find(m.options.api_keys.begin(), m.options.api_keys.end(),
+                                  std::string(auth.substr(prefix.size()))) != m.options.api_keys.end();
+        if (!ok) {
+            ex->respond(401, error_json("Invalid or missing API key", "authentication_error"));
+            return;
+        }
+    }
+    if (m.draining) {
+        ex->respond(503, error_json("the router is shutting down"));
+        return;
+    }
+    if (req.websocket_upgrade) {
+        ex->respond(501, error_json("the router does not forward WebSocket connections yet; connect to a replica"));
+        return;
+    }
+    auto job = std::make_shared<Impl::Job>(m.ioc);
+    job->method = req.method;
+    job->path = req.path;
+    job->body = req.body;
+    job->content_type = std::string(req.header("content-type"));
+    job->authorization = std::string(req.header("authorization"));
+    job->request_id = req.request_id;
+    job->ex = ex;
+    prompt_facts(req.path, req.body, job->text, job->session);
+    ex->on_client_gone([gone = job->gone, cancel = job->cancel, mu = job->cancel_mu, strand = job->strand] {
+        gone->store(true);
+        asio::post(strand, [cancel, mu] {
+            std::lock_guard lock(*mu);
+            if (*cancel) (*cancel)();
+        });
+    });
+    ++m.in_flight;
+    asio::co_spawn(job->strand, m.forward(job), asio::detached);
+}
+
+}  // namespace peregrine::router

@@ -1,0 +1,56 @@
+// `peregrine router`: the front door of several `peregrine serve` replicas. It answers /health
+// and /metrics itself and forwards every other request to one replica chosen by the Router
+// (routing.h): the body as is, the client's Authorization and X-Request-Id, the replica's status
+// and body back; an event stream (SSE) is passed on event by event as it arrives.
+//
+// Failures. A replica that refuses the connection or breaks it is ejected at once (passive) and
+// readmitted when its /health answers 200 again (active checks every --health-interval). A
+// request whose replica failed before anything went to the client (no header, no event) is
+// retried once on another replica; a stream that fails midway ends with an error event
+// `{"error": {...}}` and [DONE]-less end, never a hang. A client that leaves closes the
+// upstream connection, so the replica aborts the request.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/http/exchange.h"
+
+namespace peregrine::router {
+
+struct RouterOptions {
+    std::vector<std::string> backends;  // http://host:port of each replica
+    std::string backend_dns;            // NAME:PORT: every A record of NAME is a replica (re-resolved)
+    std::string policy = "cache-aware";
+    std::vector<std::string> api_keys;  // accepted Bearer keys; empty: no authentication
+    double health_interval_s = 1.0;     // between active /health checks of every replica
+    double dns_interval_s = 5.0;        // between resolutions of backend_dns
+    double connect_timeout_s = 2.0;
+    double request_timeout_s = 600.0;  // a response not complete this long after it was sent fails
+    int client_threads = 2;            // threads of the outbound connections
+};
+
+class RouterService {
+  public:
+    explicit RouterService(RouterOptions options);  // throws Error for a bad URL, policy or DNS name
+    ~RouterService();                                // stop()
+    RouterService(const RouterService&) = delete;
+    RouterService& operator=(const RouterService&) = delete;
+
+    // Starts health checks, DNS discovery and the outbound threads.
+    void start();
+    void stop();
+    // The HTTP server's handler (any connection's strand).
+    void handle(const server::HttpRequest& req, std::shared_ptr<server::Exchange> ex);
+    // SIGTERM: /health answers 503 "draining" and new requests 503; running ones finish.
+    void begin_drain();
+    int64_t in_flight() const;
+
+  private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace peregrine::router

@@ -1,0 +1,125 @@
+// Where the router sends a request: the replicas it knows, their load and health, and the three
+// policies of `peregrine router --policy` (plain code, no I/O; the proxy holds one Router).
+//
+//   round-robin  the next healthy replica in turn.
+//   least-load   the healthy replica with the fewest outstanding requests (ties: the lowest
+//                index after the last pick, so equal loads rotate).
+//   cache-aware  (default) the replica most likely to hold the prompt's longest prefix in its
+//                KV cache, from the PrefixIndex of what was sent where, unless the load is
+//                imbalanced (max - min > 32 outstanding and max > 1.5 x min: SGLang's rule) or
+//                the best match covers under 30% of the prompt: then least-load.
+// Session affinity, under every policy: a request carrying a session key (OpenAI's
+// `prompt_cache_key`, else `user`) goes to the replica the ConsistentHashRing gives that key
+// among the healthy ones, so a conversation's cache stays on one replica.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace peregrine::router {
+
+enum class Policy { RoundRobin, LeastLoad, CacheAware };
+Policy policy_from_name(const std::string& name);  // throws Error naming the choices
+const char* policy_name(Policy p);
+
+// Which replicas have seen which prompt prefixes: the prompt's text cut into chunks of
+// kChunkChars characters, each chunk's key a hash chained over every earlier chunk (so a key
+// stands for the whole prefix up to it). Each replica keeps at most `capacity` keys, least
+// recently used evicted first (replicas evict too; the index only approximates them).
+class PrefixIndex {
+  public:
+    static constexpr size_t kChunkChars = 64;
+    explicit PrefixIndex(size_t capacity_per_replica = 1 << 16) : capacity_(capacity_per_replica) {}
+
+    // The chained keys of `text`'s whole chunks (a trailing partial chunk has none).
+    static std::vector<uint64_t> keys_of(std::string_view text);
+    // Leading keys of `keys` that `replica` holds.
+    size_t match(int replica, const std::vector<uint64_t>& keys) const;
+    // Records that `replica` was sent a prompt with `keys` (refreshing their recency).
+    void insert(int replica, const std::vector<uint64_t>& keys);
+    void forget(int replica);  // a replica that left (its cache is gone)
+    size_t size() const;       // keys held, all replicas
+
+  private:
+    struct Replica {
+        std::list<uint64_t> lru;  // most recent first
+        std::unordered_map<uint64_t, std::list<uint64_t>::iterator> where;
+    };
+    size_t capacity_;
+    std::map<int, Replica> replicas_;
+};
+
+// Consistent hashing of session keys over replica names: kVirtualNodes points per replica on a
+// 64-bit ring; a key goes to the first point at or after its hash among the eligible replicas.
+// Adding a replica to N moves about 1/(N+1) of the keys.
+class ConsistentHashRing {
+  public:
+    static constexpr int kVirtualNodes = 160;
+    void set_replicas(const std::vector<std::string>& names);
+    // The index (into the names given) of the key's replica among those with eligible[i] true;
+    // -1 when none is eligible.
+    int pick(std::string_view key, const std::vector<bool>& eligible) const;
+
+  private:
+    std::map<uint64_t, int> ring_;
+};
+
+// What the router knows of one replica.
+struct ReplicaState {
+    std::string url;       // http://host:port
+    int id = 0;            // stable across set_urls (the prefix index's key)
+    bool healthy = true;   // false: ejected (a connection failed, or /health did not answer 200)
+    int outstanding = 0;   // requests sent and not finished
+    uint64_t requests = 0, errors = 0;
+};
+
+// A routing decision and why, for the metrics ("session", "prefix", "least_load", "imbalanced",
+// "round_robin", "no_replica").
+struct Decision {
+    int replica = -1;  // index in the replica list at the time of the pick
+    int id = -1;       // the replica's stable id (finish, set_healthy)
+    std::string url;
+    const char* reason = "no_replica";
+    size_t matched_chunks = 0;
+};
+
+// Thread safe: the proxy's I/O threads pick, finish and eject concurrently.
+class Router {
+  public:
+    Router(Policy policy, std::vector<std::string> urls);
+    Policy policy() const { return policy_; }
+
+    // Picks a healthy replica for a prompt (`text`: what the prefix index keys on) with an
+    // optional session key, skipping `exclude` (a replica that already failed this request), and
+    // counts it outstanding. Records the prompt's prefix for the chosen replica.
+    Decision pick(std::string_view text, std::string_view session_key, int exclude = -1);
+    void finish(int id, bool failed);  // a request ended (failed: it errored)
+    void set_healthy(int id, bool healthy);
+    // Replaces the replica set (DNS discovery): known URLs keep their state, new ones start
+    // healthy, gone ones leave (their prefix index entries too).
+    void set_urls(const std::vector<std::string>& urls);
+
+    std::vector<ReplicaState> snapshot() const;
+    size_t prefix_index_size() const;
+    std::map<std::string, uint64_t> decisions() const;  // by reason
+
+  private:
+    int least_loaded(int exclude) const;  // -1: none healthy
+    ReplicaState* by_id(int id);
+    Policy policy_;
+    mutable std::mutex mu_;
+    std::vector<ReplicaState> replicas_;
+    PrefixIndex index_;
+    ConsistentHashRing ring_;
+    size_t next_ = 0;  // round-robin / least-load tie rotation
+    int next_id_ = 0;
+    std::map<std::string, uint64_t> decisions_;
+};
+
+}  // namespace peregrine::router

@@ -1,0 +1,149 @@
+// The router's decisions (src/router/routing.h) without sockets: the prefix index, the
+// consistent-hash ring's key movement, and each policy's picks.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "router/routing.h"
+
+namespace peregrine::router {
+namespace {
+
+std::string text_of(char c, size_t chunks) {
+    return std::string(chunks * PrefixIndex::kChunkChars, c);
+}
+
+TEST(PrefixIndex, KeysChainOverTheWholePrefix) {
+    const std::string a = text_of('a', 2) + text_of('b', 1), b = text_of('c', 1) + text_of('b', 1);
+    const auto ka = PrefixIndex::keys_of(a), kb = PrefixIndex::keys_of(b);
+    ASSERT_EQ(ka.size(), 3u);
+    EXPECT_NE(ka[2], kb[1]);  // the same chunk after different prefixes: different keys
+    EXPECT_EQ(PrefixIndex::keys_of(a + "partial").size(), 3u);
+    PrefixIndex idx(100);
+    idx.insert(1, ka);
+    EXPECT_EQ(idx.match(1, ka), 3u);
+    EXPECT_EQ(idx.match(1, PrefixIndex::keys_of(text_of('a', 2) + text_of('z', 2))), 2u);
+    EXPECT_EQ(idx.match(2, ka), 0u);
+    idx.forget(1);
+    EXPECT_EQ(idx.size(), 0u);
+}
+
+TEST(PrefixIndex, EachReplicaKeepsItsMostRecentKeys) {
+    PrefixIndex idx(4);
+    const auto old_keys = PrefixIndex::keys_of(text_of('o', 3));
+    idx.insert(0, old_keys);
+    idx.insert(0, PrefixIndex::keys_of(text_of('n', 3)));
+    EXPECT_EQ(idx.size(), 4u);
+    EXPECT_EQ(idx.match(0, old_keys), 0u);  // its first key went first
+}
+
+TEST(ConsistentHashRing, AddingAReplicaMovesAboutOneNth) {
+    const int keys = 20000;
+    for (int n : {2, 3, 5, 8}) {
+        std::vector<std::string> names;
+        for (int i = 0; i < n; ++i) names.push_back("http://10.0.0." + std::to_string(i) + ":8000");
+        ConsistentHashRing before, after;
+        before.set_replicas(names);
+        names.push_back("http://10.0.0.99:8000");
+        after.set_replicas(names);
+        int moved = 0;
+        const std::vector<bool> all_before(n, true), all_after(n + 1, true);
+        for (int k = 0; k < keys; ++k) {
+            const std::string key = "session-" + std::to_string(k);
+            moved += before.pick(key, all_before) != after.pick(key, all_after);
+        }
+        const double share = static_cast<double>(moved) / keys;
+        std::printf("ring: %d -> %d replicas moved %.3f of the keys (1/(N+1) = %.3f)\n", n, n + 1, share, 1.0 / (n + 1));
+        EXPECT_LE(share, 1.5 / (n + 1)) << n;  // the bound: <= 1.5 / N of the keys
+        EXPECT_GT(share, 0.5 / (n + 1)) << n;  // and the new replica does take its share
+    }
+}
+
+TEST(ConsistentHashRing, SkipsIneligibleReplicasStably) {
+    ConsistentHashRing ring;
+    ring.set_replicas({"a", "b", "c"});
+    const int home = ring.pick("user-7", {true, true, true});
+    std::vector<bool> without(3, true);
+    without[home] = false;
+    const int other = ring.pick("user-7", without);
+    EXPECT_NE(other, home);
+    EXPECT_EQ(ring.pick("user-7", without), other);
+    EXPECT_EQ(ring.pick("user-7", {false, false, false}), -1);
+}
+
+TEST(Router, RoundRobinTakesTurns) {
+    Router r(Policy::RoundRobin, {"http://a:1", "http://b:1", "http://c:1"});
+    std::vector<int> got;
+    for (int i = 0; i < 6; ++i) got.push_back(r.pick("x", "").replica);
+    EXPECT_EQ(got, (std::vector<int>{0, 1, 2, 0, 1, 2}));
+}
+
+TEST(Router, LeastLoadPicksFewestOutstandingAndSkipsEjected) {
+    Router r(Policy::LeastLoad, {"http://a:1", "http://b:1", "http://c:1"});
+    const Decision first = r.pick("", "");
+    const Decision second = r.pick("", "");
+    EXPECT_NE(first.replica, second.replica);
+    const Decision third = r.pick("", "");
+    r.finish(second.id, false);
+    EXPECT_EQ(r.pick("", "").replica, second.replica);  // the only one with room
+    r.set_healthy(first.id, false);
+    for (int i = 0; i < 5; ++i) EXPECT_NE(r.pick("", "").replica, first.replica);
+    (void)third;
+}
+
+TEST(Router, CacheAwareFollowsThePrefixUntilLoadIsImbalanced) {
+    Router r(Policy::CacheAware, {"http://a:1", "http://b:1"});
+    const std::string system = text_of('s', 20);  // a shared system prompt
+    const Decision d0 = r.pick(system + "user one", "");
+    EXPECT_STREQ(d0.reason, "least_load");  // nothing known yet
+    for (int i = 0; i < 10; ++i) {
+        const Decision d = r.pick(system + "user " + std::to_string(i), "");
+        EXPECT_EQ(d.replica, d0.replica);
+        EXPECT_STREQ(d.reason, "prefix");
+    }
+    // The prefix's replica takes requests until it has 33 more outstanding than the other
+    // (SGLang's bound: difference > 32 and more than 1.5 x): then one goes by load.
+    int picks = 11;
+    Decision d;
+    do {
+        d = r.pick(system + "more", "");
+        ++picks;
+    } while (std::string(d.reason) == "prefix" && picks < 100);
+    EXPECT_STREQ(d.reason, "imbalanced");
+    EXPECT_NE(d.replica, d0.replica);
+    EXPECT_EQ(picks, 34);  // 33 outstanding on d0's replica, then this one
+    // A prompt matched on under 30% of its chunks goes by load.
+    Router fresh(Policy::CacheAware, {"http://a:1", "http://b:1"});
+    fresh.pick(text_of('s', 2) + text_of('t', 2), "");
+    EXPECT_STREQ(fresh.pick(text_of('s', 2) + text_of('t', 2), "").reason, "prefix");
+    EXPECT_STREQ(fresh.pick(text_of('s', 2) + text_of('u', 8), "").reason, "least_load");  // 2 of 10 chunks
+}
+
+TEST(Router, SessionKeysStickToOneReplica) {
+    Router r(Policy::CacheAware, {"http://a:1", "http://b:1", "http://c:1"});
+    const int home = r.pick("anything", "conversation-42").replica;
+    for (int i = 0; i < 20; ++i) {
+        const Decision d = r.pick("other text " + std::to_string(i), "conversation-42");
+        EXPECT_EQ(d.replica, home);
+        EXPECT_STREQ(d.reason, "session");
+    }
+}
+
+TEST(Router, DnsChangesKeepStateOfKnownReplicas) {
+    Router r(Policy::LeastLoad, {"http://a:1", "http://b:1"});
+    const Decision d = r.pick("", "");
+    r.set_urls({"http://b:1", "http://c:1", "http://a:1"});
+    const auto snap = r.snapshot();
+    ASSERT_EQ(snap.size(), 3u);
+    int outstanding = 0;
+    for (const auto& s : snap) outstanding += s.outstanding;
+    EXPECT_EQ(outstanding, 1);
+    r.finish(d.id, false);  // by id, though its index moved
+    for (const auto& s : r.snapshot()) EXPECT_EQ(s.outstanding, 0);
+    EXPECT_THROW(policy_from_name("random"), Error);
+}
+
+}  // namespace
+}  // namespace peregrine::router

@@ -1,0 +1,140 @@
+// `peregrine router` in front of real `peregrine serve` replicas (CPU, the embedded model):
+// streams and answers come through intact, the policies route as specified, and a replica
+// killed under load is ejected and readmitted without a hung request.
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { after, describe, test } from 'node:test';
+
+import { OpenAI, http, waitFor } from './harness.mjs';
+
+const binary = process.env.PG_BINARY;
+const procs = [];
+after(() => procs.forEach((p) => p.exitCode === null && p.kill('SIGKILL')));
+
+// Starts `peregrine <args>`; resolves {proc, url, log} once `ready` matches its stderr.
+function start(args, ready) {
+    const proc = spawn(binary, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+    procs.push(proc);
+    let log = '';
+    return new Promise((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`not ready in 30 s: ${args.join(' ')}\n${log}`)), 30000);
+        proc.stderr.on('data', (d) => {
+            log += d;
+            const m = log.match(ready);
+            if (m) {
+                clearTimeout(timer);
+                resolve({ proc, url: m[1], log: () => log });
+            }
+        });
+        proc.on('exit', (code) => reject(new Error(`exited ${code}: ${args.join(' ')}\n${log}`)));
+    });
+}
+
+const replica = (port = 0) =>
+    start(['serve', '--port', String(port), '--device', 'cpu', '--threads', '1'],
+          /ready: serving '[^']*' at (http:\/\/[^\s]+)\/v1/);
+const router = (backends, policy, extra = []) =>
+    start(['router', '--port', '0', '--policy', policy, '--health-interval', '0.2',
+           ...backends.flatMap((b) => ['--backend', b.url]), ...extra], /ready: routing at (http:\/\/[^\s]+)\/v1/);
+
+const client = (url) => new OpenAI({ baseURL: `${url}/v1`, apiKey: 'none', maxRetries: 0 });
+
+async function perBackend(routerUrl) {
+    const text = (await http(`${routerUrl}/metrics`, { method: 'GET' })).text;
+    const counts = {};
+    for (const m of text.matchAll(/peregrine_router:requests_total\{backend="([^"]+)"\} (\d+)/g)) counts[m[1]] = +m[2];
+    return counts;
+}
+
+async function streamText(c, body) {
+    const stream = await c.completions.create({ ...body, stream: true });
+    let text = '';
+    let chunks = 0;
+    for await (const ch of stream) {
+        text += ch.choices[0]?.text ?? '';
+        chunks++;
+    }
+    return { text, chunks };
+}
+
+describe('router', async () => {
+    const [a, b] = await Promise.all([replica(), replica()]);
+
+    test('streams and answers as a replica does', async () => {
+        const r = await router([a, b], 'round-robin');
+        const body = { model: 'stories260K', prompt: 'Once upon a time', max_tokens: 30, temperature: 0 };
+        const direct = await client(a.url).completions.create(body);
+        for (let i = 0; i < 2; i++) {  // both replicas, in turn
+            const viaRouter = await client(r.url).completions.create(body);
+            assert.equal(viaRouter.choices[0].text, direct.choices[0].text);
+            const s = await streamText(client(r.url), body);
+            assert.equal(s.text, direct.choices[0].text);
+            assert.ok(s.chunks >= 20, `streamed chunk by chunk (${s.chunks} chunks)`);
+        }
+        const chat = await client(r.url).chat.completions.create({
+            model: 'stories260K', messages: [{ role: 'user', content: 'Hi' }], max_tokens: 5, temperature: 0 });
+        assert.equal(chat.object, 'chat.completion');
+        const models = await client(r.url).models.list();
+        assert.equal(models.data[0].id, 'stories260K');
+        const bad = await http(`${r.url}/v1/completions`, { body: { model: 'stories260K', prompt: 'x', max_tokens: -1 } });
+        assert.equal(bad.status, 400);  // the replica's own error, passed on
+        // round-robin: 4 completions, a chat, the model list and the bad request (7) in turn
+        assert.deepEqual(Object.values(await perBackend(r.url)).sort(), [3, 4]);
+        r.proc.kill('SIGTERM');
+    });
+
+    test('cache-aware keeps a shared prefix on one replica; sessions stick', async () => {
+        const r = await router([a, b], 'cache-aware');
+        const system = 'You are a storyteller. '.repeat(12);  // ~280 characters: 4 index chunks
+        const before = await perBackend(r.url);
+        for (let i = 0; i < 6; i++)
+            await client(r.url).completions.create({ model: 'stories260K', prompt: `${system} Tell story ${i}`,
+                                                     max_tokens: 4, temperature: 0 });
+        const after1 = await perBackend(r.url);
+        const moved = Object.keys(after1).map((k) => after1[k] - (before[k] ?? 0));
+        assert.deepEqual(moved.sort(), [0, 6], `one replica took the shared prefix: ${moved}`);
+        const metrics = (await http(`${r.url}/metrics`, { method: 'GET' })).text;
+        assert.match(metrics, /routing_decisions_total\{reason="prefix"\} 5/);
+        for (let i = 0; i < 4; i++)
+            await client(r.url).completions.create({ model: 'stories260K', prompt: `short ${i}`, max_tokens: 2,
+                                                     prompt_cache_key: 'conv-1' });
+        assert.match((await http(`${r.url}/metrics`, { method: 'GET' })).text,
+                     /routing_decisions_total\{reason="session"\} 4/);
+        r.proc.kill('SIGTERM');
+    });
+
+    test('a replica killed under load: ejected, nothing hangs, readmitted after a restart', async () => {
+        const c = await replica();
+        const port = new URL(c.url).port;
+        const r = await router([b, c], 'least-load');
+        const body = { model: 'stories260K', prompt: 'Once upon a time', max_tokens: 400, temperature: 1,
+                       ignore_eos: true };
+        const results = Array.from({ length: 8 }, () =>
+            streamText(client(r.url), body).then((s) => ({ ok: true, ...s }), (e) => ({ ok: false, error: String(e) })));
+        await new Promise((res) => setTimeout(res, 30));
+        c.proc.kill('SIGKILL');
+        const t0 = Date.now();
+        const ejected = await waitFor(async () => {
+            const h = (await http(`${r.url}/health`, { method: 'GET' })).json;
+            return h.healthy_replicas === 1;
+        }, 2000, 20);
+        assert.ok(ejected, 'ejected within 2 s');
+        console.log(`ejected ${Date.now() - t0} ms after the kill`);
+        const settled = await Promise.race([Promise.all(results), new Promise((res) => setTimeout(() => res(null), 20000))]);
+        assert.ok(settled, 'every request ended (none hangs)');
+        const failed = settled.filter((s) => !s.ok).length;
+        console.log(`${settled.length - failed} streams completed, ${failed} ended with an error`);
+        for (const s of settled.filter((x) => !x.ok))  // an error event from the router, not a dropped connection
+            assert.match(s.error, /failed during the response/, s.error);
+        // New requests all go to the live replica.
+        for (let i = 0; i < 4; i++) {
+            const x = await client(r.url).completions.create({ model: 'stories260K', prompt: 'Hello', max_tokens: 4 });
+            assert.equal(x.choices[0].finish_reason, 'length');
+        }
+        await replica(port);
+        const back = await waitFor(async () => (await http(`${r.url}/health`, { method: 'GET' })).json.healthy_replicas === 2,
+                                   5000, 50);
+        assert.ok(back, 'readmitted after the restart');
+        r.proc.kill('SIGTERM');
+    });
+});
