@@ -106,6 +106,7 @@ void StreamTracker::on_event(const std::string& data, double now) {
                 if (t != c.end()) content = &*t;
             }
             if (!content || !content->is_string() || content->get_ref<const std::string&>().empty()) continue;
+            if (keep_text_) text_ += content->get_ref<const std::string&>();
             if (!seen_content_) {
                 seen_content_ = true;
                 first_ = now;
@@ -138,6 +139,122 @@ void StreamTracker::finish(double now, RequestResult& r) {
     r.had_usage = had_usage_;
     r.prompt_tokens = prompt_tokens_;
     r.output_tokens = had_usage_ ? output_tokens_ : chunks_;
+    r.text = std::move(text_);
+}
+
+// --- multi-turn conversations ------------------------------------------------------------------
+
+namespace {
+
+constexpr const char* kUserTag = "\n\nUser: ";
+constexpr const char* kAssistantTag = "\n\nAssistant:";
+
+}  // namespace
+
+std::string Conversation::prompt(size_t k) const {
+    if (k >= user_texts.size() || answers.size() < k) fail("bench serve: turn ", k, " has no earlier answers");
+    std::string p = system_prompt;
+    for (size_t j = 0; j <= k; ++j) {
+        p += kUserTag;
+        p += user_texts[j];
+        p += kAssistantTag;
+        if (j < k) p += answers[j];
+    }
+    return p;
+}
+
+nlohmann::json Conversation::messages(size_t k) const {
+    if (k >= user_texts.size() || answers.size() < k) fail("bench serve: turn ", k, " has no earlier answers");
+    Json m = Json::array();
+    m.push_back({{"role", "system"}, {"content", system_prompt}});
+    for (size_t j = 0; j <= k; ++j) {
+        m.push_back({{"role", "user"}, {"content", user_texts[j]}});
+        if (j < k) m.push_back({{"role", "assistant"}, {"content", answers[j]}});
+    }
+    return m;
+}
+
+// --- Prometheus counters -----------------------------------------------------------------------
+
+PrefixCacheCounters parse_prefix_cache_counters(std::string_view text) {
+    // [0]: vllm:, [1]: peregrine:; hits, queries.
+    double hits[2] = {0, 0}, queries[2] = {0, 0};
+    bool seen_hits[2] = {false, false}, seen_queries[2] = {false, false};
+    size_t pos = 0;
+    while (pos < text.size()) {
+        size_t nl = text.find('\n', pos);
+        if (nl == std::string_view::npos) nl = text.size();
+        std::string_view line = text.substr(pos, nl - pos);
+        pos = nl + 1;
+        while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
+        if (line.empty() || line.front() == '#') continue;
+        size_t name_end = line.find_first_of("{ \t");
+        if (name_end == std::string_view::npos) continue;
+        const std::string_view name = line.substr(0, name_end);
+        int family = -1;
+        if (name == "vllm:prefix_cache_hits_total" || name == "vllm:prefix_cache_queries_total") family = 0;
+        if (name == "peregrine:prefix_cache_hits_total" || name == "peregrine:prefix_cache_queries_total") family = 1;
+        if (family < 0) continue;
+        const bool is_hits = name.ends_with("_hits_total");
+        size_t rest = name_end;
+        if (line[rest] == '{') {  // skip the labels; values are quoted and may hold '}' or escapes
+            bool quoted = false;
+            size_t i = rest + 1;
+            for (; i < line.size(); ++i) {
+                const char c = line[i];
+                if (quoted) {
+                    if (c == '\\')
+                        ++i;
+                    else if (c == '"')
+                        quoted = false;
+                } else if (c == '"') {
+                    quoted = true;
+                } else if (c == '}') {
+                    break;
+                }
+            }
+            if (i >= line.size()) continue;
+            rest = i + 1;
+        }
+        std::string_view value = line.substr(rest);
+        while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+        const size_t value_end = value.find_first_of(" \t\r");
+        const std::string v(value.substr(0, value_end));  // a timestamp may follow
+        if (v.empty()) continue;
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (end != v.c_str() + v.size() || !std::isfinite(x)) continue;
+        if (is_hits) {
+            hits[family] += x;
+            seen_hits[family] = true;
+        } else {
+            queries[family] += x;
+            seen_queries[family] = true;
+        }
+    }
+    PrefixCacheCounters c;
+    for (int f = 0; f < 2; ++f) {
+        if (seen_hits[f] && seen_queries[f]) {
+            c.found = true;
+            c.hits = hits[f];
+            c.queries = queries[f];
+            break;
+        }
+    }
+    return c;
+}
+
+void PrefixCacheStats::add(const PrefixCacheCounters& before, const PrefixCacheCounters& after) {
+    if (!before.found || !after.found) return;
+    const bool reset = after.hits < before.hits || after.queries < before.queries;
+    hits += reset ? after.hits : after.hits - before.hits;
+    queries += reset ? after.queries : after.queries - before.queries;
+    ++servers_read;
+}
+
+std::optional<double> PrefixCacheStats::hit_rate() const {
+    if (servers_read == 0 || queries <= 0) return std::nullopt;
+    return hits / queries;
 }
 
 // --- statistics --------------------------------------------------------------------------------
@@ -175,7 +292,13 @@ ServeBenchSummary summarize(const std::vector<RequestResult>& results, double du
     s.duration_s = duration_s;
     std::vector<double> ttft, tpot, itl, e2e;
     std::set<std::string> seen_errors;
+    std::vector<double> turn_sum;  // multi-turn: TTFT (ms) summed per turn
+    std::vector<int64_t> turn_n;
     for (const RequestResult& r : results) {
+        if (r.turn >= 0 && turn_sum.size() <= static_cast<size_t>(r.turn)) {
+            turn_sum.resize(static_cast<size_t>(r.turn) + 1, 0);
+            turn_n.resize(static_cast<size_t>(r.turn) + 1, 0);
+        }
         if (!r.ok) {
             ++s.failed;
             ++s.errors[r.error_kind.empty() ? "unknown" : r.error_kind];
@@ -189,6 +312,10 @@ ServeBenchSummary summarize(const std::vector<RequestResult>& results, double du
         if (expected_output_len > 0 && r.output_tokens != expected_output_len) ++s.output_len_mismatches;
         ttft.push_back(r.ttft * 1e3);
         e2e.push_back(r.e2e * 1e3);
+        if (r.turn >= 0) {
+            turn_sum[static_cast<size_t>(r.turn)] += r.ttft * 1e3;
+            ++turn_n[static_cast<size_t>(r.turn)];
+        }
         if (r.output_tokens > 1) tpot.push_back((r.e2e - r.ttft) * 1e3 / static_cast<double>(r.output_tokens - 1));
         for (double x : r.itl) itl.push_back(x * 1e3);
     }
@@ -201,6 +328,15 @@ ServeBenchSummary summarize(const std::vector<RequestResult>& results, double du
     s.tpot_ms = distribution(tpot);
     s.itl_ms = distribution(itl);
     s.e2e_ms = distribution(e2e);
+    double later_sum = 0;
+    int64_t later_n = 0;
+    for (size_t t = 0; t < turn_sum.size(); ++t) {
+        s.ttft_ms_by_turn.push_back(turn_n[t] > 0 ? std::optional<double>(turn_sum[t] / static_cast<double>(turn_n[t]))
+                                                  : std::nullopt);
+        if (t > 0) later_sum += turn_sum[t], later_n += turn_n[t];
+    }
+    if (!s.ttft_ms_by_turn.empty()) s.ttft_ms_first_turn = s.ttft_ms_by_turn[0];
+    if (later_n > 0) s.ttft_ms_later_turns = later_sum / static_cast<double>(later_n);
     return s;
 }
 
@@ -245,7 +381,11 @@ void dist_json(Json& j, const char* name, const Distribution& d) {
 std::string format_summary(const ServeBenchSummary& s, const ServeBenchOptions& o) {
     std::string out;
     rule(out, " Serving Benchmark Result ", '=');
+    const bool multi_turn = o.dataset == "multi-turn";
     line(out, "Endpoint:", "/v1/" + std::string(o.endpoint == "chat" ? "chat/completions" : "completions"));
+    if (multi_turn)
+        line(out, "Dataset:",
+             "multi-turn (" + std::to_string(o.num_users) + " users x " + std::to_string(o.turns) + " turns)");
     line(out, "Concurrency:", std::to_string(o.concurrency));
     line(out, "Request rate (req/s):", o.request_rate > 0 ? num(o.request_rate) : std::string("inf"));
     line(out, "Successful requests:", std::to_string(s.completed));
@@ -258,12 +398,29 @@ std::string format_summary(const ServeBenchSummary& s, const ServeBenchOptions& 
     line(out, "Total token throughput (tok/s):", num(s.total_token_throughput));
     rule(out, "Time to First Token", '-');
     dist_lines(out, "TTFT", s.ttft_ms);
+    if (multi_turn) {
+        auto opt = [](const std::optional<double>& x) { return x ? num(*x) : std::string("n/a"); };
+        line(out, "Mean TTFT turn 1 (ms):", opt(s.ttft_ms_first_turn));
+        line(out, "Mean TTFT turns 2+ (ms):", opt(s.ttft_ms_later_turns));
+    }
     rule(out, "Time per Output Token (excl. 1st token)", '-');
     dist_lines(out, "TPOT", s.tpot_ms);
     rule(out, "Inter-token Latency", '-');
     dist_lines(out, "ITL", s.itl_ms);
     rule(out, "End-to-end Latency", '-');
     dist_lines(out, "E2E", s.e2e_ms);
+    rule(out, "Prefix Cache", '-');
+    const PrefixCacheStats& pc = s.prefix_cache;
+    const std::optional<double> rate = pc.hit_rate();
+    std::string rate_text = rate ? num(*rate * 100) + "%" : "n/a";
+    if (!rate) rate_text += pc.servers_read == 0 ? " (no metrics read)" : " (no prefix-cache queries)";
+    line(out, "Prefix cache hit rate:", rate_text);
+    if (pc.servers_read > 0) {
+        line(out, "Prefix cache hits (tokens):", num(pc.hits, 0));
+        line(out, "Prefix cache queries (tokens):", num(pc.queries, 0));
+    }
+    line(out, "Metrics read (servers):", std::to_string(pc.servers_read) + "/" + std::to_string(pc.urls.size()));
+    for (const std::string& e : pc.errors) out += "  metrics: " + e + "\n";
     if (s.failed > 0 || s.output_len_mismatches > 0 || s.without_usage > 0) {
         rule(out, "Problems", '-');
         for (const auto& [kind, n] : s.errors) line(out, ("Failed (" + kind + "):").c_str(), std::to_string(n));
@@ -304,6 +461,26 @@ Json summary_json(const ServeBenchSummary& s, const ServeBenchOptions& o) {
     j["without_usage"] = s.without_usage;
     j["errors"] = s.errors;
     j["error_examples"] = s.error_examples;
+    j["dataset"] = o.dataset;
+    if (o.dataset == "multi-turn") {
+        j["num_users"] = o.num_users;
+        j["turns"] = o.turns;
+        j["system_prompt_len"] = o.system_prompt_len;
+        j["turn_len"] = o.turn_len;
+        auto opt = [](const std::optional<double>& x) { return x ? Json(*x) : Json(nullptr); };
+        Json by_turn = Json::array();  // [i]: turn i + 1
+        for (const auto& t : s.ttft_ms_by_turn) by_turn.push_back(opt(t));
+        j["ttft_ms_by_turn"] = by_turn;
+        j["mean_ttft_ms_first_turn"] = opt(s.ttft_ms_first_turn);
+        j["mean_ttft_ms_later_turns"] = opt(s.ttft_ms_later_turns);
+    }
+    const std::optional<double> rate = s.prefix_cache.hit_rate();
+    j["prefix_cache_hit_rate"] = rate ? Json(*rate) : Json(nullptr);
+    j["prefix_cache_hits"] = s.prefix_cache.hits;
+    j["prefix_cache_queries"] = s.prefix_cache.queries;
+    j["prefix_cache_servers_read"] = s.prefix_cache.servers_read;
+    j["metrics_urls"] = s.prefix_cache.urls;
+    j["metrics_errors"] = s.prefix_cache.errors;
     return j;
 }
 
@@ -349,10 +526,37 @@ constexpr const char* kWords[] = {
     "one",   "time",  "there",  "was",   "said",  "look", "find", "toy",   "box",   "car",  "good",  "nice",
     "small", "funny", "cake",   "apple", "green", "hat",  "bed",  "night", "moon",  "star", "smile", "help"};
 
+std::string random_words(std::mt19937_64& rng, int n) {
+    std::uniform_int_distribution<size_t> word_dist(0, std::size(kWords) - 1);
+    std::string text;
+    for (int k = 0; k < n; ++k) {
+        if (k) text += ' ';
+        text += kWords[word_dist(rng)];
+    }
+    return text;
+}
+
+// The JSON body of one streamed request; `prompt` is the prompt (completions) or the messages (chat).
+std::string request_body(const ServeBenchOptions& o, bool chat, Json prompt) {
+    Json j;
+    j["model"] = o.model;
+    if (chat) {
+        j["messages"] = std::move(prompt);
+    } else {
+        j["prompt"] = std::move(prompt);
+    }
+    j["max_tokens"] = o.output_len;
+    j["ignore_eos"] = true;
+    j["temperature"] = o.temperature;
+    j["stream"] = true;
+    j["stream_options"] = {{"include_usage", true}};
+    return j.dump();
+}
+
 std::vector<std::string> build_bodies(const ServeBenchOptions& o, bool ids) {
     std::mt19937_64 rng(o.seed);
     std::uniform_int_distribution<int> id_dist(o.token_id_min, o.token_id_max);
-    std::uniform_int_distribution<size_t> word_dist(0, std::size(kWords) - 1);
+    const bool chat = o.endpoint == "chat";
     std::vector<std::string> bodies;
     bodies.reserve(static_cast<size_t>(o.num_requests));
     for (int i = 0; i < o.num_requests; ++i) {
@@ -361,40 +565,44 @@ std::vector<std::string> build_bodies(const ServeBenchOptions& o, bool ids) {
             prompt = Json::array();
             for (int k = 0; k < o.prompt_len; ++k) prompt.push_back(id_dist(rng));
         } else {
-            std::string text;
-            for (int k = 0; k < o.prompt_len; ++k) {
-                if (k) text += ' ';
-                text += kWords[word_dist(rng)];
-            }
-            prompt = text;
+            prompt = random_words(rng, o.prompt_len);
         }
-        Json j;
-        j["model"] = o.model;
-        if (o.endpoint == "chat") {
-            j["messages"] = Json::array({Json{{"role", "user"}, {"content", prompt}}});
-        } else {
-            j["prompt"] = prompt;
-        }
-        j["max_tokens"] = o.output_len;
-        j["ignore_eos"] = true;
-        j["temperature"] = o.temperature;
-        j["stream"] = true;
-        j["stream_options"] = {{"include_usage", true}};
-        bodies.push_back(j.dump());
+        if (chat) prompt = Json::array({Json{{"role", "user"}, {"content", std::move(prompt)}}});
+        bodies.push_back(request_body(o, chat, std::move(prompt)));
     }
     return bodies;
 }
+
+}  // namespace
+
+std::vector<Conversation> build_conversations(const ServeBenchOptions& o) {
+    std::mt19937_64 system_rng(o.seed ^ 0x5bd1e995ull);
+    const std::string system_prompt = random_words(system_rng, o.system_prompt_len);
+    std::vector<Conversation> users(static_cast<size_t>(std::max(0, o.num_users)));
+    for (size_t u = 0; u < users.size(); ++u) {
+        // Each user's words depend only on (seed, user), not on the order the users run in.
+        std::seed_seq seq{static_cast<uint32_t>(o.seed), static_cast<uint32_t>(o.seed >> 32), static_cast<uint32_t>(u),
+                          0x75736572u};
+        std::mt19937_64 rng(seq);
+        users[u].system_prompt = system_prompt;
+        for (int k = 0; k < o.turns; ++k) users[u].user_texts.push_back(random_words(rng, o.turn_len));
+    }
+    return users;
+}
+
+namespace {
 
 struct Run {
     explicit Run(const ServeBenchOptions& opts) : o(opts), target(parse_url(opts.url)) {}
     const ServeBenchOptions& o;
     Target target;
     tcp::resolver::results_type endpoints;
-    std::vector<std::string> bodies;
-    std::vector<double> arrivals;  // seconds after start, when request_rate > 0
-    std::vector<RequestResult> results;
+    std::vector<std::string> bodies;          // random
+    std::vector<Conversation> conversations;  // multi-turn
+    std::vector<double> arrivals;             // seconds after start, when request_rate > 0
+    std::vector<RequestResult> results;       // multi-turn: user u's turn k at u * turns + k
     Clock::time_point start;
-    int next = 0;
+    int next = 0;  // the next request (random) or user (multi-turn) to start
     int finished = 0;
     bool progress = false;
     int last_progress_pct = -1;
@@ -432,19 +640,113 @@ std::string io_kind(const beast::error_code& ec) {
     return ec == beast::error::timeout ? "timeout" : "io";
 }
 
-asio::awaitable<void> worker(Run& run) {
-    auto ex = co_await asio::this_coro::executor;
-    beast::tcp_stream stream(ex);
+// One worker's keep-alive connection.
+struct Connection {
+    explicit Connection(const asio::any_io_executor& ex) : stream(ex), body_storage(16384) {}
+    beast::tcp_stream stream;
     beast::flat_buffer buffer;
     bool connected = false;
+    std::vector<char> body_storage;  // per worker: another worker's read may complete before this one resumes
+
+    void close() {
+        if (!connected) return;
+        beast::error_code ignored;
+        stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+        stream.socket().close(ignored);
+        buffer.clear();
+        connected = false;
+    }
+};
+
+// Sends one streamed request on `c` (connecting first if needed) and fills in `r`.
+asio::awaitable<void> send_request(Run& run, Connection& c, const std::string& body, RequestResult& r, bool keep_text) {
     const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(run.o.timeout_s));
     const std::string path = run.chat ? "/v1/chat/completions" : "/v1/completions";
-    std::vector<char> body_storage(16384);  // per worker: another worker's read may complete before this one resumes
-    char* const body_buf = body_storage.data();
-    const size_t body_cap = body_storage.size();
+    char* const body_buf = c.body_storage.data();
+    const size_t body_cap = c.body_storage.size();
+    beast::error_code ec;
+    const auto t0 = Clock::now();
+    auto since = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+    auto fail_io = [&](const char* what) {
+        r.ok = false;
+        r.error_kind = io_kind(ec);
+        r.error = std::string(what) + ": " + ec.message();
+        r.e2e = since();
+        beast::error_code ignored;
+        c.stream.socket().close(ignored);
+        c.buffer.clear();
+        c.connected = false;
+    };
+    if (!c.connected) {
+        c.stream.expires_after(timeout);
+        co_await c.stream.async_connect(run.endpoints, asio::redirect_error(asio::use_awaitable, ec));
+        if (ec) {
+            fail_io("connect");
+            r.error_kind = "connect";
+            co_return;
+        }
+        c.stream.socket().set_option(tcp::no_delay(true), ec);
+        c.connected = true;
+    }
+    auto req = make_request(run.target, http::verb::post, path, run.o.api_key, body);
+    c.stream.expires_after(timeout);
+    co_await http::async_write(c.stream, req, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) {
+        fail_io("write");
+        co_return;
+    }
+    http::response_parser<http::buffer_body> parser;
+    parser.body_limit(std::numeric_limits<std::uint64_t>::max());  // not boost::none: 1.74 compares a length > none
+    co_await http::async_read_header(c.stream, c.buffer, parser, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) {
+        fail_io("read header");
+        co_return;
+    }
+    const int status = parser.get().result_int();
+    StreamTracker tracker(run.chat, keep_text);
+    SseSplitter sse;
+    std::string error_body;
+    while (!parser.is_done()) {
+        parser.get().body().data = body_buf;
+        parser.get().body().size = body_cap;
+        co_await http::async_read_some(c.stream, c.buffer, parser, asio::redirect_error(asio::use_awaitable, ec));
+        if (ec == http::error::need_buffer) ec = {};
+        if (ec) break;
+        const size_t n = body_cap - parser.get().body().size;
+        if (n == 0) continue;
+        const double now = since();
+        if (status != 200) {
+            if (error_body.size() < 400) error_body.append(body_buf, std::min(n, 400 - error_body.size()));
+            continue;
+        }
+        for (const std::string& ev : sse.feed(std::string_view(body_buf, n))) tracker.on_event(ev, now);
+    }
+    if (ec) {
+        fail_io("read body");
+        co_return;
+    }
+    if (status != 200) {
+        r.ok = false;
+        r.error_kind = "http_" + std::to_string(status);
+        r.error = "HTTP " + std::to_string(status) + ": " + error_body;
+        r.e2e = since();
+    } else {
+        tracker.finish(since(), r);
+        if (r.ok && sse.has_partial()) {
+            r.ok = false;
+            r.error_kind = "malformed_sse";
+            r.error = "the stream ended inside an event";
+        }
+    }
+    if (!parser.get().keep_alive()) c.close();
+}
+
+// random: takes the next request until none is left.
+asio::awaitable<void> random_worker(Run& run) {
+    auto ex = co_await asio::this_coro::executor;
+    Connection c(ex);
     while (run.next < run.o.num_requests) {
         const int i = run.next++;
-        RequestResult& r = run.results[static_cast<size_t>(i)];
         if (!run.arrivals.empty()) {
             asio::steady_timer timer(ex);
             timer.expires_at(run.start + std::chrono::duration_cast<Clock::duration>(
@@ -452,132 +754,148 @@ asio::awaitable<void> worker(Run& run) {
             beast::error_code ignored;
             co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
         }
-        beast::error_code ec;
-        const auto t0 = Clock::now();
-        auto since = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
-        auto fail_io = [&](const char* what) {
-            r.ok = false;
-            r.error_kind = io_kind(ec);
-            r.error = std::string(what) + ": " + ec.message();
-            r.e2e = since();
-            beast::error_code ignored;
-            stream.socket().close(ignored);
-            buffer.clear();
-            connected = false;
-        };
-        if (!connected) {
-            stream.expires_after(timeout);
-            co_await stream.async_connect(run.endpoints, asio::redirect_error(asio::use_awaitable, ec));
-            if (ec) {
-                fail_io("connect");
-                r.error_kind = "connect";
+        co_await send_request(run, c, run.bodies[static_cast<size_t>(i)], run.results[static_cast<size_t>(i)], false);
+        run.note_finished();
+    }
+    c.close();
+}
+
+// multi-turn: takes the next user and plays all its turns in order, each after the previous answer.
+asio::awaitable<void> multi_turn_worker(Run& run) {
+    auto ex = co_await asio::this_coro::executor;
+    Connection c(ex);
+    const size_t turns = static_cast<size_t>(run.o.turns);
+    while (run.next < run.o.num_users) {
+        const size_t u = static_cast<size_t>(run.next++);
+        Conversation& conv = run.conversations[u];
+        bool broken = false;
+        for (size_t k = 0; k < turns; ++k) {
+            RequestResult& r = run.results[u * turns + k];
+            r.turn = static_cast<int>(k);
+            if (broken) {  // the conversation cannot go on without the earlier answer
+                r.ok = false;
+                r.error_kind = "previous_turn_failed";
+                r.error = "an earlier turn of the same user failed";
                 run.note_finished();
                 continue;
             }
-            stream.socket().set_option(tcp::no_delay(true), ec);
-            connected = true;
-        }
-        auto req = make_request(run.target, http::verb::post, path, run.o.api_key, run.bodies[static_cast<size_t>(i)]);
-        stream.expires_after(timeout);
-        co_await http::async_write(stream, req, asio::redirect_error(asio::use_awaitable, ec));
-        if (ec) {
-            fail_io("write");
-            run.note_finished();
-            continue;
-        }
-        http::response_parser<http::buffer_body> parser;
-        parser.body_limit(std::numeric_limits<std::uint64_t>::max());  // not boost::none: 1.74 compares a length > none
-        co_await http::async_read_header(stream, buffer, parser, asio::redirect_error(asio::use_awaitable, ec));
-        if (ec) {
-            fail_io("read header");
-            run.note_finished();
-            continue;
-        }
-        const int status = parser.get().result_int();
-        StreamTracker tracker(run.chat);
-        SseSplitter sse;
-        std::string error_body;
-        while (!parser.is_done()) {
-            parser.get().body().data = body_buf;
-            parser.get().body().size = body_cap;
-            co_await http::async_read_some(stream, buffer, parser, asio::redirect_error(asio::use_awaitable, ec));
-            if (ec == http::error::need_buffer) ec = {};
-            if (ec) break;
-            const size_t n = body_cap - parser.get().body().size;
-            if (n == 0) continue;
-            const double now = since();
-            if (status != 200) {
-                if (error_body.size() < 400) error_body.append(body_buf, std::min(n, 400 - error_body.size()));
-                continue;
+            const std::string body = request_body(run.o, run.chat, run.chat ? conv.messages(k) : Json(conv.prompt(k)));
+            co_await send_request(run, c, body, r, /*keep_text=*/true);
+            if (r.ok) {
+                conv.answers.push_back(std::move(r.text));
+            } else {
+                broken = true;
             }
-            for (const std::string& ev : sse.feed(std::string_view(body_buf, n))) tracker.on_event(ev, now);
-        }
-        if (ec) {
-            fail_io("read body");
+            r.text.clear();
             run.note_finished();
-            continue;
         }
-        if (status != 200) {
-            r.ok = false;
-            r.error_kind = "http_" + std::to_string(status);
-            r.error = "HTTP " + std::to_string(status) + ": " + error_body;
-            r.e2e = since();
-        } else {
-            tracker.finish(since(), r);
-            if (r.ok && sse.has_partial()) {
-                r.ok = false;
-                r.error_kind = "malformed_sse";
-                r.error = "the stream ended inside an event";
-            }
-        }
-        if (!parser.get().keep_alive()) {
-            beast::error_code ignored;
-            stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-            stream.socket().close(ignored);
-            buffer.clear();
-            connected = false;
-        }
-        run.note_finished();
     }
-    if (connected) {
-        beast::error_code ignored;
-        stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    }
+    c.close();
 }
 
-// GET /v1/models → the first model's id.
-asio::awaitable<void> fetch_model(Run& run, std::string& model, std::string& error) {
+// GET `path` with a deadline; status 0 and `error` set when no response came.
+asio::awaitable<void> http_get(const tcp::resolver::results_type& endpoints, const Target& t, std::string path,
+                               const std::string& api_key, std::chrono::seconds timeout, int& status, std::string& body,
+                               std::string& error) {
     auto ex = co_await asio::this_coro::executor;
     beast::tcp_stream stream(ex);
     beast::error_code ec;
-    stream.expires_after(std::chrono::seconds(30));
-    co_await stream.async_connect(run.endpoints, asio::redirect_error(asio::use_awaitable, ec));
+    stream.expires_after(timeout);
+    co_await stream.async_connect(endpoints, asio::redirect_error(asio::use_awaitable, ec));
     if (ec) {
         error = "connect: " + ec.message();
         co_return;
     }
-    auto req = make_request(run.target, http::verb::get, "/v1/models", run.o.api_key, "");
+    auto req = make_request(t, http::verb::get, path, api_key, "");
+    req.keep_alive(false);
     co_await http::async_write(stream, req, asio::redirect_error(asio::use_awaitable, ec));
     beast::flat_buffer buffer;
     http::response<http::string_body> res;
     if (!ec) co_await http::async_read(stream, buffer, res, asio::redirect_error(asio::use_awaitable, ec));
     if (ec) {
-        error = "GET /v1/models: " + ec.message();
+        error = "GET " + t.prefix + path + ": " + ec.message();
         co_return;
     }
-    if (res.result_int() != 200) {
-        error = "GET /v1/models: HTTP " + std::to_string(res.result_int()) + ": " + res.body().substr(0, 300);
+    status = res.result_int();
+    body = std::move(res.body());
+    beast::error_code ignored;
+    stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+}
+
+// GET /v1/models → the first model's id.
+asio::awaitable<void> fetch_model(Run& run, std::string& model, std::string& error) {
+    int status = 0;
+    std::string body;
+    co_await http_get(run.endpoints, run.target, "/v1/models", run.o.api_key, std::chrono::seconds(30), status, body,
+                      error);
+    if (status == 0) co_return;
+    if (status != 200) {
+        error = "GET /v1/models: HTTP " + std::to_string(status) + ": " + body.substr(0, 300);
         co_return;
     }
-    Json j = Json::parse(res.body(), nullptr, false);
+    Json j = Json::parse(body, nullptr, false);
     if (j.is_object() && j.contains("data") && j["data"].is_array() && !j["data"].empty() &&
         j["data"][0].contains("id") && j["data"][0]["id"].is_string()) {
         model = j["data"][0]["id"].get<std::string>();
     } else {
-        error = "GET /v1/models: no model in " + res.body().substr(0, 300);
+        error = "GET /v1/models: no model in " + body.substr(0, 300);
     }
-    beast::error_code ignored;
-    stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+}
+
+// A Prometheus endpoint to read the prefix-cache counters from.
+struct MetricsSource {
+    std::string url;
+    Target target;
+    std::string path;  // appended to target.prefix
+};
+
+MetricsSource metrics_source(const std::string& url) {
+    MetricsSource m{"", parse_url(url), "/metrics"};
+    if (m.target.prefix.ends_with("/metrics")) m.path.clear();
+    const bool v6 = m.target.host.find(':') != std::string::npos;
+    m.url =
+        "http://" + (v6 ? "[" + m.target.host + "]" : m.target.host) + ":" + m.target.port + m.target.prefix + m.path;
+    return m;
+}
+
+// Reads every source at once; [i] is nullopt (and errors[i] says why) where the counters were not read.
+std::vector<std::optional<PrefixCacheCounters>> scrape(asio::io_context& io, const std::vector<MetricsSource>& sources,
+                                                       const std::string& api_key, std::vector<std::string>& errors) {
+    const size_t n = sources.size();
+    std::vector<std::optional<PrefixCacheCounters>> out(n);
+    std::vector<tcp::resolver::results_type> endpoints(n);
+    std::vector<int> status(n, 0);
+    std::vector<std::string> body(n);
+    errors.assign(n, "");
+    tcp::resolver resolver(io);
+    for (size_t i = 0; i < n; ++i) {
+        beast::error_code ec;
+        endpoints[i] = resolver.resolve(sources[i].target.host, sources[i].target.port, ec);
+        if (ec) {
+            errors[i] = "cannot resolve " + sources[i].target.host + ": " + ec.message();
+            continue;
+        }
+        asio::co_spawn(io,
+                       http_get(endpoints[i], sources[i].target, sources[i].path, api_key, std::chrono::seconds(10),
+                                status[i], body[i], errors[i]),
+                       asio::detached);
+    }
+    io.run();
+    io.restart();
+    for (size_t i = 0; i < n; ++i) {
+        if (!errors[i].empty()) continue;
+        if (status[i] != 200) {
+            errors[i] = "HTTP " + std::to_string(status[i]);
+            continue;
+        }
+        const PrefixCacheCounters c = parse_prefix_cache_counters(body[i]);
+        if (!c.found) {
+            errors[i] = "no prefix_cache_hits_total / prefix_cache_queries_total counters";
+            continue;
+        }
+        out[i] = c;
+    }
+    return out;
 }
 
 }  // namespace
@@ -585,11 +903,26 @@ asio::awaitable<void> fetch_model(Run& run, std::string& model, std::string& err
 ServeBenchSummary run_serve_bench(ServeBenchOptions& o, bool progress) {
     if (o.endpoint != "completions" && o.endpoint != "chat")
         fail("bench serve: --endpoint must be 'completions' or 'chat', not '", o.endpoint, "'");
+    if (o.dataset != "random" && o.dataset != "multi-turn")
+        fail("bench serve: --dataset must be 'random' or 'multi-turn', not '", o.dataset, "'");
     if (o.prompt_kind != "auto" && o.prompt_kind != "ids" && o.prompt_kind != "words")
         fail("bench serve: --prompt-kind must be 'ids', 'words' or 'auto'");
     if (o.prompt_kind == "ids" && o.endpoint == "chat")
         fail("bench serve: chat prompts are text; use --prompt-kind words");
     if (o.token_id_min < 0 || o.token_id_max < o.token_id_min) fail("bench serve: bad --token-id-range");
+    const bool multi_turn = o.dataset == "multi-turn";
+    if (multi_turn) {
+        if (o.num_users <= 0 || o.turns <= 0) fail("bench serve: --num-users and --turns must be > 0");
+        if (o.system_prompt_len < 0 || o.turn_len <= 0)
+            fail("bench serve: --system-prompt-len must be >= 0 and --turn-len > 0");
+        if (o.prompt_kind == "ids")
+            fail("bench serve: multi-turn resends the answers as text; it takes no --prompt-kind ids");
+        if (o.request_rate > 0) fail("bench serve: --request-rate is not supported with --dataset multi-turn");
+        if (int64_t{o.num_users} * o.turns > std::numeric_limits<int>::max())
+            fail("bench serve: --num-users x --turns is too large");
+        o.prompt_kind = "words";
+        o.num_requests = o.num_users * o.turns;
+    }
     if (o.num_requests <= 0 || o.concurrency <= 0) fail("bench serve: --num-requests and --concurrency must be > 0");
     if (o.prompt_kind == "auto") o.prompt_kind = o.endpoint == "chat" ? "words" : "ids";
 
@@ -602,6 +935,12 @@ ServeBenchSummary run_serve_bench(ServeBenchOptions& o, bool progress) {
         run.endpoints = resolver.resolve(run.target.host, run.target.port, ec);
         if (ec) fail("bench serve: cannot resolve ", run.target.host, ":", run.target.port, ": ", ec.message());
     }
+    std::vector<MetricsSource> metrics;
+    for (const std::string& u : o.metrics_urls.empty() ? std::vector<std::string>{o.url} : o.metrics_urls) {
+        MetricsSource m = metrics_source(u);
+        const bool dup = std::any_of(metrics.begin(), metrics.end(), [&](const auto& x) { return x.url == m.url; });
+        if (!dup) metrics.push_back(std::move(m));  // a server counted twice would skew the sums
+    }
     if (o.model.empty()) {
         std::string model, error;
         asio::co_spawn(io, fetch_model(run, model, error), asio::detached);
@@ -610,7 +949,11 @@ ServeBenchSummary run_serve_bench(ServeBenchOptions& o, bool progress) {
         if (model.empty()) fail("bench serve: no --model given and none found at ", o.url, " (", error, ")");
         o.model = model;
     }
-    run.bodies = build_bodies(o, o.prompt_kind == "ids");
+    if (multi_turn) {
+        run.conversations = build_conversations(o);
+    } else {
+        run.bodies = build_bodies(o, o.prompt_kind == "ids");
+    }
     run.results.resize(static_cast<size_t>(o.num_requests));
     if (o.request_rate > 0) {
         std::mt19937_64 rng(o.seed ^ 0x9e3779b97f4a7c15ull);
@@ -622,17 +965,42 @@ ServeBenchSummary run_serve_bench(ServeBenchOptions& o, bool progress) {
         }
     }
     run.progress = progress;
-    if (progress)
-        std::fprintf(stderr, "bench serve: %d requests to %s%s (model '%s'), concurrency %d, %d %s in, %d tokens out\n",
-                     o.num_requests, ("http://" + run.target.host + ":" + run.target.port + run.target.prefix).c_str(),
-                     run.chat ? "/v1/chat/completions" : "/v1/completions", o.model.c_str(), o.concurrency,
-                     o.prompt_len, o.prompt_kind == "ids" ? "token ids" : "words", o.output_len);
+    const std::string where = "http://" + run.target.host + ":" + run.target.port + run.target.prefix +
+                              (run.chat ? "/v1/chat/completions" : "/v1/completions");
+    if (progress && multi_turn)
+        std::fprintf(stderr,
+                     "bench serve: multi-turn, %d users x %d turns (%d requests) to %s (model '%s'), concurrency %d, "
+                     "system prompt %d words, %d words a turn, %d tokens out\n",
+                     o.num_users, o.turns, o.num_requests, where.c_str(), o.model.c_str(), o.concurrency,
+                     o.system_prompt_len, o.turn_len, o.output_len);
+    else if (progress)
+        std::fprintf(stderr, "bench serve: %d requests to %s (model '%s'), concurrency %d, %d %s in, %d tokens out\n",
+                     o.num_requests, where.c_str(), o.model.c_str(), o.concurrency, o.prompt_len,
+                     o.prompt_kind == "ids" ? "token ids" : "words", o.output_len);
+
+    std::vector<std::string> before_errors, after_errors;
+    const auto before = scrape(io, metrics, o.api_key, before_errors);
+
     run.start = Clock::now();
-    const int workers = std::min(o.concurrency, o.num_requests);
-    for (int w = 0; w < workers; ++w) asio::co_spawn(io, worker(run), asio::detached);
+    const int workers = std::min(o.concurrency, multi_turn ? o.num_users : o.num_requests);
+    for (int w = 0; w < workers; ++w)
+        asio::co_spawn(io, multi_turn ? multi_turn_worker(run) : random_worker(run), asio::detached);
     io.run();
+    io.restart();
     const double duration = std::chrono::duration<double>(Clock::now() - run.start).count();
-    return summarize(run.results, duration, o.output_len);
+
+    const auto after = scrape(io, metrics, o.api_key, after_errors);
+    ServeBenchSummary s = summarize(run.results, duration, o.output_len);
+    for (size_t i = 0; i < metrics.size(); ++i) {
+        s.prefix_cache.urls.push_back(metrics[i].url);
+        if (before[i] && after[i]) {
+            s.prefix_cache.add(*before[i], *after[i]);
+        } else {
+            const std::string& e = before_errors[i].empty() ? after_errors[i] : before_errors[i];
+            s.prefix_cache.errors.push_back(metrics[i].url + ": " + e);
+        }
+    }
+    return s;
 }
 
 }  // namespace peregrine::bench

@@ -5,13 +5,20 @@
 // usage chunk (`stream_options.include_usage`). A request fails on a connection error, a status
 // other than 200, an event that is not JSON or carries an error, or a stream without [DONE].
 //
-// Beast stays inside serve_bench.cc; the pieces below it (SSE splitting, statistics, report)
-// are plain code, tested on their own.
+// Two workloads (`dataset`): "random" sends num_requests independent random prompts; "multi-turn"
+// simulates num_users chats that share one system prompt, each turn resending the whole
+// conversation so far (including the answers the server returned), so later turns can hit the
+// prefix cache. Before and after the run the client reads the servers' Prometheus /metrics and
+// reports the prefix-cache hit rate they saw over the run.
+//
+// Beast stays inside serve_bench.cc; the pieces below it (SSE splitting, conversations, metrics
+// parsing, statistics, report) are plain code, tested on their own.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,7 +40,16 @@ struct ServeBenchOptions {
     int token_id_max = 499;
     double temperature = 0;
     uint64_t seed = 0;
-    double timeout_s = 600;  // per request
+    double timeout_s = 600;          // per request
+    std::string dataset = "random";  // "random" or "multi-turn"
+    // multi-turn: num_requests becomes num_users * turns; prompts are words (text).
+    int num_users = 16;
+    int turns = 4;
+    int system_prompt_len = 256;  // words, the same system prompt for every user
+    int turn_len = 32;            // words of each user turn
+    // Prometheus endpoints read before and after the run; empty = the target URL's /metrics.
+    // An entry whose path ends in /metrics is used as is, otherwise /metrics is appended.
+    std::vector<std::string> metrics_urls;
 };
 
 // One request's measurements (times in seconds from when it was sent).
@@ -48,6 +64,8 @@ struct RequestResult {
     int64_t prompt_tokens = 0;
     int64_t output_tokens = 0;  // from usage; content chunks when the server sent no usage
     bool had_usage = false;
+    int turn = -1;     // multi-turn: the turn index (0-based); -1 otherwise
+    std::string text;  // the generated text, when the tracker was asked to keep it
 };
 
 // Splits a byte stream into server-sent events; returns the data of each complete event
@@ -65,7 +83,8 @@ class SseSplitter {
 // Handles the events of one streamed request; call finish() at the end of the body.
 class StreamTracker {
   public:
-    explicit StreamTracker(bool chat) : chat_(chat) {}
+    // keep_text: collect the generated text into RequestResult::text.
+    explicit StreamTracker(bool chat, bool keep_text = false) : chat_(chat), keep_text_(keep_text) {}
     // `now`: seconds since the request was sent.
     void on_event(const std::string& data, double now);
     // Completes `r` (ok, error, timings, tokens) from what was seen.
@@ -74,6 +93,8 @@ class StreamTracker {
 
   private:
     bool chat_;
+    bool keep_text_;
+    std::string text_;
     bool done_ = false;
     bool seen_content_ = false;
     double first_ = 0, last_ = 0;
@@ -82,6 +103,40 @@ class StreamTracker {
     int64_t prompt_tokens_ = 0, output_tokens_ = 0;
     bool had_usage_ = false;
     std::string error_kind_, error_;
+};
+
+// One simulated user's chat (multi-turn). Turn k sends the system prompt, then for each earlier
+// turn j the user text and answers[j] verbatim, then user_texts[k].
+struct Conversation {
+    std::string system_prompt;
+    std::vector<std::string> user_texts;  // one per turn
+    std::vector<std::string> answers;     // what the server returned, for the turns done so far
+    // The completions prompt of turn k ("<system>\n\nUser: <text>\n\nAssistant:<answer>..."); needs k answers.
+    std::string prompt(size_t k) const;
+    // The chat messages of turn k (system, then user/assistant pairs, then the new user message).
+    nlohmann::json messages(size_t k) const;
+};
+// num_users conversations of `turns` turns, deterministic in `seed`; answers left empty.
+std::vector<Conversation> build_conversations(const ServeBenchOptions& o);
+
+// Prefix-cache counters from a Prometheus text exposition: vllm:prefix_cache_{hits,queries}_total
+// summed over all label sets, or the peregrine: names when no vllm: pair is present.
+struct PrefixCacheCounters {
+    bool found = false;
+    double hits = 0, queries = 0;
+};
+PrefixCacheCounters parse_prefix_cache_counters(std::string_view metrics_text);
+
+// The counters' change over a run, summed over the servers read both before and after.
+struct PrefixCacheStats {
+    std::vector<std::string> urls;  // the metrics endpoints asked
+    int servers_read = 0;           // endpoints with both counters before and after the run
+    double hits = 0, queries = 0;   // deltas, in tokens
+    std::vector<std::string> errors;
+    // Adds one server's delta (a counter that went down was reset: its value after counts whole).
+    void add(const PrefixCacheCounters& before, const PrefixCacheCounters& after);
+    // hits / queries; nullopt when no server was read or nothing was queried.
+    std::optional<double> hit_rate() const;
 };
 
 struct Distribution {
@@ -101,6 +156,10 @@ struct ServeBenchSummary {
     int64_t without_usage = 0;                // successful requests that carried no usage chunk
     std::map<std::string, int64_t> errors;    // by kind
     std::vector<std::string> error_examples;  // a few distinct messages
+    // multi-turn: mean TTFT of the successful requests of each turn (nullopt: none succeeded).
+    std::vector<std::optional<double>> ttft_ms_by_turn;
+    std::optional<double> ttft_ms_first_turn, ttft_ms_later_turns;
+    PrefixCacheStats prefix_cache;  // filled by run_serve_bench
 };
 
 ServeBenchSummary summarize(const std::vector<RequestResult>& results, double duration_s, int expected_output_len);

@@ -11,6 +11,9 @@ packages=(
     # KV-cache events over ZMQ (src/server/kv_events.*); the test subscribes with Debian's
     # python3-zmq and decodes with python3-msgpack (tests/server/kv_events_test.py).
     libzmq3-dev python3-zmq python3-msgpack
+    # deploy/ tests (tests/deploy): nginx in front of two replicas, the manifests parsed with
+    # python3-yaml, compose.yaml checked by docker-compose (no daemon needed for `config`).
+    nginx python3-yaml docker-compose
     libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
     xz-utils
     # CI's format check (scripts/ci-format.sh) and fuzzers (scripts/ci-fuzz.sh): Debian 12's

@@ -21,7 +21,7 @@ struct EngineConfig {
     std::function<void(size_t, size_t)> load_progress;
 
     // --- the device
-    std::string device = "auto";          // auto (cuda when a GPU is present) | cuda | cpu
+    std::string device = "auto";          // auto (cuda when a GPU is present) | cuda | cuda:K (GPU K) | cpu
     int threads = 0;                      // CPU threads; 0 = one per core
     std::string dtype = "auto";           // CPU activation precision: auto | float32 | bfloat16
     double gpu_memory_utilization = 0.9;  // CUDA: share of GPU memory for weights, activations and KV cache
@@ -65,6 +65,9 @@ struct EngineConfig {
     // Throws Error naming the field when a value is out of range or unknown.
     void validate() const;
 };
+
+// The GPU index `device` names: "cuda" 0, "cuda:K" K; -1 for anything else.
+int cuda_device_index(const std::string& device);
 
 struct EngineStats {
     int num_running = 0;

@@ -22,6 +22,7 @@ struct BenchServeArgs {
     std::string json_path;
     std::string token_id_range;
     bool quiet = false;
+    bool num_requests_given = false, prompt_len_given = false;  // multi-turn rejects them
 };
 
 int run_bench_serve(BenchServeArgs& a) {
@@ -39,6 +40,11 @@ int run_bench_serve(BenchServeArgs& a) {
         } catch (const std::exception&) {
             fail("bench serve: --token-id-range takes MIN:MAX, not '", a.token_id_range, "'");
         }
+    }
+    if (o.dataset == "multi-turn") {
+        if (a.num_requests_given)
+            fail("bench serve: --dataset multi-turn sends --num-users x --turns requests; drop --num-requests");
+        if (a.prompt_len_given) fail("bench serve: --dataset multi-turn takes --turn-len, not --prompt-len");
     }
     if (o.api_key.empty()) {
         if (const char* k = std::getenv("OPENAI_API_KEY")) o.api_key = k;
@@ -72,7 +78,8 @@ std::function<int()> add_bench(CLI::App& app) {
         ->check(CLI::IsMember({"completions", "chat"}));
     cmd->add_option("--model", o.model, "Model name to send (default: the first of GET /v1/models)");
     cmd->add_option("--api-key", o.api_key, "Sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY)");
-    cmd->add_option("--num-requests,--num-prompts,-n", o.num_requests, "Requests to send (default 1000)")
+    cmd->add_option("--num-requests,--num-prompts,-n", o.num_requests,
+                    "Requests to send (default 1000); an error with --dataset multi-turn")
         ->check(CLI::PositiveNumber);
     cmd->add_option("--concurrency,--max-concurrency,-c", o.concurrency,
                     "Requests in flight at once, one keep-alive connection each (default 64)")
@@ -80,15 +87,36 @@ std::function<int()> add_bench(CLI::App& app) {
     cmd->add_option("--request-rate", o.request_rate,
                     "Poisson arrivals at this many requests/s, still capped by --concurrency (default: all at once)")
         ->check(CLI::NonNegativeNumber);
-    cmd->add_option("--prompt-len,--input-len", o.prompt_len, "Prompt length in tokens (ids) or words (default 32)")
+    cmd->add_option("--prompt-len,--input-len", o.prompt_len,
+                    "Prompt length in tokens (ids) or words (default 32); random dataset only")
         ->check(CLI::PositiveNumber);
     cmd->add_option("--output-len", o.output_len,
                     "Tokens to generate per request: max_tokens with ignore_eos (default 64)")
         ->check(CLI::PositiveNumber);
     cmd->add_option("--prompt-kind", o.prompt_kind,
                     "ids: random token ids (completions only); words: random common words; auto: ids for "
-                    "completions, words for chat (default auto)")
+                    "completions, words for chat (default auto); multi-turn always sends words")
         ->check(CLI::IsMember({"auto", "ids", "words"}));
+    cmd->add_option("--dataset", o.dataset,
+                    "random: independent random prompts (default); multi-turn: --num-users chats sharing one system "
+                    "prompt, each turn resending the whole conversation with the server's answers as text "
+                    "(implies --prompt-kind words; sends --num-users x --turns requests, so --num-requests, "
+                    "--prompt-len and --request-rate are errors)")
+        ->check(CLI::IsMember({"random", "multi-turn"}));
+    cmd->add_option("--num-users", o.num_users,
+                    "multi-turn: simulated users, each one conversation; up to --concurrency run at once (default 16)")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--turns", o.turns, "multi-turn: turns per user, each sent after the previous answer (default 4)")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--system-prompt-len", o.system_prompt_len,
+                    "multi-turn: words of the system prompt every user shares (default 256)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--turn-len", o.turn_len, "multi-turn: words of each user turn (default 32)")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--metrics-url", o.metrics_urls,
+                    "Prometheus endpoint to read the prefix-cache counters from before and after the run, e.g. each "
+                    "replica behind a router; repeatable; /metrics is appended unless the path ends in it (default: "
+                    "the --url server's /metrics)");
     cmd->add_option("--token-id-range", a->token_id_range,
                     "Random prompt ids are drawn from MIN:MAX (default 100:499)");
     cmd->add_option("--temperature", o.temperature, "Sampling temperature sent with each request (default 0)");
@@ -98,7 +126,12 @@ std::function<int()> add_bench(CLI::App& app) {
     cmd->add_option("--json", a->json_path, "Also write the results to this JSON file");
     cmd->add_flag("--quiet,-q", a->quiet, "No progress lines on stderr");
     auto offline = add_bench_offline(group);
-    return [a, cmd, offline] { return cmd->parsed() ? run_bench_serve(*a) : offline(); };
+    return [a, cmd, offline] {
+        if (!cmd->parsed()) return offline();
+        a->num_requests_given = cmd->count("--num-requests") > 0;
+        a->prompt_len_given = cmd->count("--prompt-len") > 0;
+        return run_bench_serve(*a);
+    };
 }
 
 }  // namespace peregrine::cli

@@ -3,8 +3,14 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
+#include <vector>
 
 namespace peregrine::cli {
+
+// The command line the binary was started with (argv[0] first): `serve --data-parallel-size`
+// starts its replicas with it.
+const std::vector<std::string>& original_args();
 
 // Registers the subcommand on `app`; returns the function that runs it (exit code).
 std::function<int()> add_generate(CLI::App& app);

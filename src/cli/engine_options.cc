@@ -45,8 +45,11 @@ void add_engine_options(CLI::App* cmd, EngineConfig& o) {
         ->check(CLI::PositiveNumber);
     cmd->add_option("--max-num-seqs", o.max_num_seqs, "Sequences in one step at most (default 256)")
         ->check(CLI::PositiveNumber);
-    cmd->add_option("--device", o.device, "cuda | cpu | auto (default: cuda when a GPU is present)")
-        ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
+    cmd->add_option("--device", o.device, "cuda | cuda:K (GPU K) | cpu | auto (default: cuda when a GPU is present)")
+        ->check([](const std::string& d) {
+            return d == "auto" || d == "cpu" || cuda_device_index(d) >= 0 ? std::string()
+                                                                          : "must be auto, cpu, cuda or cuda:K";
+        });
     cmd->add_option("--load-format", o.load_format,
                     "auto (read the weights) | dummy (random weights of the model's shape, for benchmarks)")
         ->check(CLI::IsMember({"auto", "dummy"}));

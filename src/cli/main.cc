@@ -6,7 +6,16 @@
 #include "core/error.h"
 #include "peregrine/version.h"
 
+namespace {
+std::vector<std::string> g_args;
+}
+
+const std::vector<std::string>& peregrine::cli::original_args() {
+    return g_args;
+}
+
 int main(int argc, char** argv) {
+    g_args.assign(argv, argv + argc);
     CLI::App app{"Peregrine: an LLM inference engine"};
     app.require_subcommand(0, 1);
     app.option_defaults()->always_capture_default();  // --help shows every option's default

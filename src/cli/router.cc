@@ -11,9 +11,9 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/stop_signals.h"
+#include "cli/router_front.h"
 #include "core/error.h"
-#include "router/router_server.h"
-#include "server/http/http_server.h"
 #include "server/middleware.h"
 
 namespace peregrine::cli {
@@ -22,21 +22,12 @@ namespace {
 
 struct RouterArgs {
     router::RouterOptions router;
-    std::string host = "127.0.0.1";
-    int port = 8000;
-    std::vector<std::string> allowed_origins;
-    bool access_log = false;
-    int io_threads = 0;
+    RouterFront front;
     double shutdown_timeout_s = 30;
 };
 
 int run(RouterArgs& a) {
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGINT);
-    sigaddset(&signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-    std::signal(SIGPIPE, SIG_IGN);
+    const sigset_t signals = block_stop_signals();
     if (a.router.api_keys.empty())
         if (const char* env = std::getenv("PEREGRINE_API_KEY")) {
             std::stringstream in(env);
@@ -46,54 +37,66 @@ int run(RouterArgs& a) {
 
     auto service = std::make_shared<router::RouterService>(a.router);
     service->start();
-    const server::CorsPolicy cors(a.allowed_origins);
-    server::HttpServerOptions hopts;
-    hopts.host = a.host;
-    hopts.port = a.port;
-    hopts.io_threads = a.io_threads;
-    server::HttpServer http(hopts, [service, &cors, log = a.access_log](const server::HttpRequest& req,
-                                                                         std::shared_ptr<server::Exchange> ex) {
-        if (cors.enabled() && cors.is_allowed_preflight(req)) {
-            server::HeaderList h = cors.response_headers(req);
-            for (auto& kv : cors.preflight_headers(req)) h.push_back(kv);
-            ex->respond(204, "", "text/plain", h);
-            return;
-        }
-        auto tracked = std::make_shared<server::TrackedExchange>(std::move(ex), req, cors.response_headers(req), log);
-        service->handle(req, tracked);
-    });
-    http.start();
+    std::unique_ptr<server::HttpServer> http = start_router_front(service, a.front);
     std::fprintf(stderr, "router: %s policy over %zu replica(s)%s%s\n", a.router.policy.c_str(),
                  a.router.backends.size(), a.router.backend_dns.empty() ? "" : " + DNS ",
                  a.router.backend_dns.c_str());
-    std::fprintf(stderr, "ready: routing at http://%s:%d/v1\n", a.host.c_str(), http.port());
+    std::fprintf(stderr, "ready: routing at http://%s:%d/v1\n", a.front.host.c_str(), http->port());
     std::fflush(stderr);
-
-    int sig = 0;
-    sigwait(&signals, &sig);
-    service->begin_drain();
-    std::fprintf(stderr, "%s: draining %lld request(s) for up to %g s\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
-                 static_cast<long long>(service->in_flight()), a.shutdown_timeout_s);
-    std::fflush(stderr);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(a.shutdown_timeout_s);
-    while (service->in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
-        timespec ts{0, 20'000'000};
-        if (sigtimedwait(&signals, nullptr, &ts) > 0) break;
-    }
+    wait_and_drain(signals, *service, a.shutdown_timeout_s);
     std::fprintf(stderr, "shutting down\n");
-    http.stop();
+    http->stop();
     service->stop();
     return 0;
 }
 
 }  // namespace
 
+std::unique_ptr<server::HttpServer> start_router_front(std::shared_ptr<router::RouterService> service,
+                                                       const RouterFront& front) {
+    auto cors = std::make_shared<const server::CorsPolicy>(front.allowed_origins);
+    server::HttpServerOptions hopts;
+    hopts.host = front.host;
+    hopts.port = front.port;
+    hopts.io_threads = front.io_threads;
+    auto http = std::make_unique<server::HttpServer>(
+        hopts, [service, cors, log = front.access_log](const server::HttpRequest& req,
+                                                       std::shared_ptr<server::Exchange> ex) {
+            if (cors->enabled() && cors->is_allowed_preflight(req)) {
+                server::HeaderList h = cors->response_headers(req);
+                for (auto& kv : cors->preflight_headers(req)) h.push_back(kv);
+                ex->respond(204, "", "text/plain", h);
+                return;
+            }
+            auto tracked =
+                std::make_shared<server::TrackedExchange>(std::move(ex), req, cors->response_headers(req), log);
+            service->handle(req, tracked);
+        });
+    http->start();
+    return http;
+}
+
+int wait_and_drain(const sigset_t& signals, router::RouterService& service, double timeout_s) {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    service.begin_drain();
+    std::fprintf(stderr, "%s: draining %lld request(s) for up to %g s\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                 static_cast<long long>(service.in_flight()), timeout_s);
+    std::fflush(stderr);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (service.in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
+        timespec ts{0, 20'000'000};
+        if (sigtimedwait(&signals, nullptr, &ts) > 0) break;
+    }
+    return sig;
+}
+
 std::function<int()> add_router(CLI::App& app) {
     auto args = std::make_shared<RouterArgs>();
     CLI::App* cmd = app.add_subcommand(
         "router", "Route OpenAI API requests over several `peregrine serve` replicas (cache-aware by default)");
-    cmd->add_option("--host", args->host, "Address to listen on (default 127.0.0.1)");
-    cmd->add_option("--port", args->port, "Port to listen on; 0 = any free port (default 8000)")
+    cmd->add_option("--host", args->front.host, "Address to listen on (default 127.0.0.1)");
+    cmd->add_option("--port", args->front.port, "Port to listen on; 0 = any free port (default 8000)")
         ->check(CLI::Range(0, 65535));
     cmd->add_option("--backend", args->router.backends, "A replica, http://HOST:PORT (repeatable)");
     cmd->add_option("--backend-dns", args->router.backend_dns,
@@ -105,11 +108,11 @@ std::function<int()> add_router(CLI::App& app) {
         ->check(CLI::IsMember({"cache-aware", "least-load", "round-robin"}));
     cmd->add_option("--api-key", args->router.api_keys,
                     "Accepted API key (repeatable; $PEREGRINE_API_KEY takes a comma-separated list; default: none)");
-    cmd->add_option("--allowed-origins", args->allowed_origins, "CORS: origins browsers may call from, or *");
+    cmd->add_option("--allowed-origins", args->front.allowed_origins, "CORS: origins browsers may call from, or *");
     cmd->add_option("--health-interval", args->router.health_interval_s,
                     "Seconds between /health checks of every replica (default 1)")
         ->check(CLI::Range(0.05, 3600.0));
-    cmd->add_flag("--access-log,!--no-access-log", args->access_log, "One JSON line per request on stderr");
+    cmd->add_flag("--access-log,!--no-access-log", args->front.access_log, "One JSON line per request on stderr");
     cmd->add_option("--shutdown-timeout", args->shutdown_timeout_s,
                     "Seconds SIGTERM waits for running requests (default 30)")
         ->check(CLI::NonNegativeNumber);

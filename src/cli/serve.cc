@@ -15,7 +15,9 @@
 
 #include "cli/commands.h"
 #include "cli/config.h"
+#include "cli/data_parallel.h"
 #include "cli/engine_options.h"
+#include "cli/stop_signals.h"
 #include "core/error.h"
 #include "formats/gguf.h"
 #include "model/loader.h"
@@ -50,6 +52,7 @@ struct ServeArgs {
     int read_timeout_s = 60;
     double shutdown_timeout_s = 10;
     server::KvEventOptions kv_events;  // endpoint empty: no events
+    int data_parallel_size = 1;
 };
 
 // Connections are descriptors: take the hard limit (as nginx and Go do) before sizing the cap.
@@ -101,16 +104,31 @@ std::unique_ptr<server::ServedModel> load(const EngineConfig& config) {
 }
 
 int run(ServeArgs& a) {
+    if (a.data_parallel_size > 1) {
+        if (a.engine.parallel_size() > 1)
+            fail("--data-parallel-size with --tensor-parallel-size / --pipeline-parallel-size is not supported yet");
+        DataParallelOptions o;
+        o.size = a.data_parallel_size;
+        o.engine = a.engine;
+        o.front.host = a.host;
+        o.front.port = a.port;
+        o.front.allowed_origins = a.allowed_origins;
+        o.front.access_log = a.access_log;
+        o.front.io_threads = a.io_threads;
+        o.api_keys = a.api_keys;
+        o.model_name = a.served_model_names.empty()
+                           ? default_model_name(a.engine.model.empty() ? default_model_path() : a.engine.model)
+                           : a.served_model_names.front();
+        o.kv_events_endpoint = a.kv_events.endpoint;
+        o.kv_events_replay_endpoint = a.kv_events.replay_endpoint;
+        o.shutdown_timeout_s = a.shutdown_timeout_s;
+        return run_data_parallel(o);
+    }
     // A model-parallel group forks this host's ranks before any thread starts; on ranks other
     // than 0 this never returns (they run what rank 0 sends, then exit).
     if (a.engine.parallel_size() > 1) join_model_group(a.engine);
     // SIGINT/SIGTERM go to sigwait below, not to whichever thread happens to run.
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGINT);
-    sigaddset(&signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-    std::signal(SIGPIPE, SIG_IGN);
+    const sigset_t signals = block_stop_signals();
 
     server::OpenAiServerOptions sopts;
     sopts.model_names = a.served_model_names;
@@ -240,6 +258,11 @@ std::function<int()> add_serve(CLI::App& app) {
     cmd->add_option("--max-prompts", args->limits.max_prompts,
                     "Most prompts in one /v1/completions request (default 1024)")
         ->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--data-parallel-size", args->data_parallel_size,
+                    "Replicas of the model on this host behind a cache-aware router on --port: one GPU each when "
+                    "there are enough, else sharing GPU 0 (1/N of --gpu-memory-utilization each), or 1/N of the "
+                    "CPU cores each; a replica that dies is restarted (default 1)")
+        ->check(CLI::Range(1, 64));
     cmd->add_option("--kv-events-endpoint", args->kv_events.endpoint,
                     "Publish prefix-cache events (vLLM's KV events: ZMQ PUB, msgpack) at this ZMQ endpoint, e.g. "
                     "tcp://*:5557 (default: off)");

@@ -207,20 +207,24 @@ struct RouterService::Impl {
         return urls;
     }
 
-    void check_loop() {
-        auto next_dns = Clock::now();
+    // One round: DNS when due, then every replica's /health.
+    void check_once(Clock::time_point& next_dns) {
+        if (!dns_host.empty() && Clock::now() >= next_dns) {
+            const std::vector<std::string> urls = resolve_dns();
+            if (!urls.empty()) router.set_urls(urls);  // a failed lookup keeps the last set
+            next_dns = Clock::now() + std::chrono::milliseconds(static_cast<int>(options.dns_interval_s * 1000));
+        }
+        for (const ReplicaState& r : router.snapshot()) router.set_healthy(r.id, health_ok(r.url, kHealthTimeoutS));
+    }
+
+    void check_loop(Clock::time_point next_dns) {
         for (;;) {
-            if (!dns_host.empty() && Clock::now() >= next_dns) {
-                const std::vector<std::string> urls = resolve_dns();
-                if (!urls.empty()) router.set_urls(urls);  // a failed lookup keeps the last set
-                next_dns = Clock::now() + std::chrono::milliseconds(static_cast<int>(options.dns_interval_s * 1000));
-            }
-            for (const ReplicaState& r : router.snapshot())
-                router.set_healthy(r.id, health_ok(r.url, kHealthTimeoutS));
             std::unique_lock lock(stop_mu);
             if (stop_cv.wait_for(lock, std::chrono::milliseconds(static_cast<int>(options.health_interval_s * 1000)),
                                  [&] { return stopping; }))
                 return;
+            lock.unlock();
+            check_once(next_dns);
         }
     }
 
@@ -438,7 +442,10 @@ RouterService::~RouterService() {
 void RouterService::start() {
     Impl& m = *impl_;
     for (int i = 0; i < std::max(1, m.options.client_threads); ++i) m.threads.emplace_back([&m] { m.ioc.run(); });
-    m.checker = std::thread([&m] { m.check_loop(); });
+    // The first round before any request: no traffic to a replica that was never seen healthy.
+    Clock::time_point next_dns = Clock::now();
+    m.check_once(next_dns);
+    m.checker = std::thread([&m, next_dns] { m.check_loop(next_dns); });
 }
 
 void RouterService::stop() {
@@ -461,6 +468,12 @@ void RouterService::begin_drain() {
 
 int64_t RouterService::in_flight() const {
     return impl_->in_flight.load();
+}
+
+int RouterService::healthy_replicas() const {
+    int n = 0;
+    for (const ReplicaState& r : impl_->router.snapshot()) n += r.healthy ? 1 : 0;
+    return n;
 }
 
 void RouterService::handle(const server::HttpRequest& req, std::shared_ptr<server::Exchange> ex) {

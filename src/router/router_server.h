@@ -39,7 +39,8 @@ class RouterService {
     RouterService(const RouterService&) = delete;
     RouterService& operator=(const RouterService&) = delete;
 
-    // Starts health checks, DNS discovery and the outbound threads.
+    // Checks every replica's /health once (resolving --backend-dns first), then starts the
+    // periodic checks, DNS discovery and the outbound threads.
     void start();
     void stop();
     // The HTTP server's handler (any connection's strand).
@@ -47,6 +48,7 @@ class RouterService {
     // SIGTERM: /health answers 503 "draining" and new requests 503; running ones finish.
     void begin_drain();
     int64_t in_flight() const;
+    int healthy_replicas() const;
 
   private:
     struct Impl;

@@ -8,6 +8,14 @@
 
 namespace peregrine {
 
+int cuda_device_index(const std::string& device) {
+    if (device == "cuda") return 0;
+    if (device.rfind("cuda:", 0) != 0 || device.size() == 5 || device.size() > 8) return -1;
+    for (size_t i = 5; i < device.size(); ++i)
+        if (device[i] < '0' || device[i] > '9') return -1;
+    return std::stoi(device.substr(5));
+}
+
 void EngineConfig::validate() const {
     auto one_of = [](const std::string& v, std::initializer_list<const char*> names) {
         for (const char* n : names)
@@ -15,7 +23,8 @@ void EngineConfig::validate() const {
         return false;
     };
     if (!one_of(load_format, {"auto", "dummy"})) fail("load_format must be auto or dummy, got '", load_format, "'");
-    if (!one_of(device, {"auto", "cuda", "cpu"})) fail("device must be auto, cuda or cpu, got '", device, "'");
+    if (!one_of(device, {"auto", "cuda", "cpu"}) && cuda_device_index(device) < 0)
+        fail("device must be auto, cuda, cuda:K (a GPU index) or cpu, got '", device, "'");
     if (!one_of(dtype, {"auto", "float32", "bfloat16"}))
         fail("dtype must be auto, float32 or bfloat16, got '", dtype, "'");
     if (!one_of(kv_eviction, {"lru", "lfu", "fifo"}))

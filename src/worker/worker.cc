@@ -31,12 +31,14 @@ std::unique_ptr<Backend> make_backend(const EngineConfig& c, int device_index) {
         co.graphs = !c.enforce_eager;
         co.batch_invariant = c.batch_invariant;
         co.max_graph_batch = std::min(c.max_num_seqs, 256);
-        co.device = device_index;
+        // cuda:K picks the GPU of a replica alone; a model-parallel rank gets its place's.
+        co.device = device_index > 0 ? device_index : std::max(0, cuda_device_index(c.device));
         return std::make_unique<CudaBackend>(co);
     }
 #else
     (void)device_index;
-    if (c.device == "cuda") fail("device cuda: this build has no CUDA backend (nvcc was not found at build time)");
+    if (cuda_device_index(c.device) >= 0)
+        fail("device ", c.device, ": this build has no CUDA backend (nvcc was not found at build time)");
 #endif
     return std::make_unique<CpuBackend>(c.threads, cpu_precision_from_name(c.dtype));
 }
@@ -73,9 +75,17 @@ void profile_step(Model& model, Backend& backend, int tokens, int seqs, int bloc
 
 bool worker_uses_cuda(const EngineConfig& c) {
 #ifdef PG_WITH_CUDA
-    return c.device == "cuda" || (c.device == "auto" && cuda_device_available());
+    return cuda_device_index(c.device) >= 0 || (c.device == "auto" && cuda_device_available());
 #else
-    return c.device == "cuda";
+    return cuda_device_index(c.device) >= 0;
+#endif
+}
+
+int worker_gpu_count() {
+#ifdef PG_WITH_CUDA
+    return cuda_device_count();
+#else
+    return 0;
 #endif
 }
 

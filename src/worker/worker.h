@@ -30,6 +30,8 @@ struct TokenLogprob;
 
 // Whether a worker of `config` runs on the CUDA backend (device cuda, or auto with a GPU present).
 bool worker_uses_cuda(const EngineConfig& config);
+// GPUs this process can use (0 in a build without CUDA).
+int worker_gpu_count();
 
 // Where a worker sits in a model-parallel group (worker/rank_group.h). The default: alone.
 struct WorkerPlace {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `peregrine bench serve` end to end: start `peregrine serve` (the embedded model) on a free
-# port, send 50 streamed requests at concurrency 8, and require zero failures.
+# port, send 50 streamed requests at concurrency 8, and require zero failures; then a small
+# multi-turn run that must see prefix-cache hits (the shared system prompt, the resent history).
 # Usage: bench_serve_smoke.sh PEREGRINE_BINARY
 set -euo pipefail
 bin="$1"
@@ -40,5 +41,18 @@ for endpoint in completions chat; do
     grep -q '"failed": 0,' "$work/$endpoint.json"
     grep -q '"completed": 50,' "$work/$endpoint.json"
     grep -q '"output_len_mismatches": 0,' "$work/$endpoint.json"
+done
+for endpoint in completions chat; do
+    "$bin" bench serve --url "$url" --endpoint "$endpoint" --dataset multi-turn --num-users 4 --turns 3 \
+        --system-prompt-len 64 --turn-len 16 --output-len 8 --concurrency 4 --json "$work/mt-$endpoint.json" \
+        >"$work/mt-$endpoint.txt"
+    cat "$work/mt-$endpoint.txt"
+    grep -q '"failed": 0,' "$work/mt-$endpoint.json"
+    grep -q '"completed": 12,' "$work/mt-$endpoint.json"
+    grep -q '"output_len_mismatches": 0,' "$work/mt-$endpoint.json"
+    # A rate above zero, e.g. "Prefix cache hit rate:   71.74%" (not "0.00%" or "n/a").
+    grep -Eq '^Prefix cache hit rate: +(0*[1-9][0-9]*\.[0-9]+|0+\.(0*[1-9][0-9]*))%$' "$work/mt-$endpoint.txt"
+    grep -Eq '"prefix_cache_hit_rate": 0?\.?[0-9]*[1-9]' "$work/mt-$endpoint.json"
+    grep -q '"ttft_ms_by_turn": \[' "$work/mt-$endpoint.json"
 done
 echo "bench serve smoke: ok"

@@ -138,3 +138,25 @@ describe('router', async () => {
         r.proc.kill('SIGTERM');
     });
 });
+
+describe('serve --data-parallel-size', () => {
+    test('two replicas behind the router; a killed replica is started again', async () => {
+        const s = await start(['serve', '--port', '0', '--data-parallel-size', '2', '--device', 'cpu'],
+                              /ready: serving '[^']*' at (http:\/\/[^\s]+)\/v1 \(data parallel 2\)/);
+        const health = async () => (await http(`${s.url}/health`, { method: 'GET' })).json;
+        assert.equal((await health()).healthy_replicas, 2);
+        const body = { model: 'stories260K', prompt: 'Once upon a time', max_tokens: 12, temperature: 0 };
+        const first = await client(s.url).completions.create(body);
+        const pids = (await import('node:fs')).readFileSync(`/proc/${s.proc.pid}/task/${s.proc.pid}/children`, 'utf8')
+            .trim().split(/\s+/).map(Number);
+        assert.equal(pids.length, 2);
+        process.kill(pids[0], 'SIGKILL');
+        assert.ok(await waitFor(async () => (await health()).healthy_replicas === 1, 2000, 20), 'ejected');
+        assert.equal((await client(s.url).completions.create(body)).choices[0].text, first.choices[0].text);
+        assert.ok(await waitFor(async () => (await health()).healthy_replicas === 2, 10000, 50), 'restarted');
+        assert.match(s.log(), /replica 0 \(pid \d+\) killed by signal 9; starting it again/);
+        s.proc.kill('SIGTERM');
+        const code = await new Promise((res) => s.proc.on('exit', (c) => res(c)));
+        assert.equal(code, 0);
+    });
+});

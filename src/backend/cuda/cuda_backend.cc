@@ -60,13 +60,17 @@ int bucket_for(int n) {
 
 }  // namespace
 
-bool cuda_device_available() {
+int cuda_device_count() {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
         cudaGetLastError();  // clear the sticky "no device" error
-        return false;
+        return 0;
     }
-    return n > 0;
+    return n;
+}
+
+bool cuda_device_available() {
+    return cuda_device_count() > 0;
 }
 
 struct CudaBackend::Gemm {

@@ -30,6 +30,7 @@ struct CudaOptions {
 
 // Whether a CUDA device is present (never throws).
 bool cuda_device_available();
+int cuda_device_count();  // 0 without a usable GPU (never throws)
 
 class CudaBackend final : public Backend {
   public:
