@@ -171,7 +171,23 @@ int run_data_parallel(const DataParallelOptions& o) {
                                             " of its memory each")
                                         .c_str());
     std::mutex mu;  // replicas' pids
-    for (size_t i = 0; i < replicas.size(); ++i) replicas[i].pid = spawn(replicas[i].args, static_cast<int>(i));
+    // Replicas sharing one GPU start one after another: each sizes its KV cache from what it
+    // took itself, which a neighbour allocating at the same moment would blur.
+    const bool one_by_one = cuda && gpus < o.size;
+    for (size_t i = 0; i < replicas.size(); ++i) {
+        replicas[i].pid = spawn(replicas[i].args, static_cast<int>(i));
+        if (!one_by_one) continue;
+        int status = 0;
+        while (!router::RouterService::health_ok(urls[i], 1.0)) {
+            if (::waitpid(replicas[i].pid, &status, WNOHANG) == replicas[i].pid) {
+                std::fprintf(stderr, "error: replica %zu %s while starting\n", i, status_text(status).c_str());
+                for (size_t k = 0; k < i; ++k) ::kill(replicas[k].pid, SIGTERM);
+                for (size_t k = 0; k < i; ++k) ::waitpid(replicas[k].pid, &status, 0);
+                return 1;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        }
+    }
 
     router::RouterOptions ro;
     ro.backends = urls;

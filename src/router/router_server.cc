@@ -470,6 +470,10 @@ int64_t RouterService::in_flight() const {
     return impl_->in_flight.load();
 }
 
+bool RouterService::health_ok(const std::string& url, double timeout_s) {
+    return Impl::health_ok(url, timeout_s);
+}
+
 int RouterService::healthy_replicas() const {
     int n = 0;
     for (const ReplicaState& r : impl_->router.snapshot()) n += r.healthy ? 1 : 0;

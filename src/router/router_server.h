@@ -49,6 +49,8 @@ class RouterService {
     void begin_drain();
     int64_t in_flight() const;
     int healthy_replicas() const;
+    // GET url/health answered 200 within timeout_s (any thread; blocking).
+    static bool health_ok(const std::string& url, double timeout_s);
 
   private:
     struct Impl;

@@ -103,6 +103,8 @@ Worker::~Worker() = default;
 void Worker::init_device() {
     own_backend_ = make_backend(config_, place_.device_index);
     backend_ = own_backend_.get();
+    size_t total = 0;
+    if (!backend_->memory_info(free_at_init_, total)) free_at_init_ = 0;
 }
 
 void Worker::load_model() {
@@ -140,10 +142,13 @@ int Worker::determine_kv_blocks() {
         profile_step(*model_, *backend_, config_.max_num_batched_tokens, config_.max_num_seqs, block_size);
         backend_->synchronize();
         backend_->memory_info(free_b, total_b);
-        const int64_t used = static_cast<int64_t>(total_b - free_b);
+        // What this process took since its backend started (weights, activations, scratch):
+        // other processes on the GPU (data-parallel replicas sharing it) have their own share.
+        const int64_t used = free_at_init_ > free_b ? static_cast<int64_t>(free_at_init_ - free_b)
+                                                    : static_cast<int64_t>(total_b - free_b);
         const int64_t budget =
             static_cast<int64_t>(config_.gpu_memory_utilization * static_cast<double>(total_b)) - used;
-        std::fprintf(stderr, "  GPU memory: %.2f GiB total, weights %.2f GiB, in use after profiling %.2f GiB\n",
+        std::fprintf(stderr, "  GPU memory: %.2f GiB total, weights %.2f GiB, this process's after profiling %.2f GiB\n",
                      total_b / 1073741824.0, backend_->weight_bytes() / 1073741824.0, used / 1073741824.0);
         if (bytes == 0) {
             if (budget < per_block)

@@ -92,6 +92,7 @@ class Worker {
     DeviceSampler* sampler_ = nullptr;
     std::unique_ptr<KvCache> cache_;
     std::unique_ptr<Tensor> device_logits_;  // the last execute_on_device's logits
+    size_t free_at_init_ = 0;                // device memory free once the backend existed (0: none)
 };
 
 }  // namespace peregrine
