@@ -41,7 +41,7 @@ except Exception as e:
     print("compare failed:", e)
 PY
 echo "== 8B shape batch-1 decode, TP 1 vs TP 2"
-for tp in 1 2 1 2; do
+for tp in 1 2; do
     timeout 300 "$pg/peregrine" bench latency --model "$m8" --load-format dummy --tensor-parallel-size $tp \
         --batch-size 1 --input-len 128 --output-len 128 > $logs/lat$tp.log 2>&1
     echo "TP $tp: rc $? $(grep -E '^latency \(best' $logs/lat$tp.log)"

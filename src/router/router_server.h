@@ -29,7 +29,7 @@ struct RouterOptions {
     double dns_interval_s = 5.0;        // between resolutions of backend_dns
     double connect_timeout_s = 2.0;
     double request_timeout_s = 600.0;  // a response not complete this long after it was sent fails
-    int client_threads = 2;            // threads of the outbound connections
+    int client_threads = 0;            // threads of the outbound connections; 0: half the cores, 2 to 8
 };
 
 class RouterService {

@@ -93,10 +93,6 @@ std::unique_ptr<RankGroup> RankGroup::join(const EngineConfig& config) {
         fail("tensor-parallel size ", g->tp_size_, " x pipeline-parallel size ", g->pp_size_, " = ", world,
              " ranks do not divide among ", launch.world_size, " hosts (", launch.source, ")");
     const int per_host = world / launch.world_size;
-    g->cuda_ = worker_uses_cuda(config);
-    if (g->cuda_ && g->pp_size_ > 1)
-        fail("pipeline parallelism runs on the CPU backend so far (--device cpu); on CUDA use "
-             "--tensor-parallel-size alone");
     if (config.threads <= 0)
         g->config_.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / per_host);
 
@@ -126,6 +122,12 @@ std::unique_ptr<RankGroup> RankGroup::join(const EngineConfig& config) {
         g->child_ranks_.push_back(launch.rank * per_host + i);
     }
     g->rank_ = launch.rank * per_host + local;
+    // Only now: asking whether a GPU is there initializes CUDA, and a process forked after that
+    // cannot use it ("initialization error" in the child).
+    g->cuda_ = worker_uses_cuda(config);
+    if (g->cuda_ && g->pp_size_ > 1)
+        fail("pipeline parallelism runs on the CPU backend so far (--device cpu); on CUDA use "
+             "--tensor-parallel-size alone");
     // GPUs of a host in launch order: several launched processes on one host (mpirun -np N on a
     // single machine) take consecutive blocks of per_host GPUs.
     g->device_index_ = launch.local_rank * per_host + local;
