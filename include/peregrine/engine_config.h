@@ -74,7 +74,7 @@ struct EngineStats {
     int num_waiting = 0;  // sequences, an n > 1 request not started yet counted as n
     int num_kv_blocks = 0;
     int num_kv_blocks_used = 0;
-    int block_size = 0;  // tokens per KV block
+    int block_size = 0;           // tokens per KV block
     uint64_t prefix_queries = 0;  // tokens
     uint64_t prefix_hits = 0;     // tokens
     uint64_t evictions = 0;

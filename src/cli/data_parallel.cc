@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -146,16 +146,16 @@ int run_data_parallel(const DataParallelOptions& o) {
                                      std::string("127.0.0.1"), std::string("--port"), std::to_string(r.port)})
             r.args.push_back(a);
         if (!cuda) {
-            r.args.insert(r.args.end(), {"--device", "cpu", "--threads",
-                                         std::to_string(o.engine.threads > 0 ? o.engine.threads
-                                                                             : std::max(1, cores / o.size))});
+            r.args.insert(r.args.end(),
+                          {"--device", "cpu", "--threads",
+                           std::to_string(o.engine.threads > 0 ? o.engine.threads : std::max(1, cores / o.size))});
         } else if (gpus >= o.size) {
             r.args.insert(r.args.end(), {"--device", "cuda:" + std::to_string(i), "--gpu-memory-utilization",
                                          std::to_string(o.engine.gpu_memory_utilization)});
         } else {
-            r.args.insert(r.args.end(), {"--device", o.engine.device == "auto" ? "cuda" : o.engine.device,
-                                         "--gpu-memory-utilization",
-                                         std::to_string(o.engine.gpu_memory_utilization / o.size)});
+            r.args.insert(r.args.end(),
+                          {"--device", o.engine.device == "auto" ? "cuda" : o.engine.device, "--gpu-memory-utilization",
+                           std::to_string(o.engine.gpu_memory_utilization / o.size)});
         }
         if (!o.kv_events_endpoint.empty())
             r.args.insert(r.args.end(), {"--kv-events-endpoint", shift_endpoint_port(o.kv_events_endpoint, i)});
@@ -164,12 +164,12 @@ int run_data_parallel(const DataParallelOptions& o) {
                           {"--kv-events-replay-endpoint", shift_endpoint_port(o.kv_events_replay_endpoint, i)});
         urls.push_back("http://127.0.0.1:" + std::to_string(r.port));
     }
-    std::fprintf(stderr, "data parallel: %d replicas (%s)\n", o.size,
-                 !cuda            ? str_cat("CPU, ", std::max(1, cores / o.size), " threads each").c_str()
-                 : gpus >= o.size ? "one GPU each"
-                                  : str_cat("sharing a GPU, ", o.engine.gpu_memory_utilization / o.size,
-                                            " of its memory each")
-                                        .c_str());
+    std::fprintf(
+        stderr, "data parallel: %d replicas (%s)\n", o.size,
+        !cuda ? str_cat("CPU, ", std::max(1, cores / o.size), " threads each").c_str()
+        : gpus >= o.size
+            ? "one GPU each"
+            : str_cat("sharing a GPU, ", o.engine.gpu_memory_utilization / o.size, " of its memory each").c_str());
     std::mutex mu;  // replicas' pids
     // Replicas sharing one GPU start one after another: each sizes its KV cache from what it
     // took itself, which a neighbour allocating at the same moment would blur.
@@ -215,7 +215,12 @@ int run_data_parallel(const DataParallelOptions& o) {
                         return;
                     }
                     ++r.restarts;
-                    r.pid = spawn(r.args, static_cast<int>(i));
+                    try {
+                        r.pid = spawn(r.args, static_cast<int>(i));
+                    } catch (const Error& e) {  // no process to start: the router keeps it ejected
+                        std::fprintf(stderr, "replica %zu: %s\n", i, e.what());
+                        r.pid = -1;
+                    }
                 }
             }
             std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -11,8 +11,8 @@
 #include <sstream>
 
 #include "cli/commands.h"
-#include "cli/stop_signals.h"
 #include "cli/router_front.h"
+#include "cli/stop_signals.h"
 #include "core/error.h"
 #include "server/middleware.h"
 
@@ -39,8 +39,7 @@ int run(RouterArgs& a) {
     service->start();
     std::unique_ptr<server::HttpServer> http = start_router_front(service, a.front);
     std::fprintf(stderr, "router: %s policy over %zu replica(s)%s%s\n", a.router.policy.c_str(),
-                 a.router.backends.size(), a.router.backend_dns.empty() ? "" : " + DNS ",
-                 a.router.backend_dns.c_str());
+                 a.router.backends.size(), a.router.backend_dns.empty() ? "" : " + DNS ", a.router.backend_dns.c_str());
     std::fprintf(stderr, "ready: routing at http://%s:%d/v1\n", a.front.host.c_str(), http->port());
     std::fflush(stderr);
     wait_and_drain(signals, *service, a.shutdown_timeout_s);
@@ -60,8 +59,8 @@ std::unique_ptr<server::HttpServer> start_router_front(std::shared_ptr<router::R
     hopts.port = front.port;
     hopts.io_threads = front.io_threads;
     auto http = std::make_unique<server::HttpServer>(
-        hopts, [service, cors, log = front.access_log](const server::HttpRequest& req,
-                                                       std::shared_ptr<server::Exchange> ex) {
+        hopts,
+        [service, cors, log = front.access_log](const server::HttpRequest& req, std::shared_ptr<server::Exchange> ex) {
             if (cors->enabled() && cors->is_allowed_preflight(req)) {
                 server::HeaderList h = cors->response_headers(req);
                 for (auto& kv : cors->preflight_headers(req)) h.push_back(kv);

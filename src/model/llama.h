@@ -43,9 +43,9 @@ class LlamaModel final : public Model {
     struct Workspace {
         int64_t capacity = 0;  // tokens
         int64_t logit_rows = 0;
-        Tensor residual;  // [capacity, hidden] f32: the residual stream
-        Tensor logits;    // [logit_rows, vocab] f32
-        Tensor local;     // tensor parallelism: [logit_rows, this rank's vocabulary rows] f32
+        Tensor residual;     // [capacity, hidden] f32: the residual stream
+        Tensor logits;       // [logit_rows, vocab] f32
+        Tensor local;        // tensor parallelism: [logit_rows, this rank's vocabulary rows] f32
         Tensor gather_send;  // tensor parallelism: [logit_rows, widest slice] f32
         Tensor gather_recv;  // tensor parallelism: [T * logit_rows, widest slice] f32
     };

@@ -64,7 +64,6 @@ StageLayers stage_layers(int num_layers, int stage, int stages) {
     return {stage * base + std::min(stage, extra), base + (stage < extra ? 1 : 0)};
 }
 
-
 ModelConfig shard_config(const ModelConfig& full, TensorParallel tp, const std::string& source) {
     if (source.empty()) return shard(full, tp);
     try {

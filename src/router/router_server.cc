@@ -288,7 +288,8 @@ struct RouterService::Impl {
             stream.expires_after(std::chrono::milliseconds(static_cast<int>(options.request_timeout_s * 1000)));
             co_await http::async_write(stream, req, asio::redirect_error(asio::use_awaitable, ec));
         }
-        if (!ec) co_await http::async_read_header(stream, buffer, parser, asio::redirect_error(asio::use_awaitable, ec));
+        if (!ec)
+            co_await http::async_read_header(stream, buffer, parser, asio::redirect_error(asio::use_awaitable, ec));
         if (ec) {  // nothing reached the client: eject, and try another replica once
             clear_cancel();
             router.finish(d.id, true);
@@ -491,7 +492,9 @@ void RouterService::handle(const server::HttpRequest& req, std::shared_ptr<serve
         int healthy = 0;
         for (const ReplicaState& r : m.router.snapshot()) healthy += r.healthy ? 1 : 0;
         const bool ok = healthy > 0 && !m.draining;
-        ex->respond(ok ? 200 : 503, json{{"status", m.draining ? "draining" : ok ? "ok" : "no healthy replica"},
+        ex->respond(ok ? 200 : 503, json{{"status", m.draining ? "draining"
+                                                    : ok       ? "ok"
+                                                               : "no healthy replica"},
                                          {"healthy_replicas", healthy},
                                          {"policy", policy_name(m.router.policy())}}
                                         .dump());

@@ -35,7 +35,7 @@ struct RouterOptions {
 class RouterService {
   public:
     explicit RouterService(RouterOptions options);  // throws Error for a bad URL, policy or DNS name
-    ~RouterService();                                // stop()
+    ~RouterService();                               // stop()
     RouterService(const RouterService&) = delete;
     RouterService& operator=(const RouterService&) = delete;
 

@@ -196,7 +196,8 @@ void Router::set_urls(const std::vector<std::string>& urls) {
     std::lock_guard lock(mu_);
     std::vector<ReplicaState> next;
     for (const std::string& u : urls) {
-        const auto same = std::find_if(replicas_.begin(), replicas_.end(), [&](const ReplicaState& r) { return r.url == u; });
+        const auto same =
+            std::find_if(replicas_.begin(), replicas_.end(), [&](const ReplicaState& r) { return r.url == u; });
         if (same != replicas_.end()) {
             next.push_back(*same);
         } else {

@@ -72,10 +72,10 @@ class ConsistentHashRing {
 
 // What the router knows of one replica.
 struct ReplicaState {
-    std::string url;       // http://host:port
-    int id = 0;            // stable across set_urls (the prefix index's key)
-    bool healthy = true;   // false: ejected (a connection failed, or /health did not answer 200)
-    int outstanding = 0;   // requests sent and not finished
+    std::string url;      // http://host:port
+    int id = 0;           // stable across set_urls (the prefix index's key)
+    bool healthy = true;  // false: ejected (a connection failed, or /health did not answer 200)
+    int outstanding = 0;  // requests sent and not finished
     uint64_t requests = 0, errors = 0;
 };
 

@@ -70,7 +70,7 @@ class KvEventPublisher {
     std::mutex mu_;
     std::condition_variable cv_;
     std::deque<std::vector<KvCacheEvent>> queue_;  // guarded by mu_
-    bool stopping_ = false;                         // guarded by mu_
+    bool stopping_ = false;                        // guarded by mu_
     int64_t next_seq_ = 0;
     std::deque<std::pair<int64_t, std::string>> buffer_;  // (sequence, payload) for replay
     std::thread thread_;

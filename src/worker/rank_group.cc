@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "backend/backend.h"
 #include "core/error.h"
 #include "dist/control_channel.h"
 #include "dist/launch_env.h"
@@ -19,7 +20,6 @@
 #include "dist/shm_communicator.h"
 #include "dist/socket_io.h"
 #include "dist/tcp_store.h"
-#include "backend/backend.h"
 #include "worker/worker.h"
 
 namespace peregrine {
@@ -67,7 +67,8 @@ int free_port() {
 
 std::string status_text(int status) {
     if (WIFEXITED(status)) return str_cat("exited with status ", WEXITSTATUS(status));
-    if (WIFSIGNALED(status)) return str_cat("killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+    if (WIFSIGNALED(status))
+        return str_cat("killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
     return "stopped";
 }
 
@@ -126,8 +127,9 @@ std::unique_ptr<RankGroup> RankGroup::join(const EngineConfig& config) {
     // cannot use it ("initialization error" in the child).
     g->cuda_ = worker_uses_cuda(config);
     if (g->cuda_ && g->pp_size_ > 1)
-        fail("pipeline parallelism runs on the CPU backend so far (--device cpu); on CUDA use "
-             "--tensor-parallel-size alone");
+        fail(
+            "pipeline parallelism runs on the CPU backend so far (--device cpu); on CUDA use "
+            "--tensor-parallel-size alone");
     // GPUs of a host in launch order: several launched processes on one host (mpirun -np N on a
     // single machine) take consecutive blocks of per_host GPUs.
     g->device_index_ = launch.local_rank * per_host + local;
@@ -214,7 +216,7 @@ std::string RankGroup::describe() const {
 
 std::string RankGroup::who(int rank) const {
     return rank >= 0 && rank < static_cast<int>(where_.size()) ? str_cat("rank ", rank, " (", where_[rank], ")")
-                                                                : str_cat("rank ", rank);
+                                                               : str_cat("rank ", rank);
 }
 
 int RankGroup::agree_min(const std::string& key, int value) {

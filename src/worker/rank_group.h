@@ -97,10 +97,10 @@ class RankGroup {
     int launched_ = 1;  // processes the launcher started (one per host, or mpirun's -np)
     int hosts_ = 0;     // distinct hosts among the ranks
     bool cuda_ = false;
-    int device_index_ = 0;  // this rank's GPU on its host
-    std::vector<pid_t> children_;       // forked ranks of this host (indexed by local index - 1)
-    std::vector<int> child_ranks_;      // their ranks
-    std::vector<std::string> where_;    // [size] "pid on host" of every rank
+    int device_index_ = 0;            // this rank's GPU on its host
+    std::vector<pid_t> children_;     // forked ranks of this host (indexed by local index - 1)
+    std::vector<int> child_ranks_;    // their ranks
+    std::vector<std::string> where_;  // [size] "pid on host" of every rank
     std::unique_ptr<TcpStore> store_;
     std::unique_ptr<Communicator> tp_comm_, pp_comm_;
     std::unique_ptr<ControlLeader> leader_;

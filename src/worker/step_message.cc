@@ -45,8 +45,8 @@ struct Reader {
 std::string encode_execute(const BatchInput& b) {
     std::string out(1, static_cast<char>(StepMessage::kExecute));
     put(out, &b.max_blocks_per_seq, 4);
-    for (const std::vector<int32_t>* v : {&b.token_ids, &b.positions, &b.query_start, &b.context_lens,
-                                          &b.block_tables, &b.slot_mapping, &b.logits_indices})
+    for (const std::vector<int32_t>* v : {&b.token_ids, &b.positions, &b.query_start, &b.context_lens, &b.block_tables,
+                                          &b.slot_mapping, &b.logits_indices})
         put_array(out, *v);
     return out;
 }

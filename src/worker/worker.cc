@@ -117,8 +117,9 @@ void Worker::load_model() {
     opt.pp = place_.pp;
     const std::string path = config_.model.empty() ? default_model_path() : config_.model;
     const auto t0 = Clock::now();
-    loaded_ = config_.load_format == "dummy" ? load_dummy_model(path, *backend_, config_.dummy_seed, 0.02f, place_.tp, place_.pp)
-                                             : peregrine::load_model(path, opt);
+    loaded_ = config_.load_format == "dummy"
+                  ? load_dummy_model(path, *backend_, config_.dummy_seed, 0.02f, place_.tp, place_.pp)
+                  : peregrine::load_model(path, opt);
     const ModelParallel par = place_.connect ? place_.connect(*backend_) : ModelParallel{};
     own_model_ = create_model(*loaded_, *backend_, par);  // places the weights
     model_ = own_model_.get();
@@ -148,7 +149,8 @@ int Worker::determine_kv_blocks() {
                                                     : static_cast<int64_t>(total_b - free_b);
         const int64_t budget =
             static_cast<int64_t>(config_.gpu_memory_utilization * static_cast<double>(total_b)) - used;
-        std::fprintf(stderr, "  GPU memory: %.2f GiB total, weights %.2f GiB, this process's after profiling %.2f GiB\n",
+        std::fprintf(stderr,
+                     "  GPU memory: %.2f GiB total, weights %.2f GiB, this process's after profiling %.2f GiB\n",
                      total_b / 1073741824.0, backend_->weight_bytes() / 1073741824.0, used / 1073741824.0);
         if (bytes == 0) {
             if (budget < per_block)

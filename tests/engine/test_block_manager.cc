@@ -143,7 +143,7 @@ namespace {
 // evictions of findable blocks, nothing when not recording.
 TEST(BlockManagerEvents, StoredBlocksChainAndEvictionsAreRemoved) {
     BlockManager bm(6, 2);
-    cache_prompt(bm, {1, 2, 3, 4, 5}, 1);  // two full blocks and a partial one
+    cache_prompt(bm, {1, 2, 3, 4, 5}, 1);   // two full blocks and a partial one
     EXPECT_TRUE(bm.take_events().empty());  // not recording yet
     bm.set_recording(true);
 

@@ -55,7 +55,8 @@ TEST(ConsistentHashRing, AddingAReplicaMovesAboutOneNth) {
             moved += before.pick(key, all_before) != after.pick(key, all_after);
         }
         const double share = static_cast<double>(moved) / keys;
-        std::printf("ring: %d -> %d replicas moved %.3f of the keys (1/(N+1) = %.3f)\n", n, n + 1, share, 1.0 / (n + 1));
+        std::printf("ring: %d -> %d replicas moved %.3f of the keys (1/(N+1) = %.3f)\n", n, n + 1, share,
+                    1.0 / (n + 1));
         EXPECT_LE(share, 1.5 / (n + 1)) << n;  // the bound: <= 1.5 / N of the keys
         EXPECT_GT(share, 0.5 / (n + 1)) << n;  // and the new replica does take its share
     }

@@ -151,10 +151,21 @@ describe('serve --data-parallel-size', () => {
             .trim().split(/\s+/).map(Number);
         assert.equal(pids.length, 2);
         process.kill(pids[0], 'SIGKILL');
-        assert.ok(await waitFor(async () => (await health()).healthy_replicas === 1, 2000, 20), 'ejected');
-        assert.equal((await client(s.url).completions.create(body)).choices[0].text, first.choices[0].text);
+        // The replica comes back within a fraction of a second (the embedded model loads fast), so
+        // the router may never see it down between two health checks: what must hold is that
+        // answers do not change meanwhile, and that it is back under a new pid.
+        for (let i = 0; i < 4; i++)
+            assert.equal((await client(s.url).completions.create(body)).choices[0].text, first.choices[0].text);
+        assert.ok(await waitFor(async () => /replica 0 \(pid \d+\) killed by signal 9; starting it again/.test(s.log()),
+                                5000, 20), 'restart logged');
         assert.ok(await waitFor(async () => (await health()).healthy_replicas === 2, 10000, 50), 'restarted');
-        assert.match(s.log(), /replica 0 \(pid \d+\) killed by signal 9; starting it again/);
+        // Children of every thread (the restart came from the supervisor thread).
+        const fs = await import('node:fs');
+        const now = fs.readdirSync(`/proc/${s.proc.pid}/task`)
+            .flatMap((t) => fs.readFileSync(`/proc/${s.proc.pid}/task/${t}/children`, 'utf8').trim().split(/\s+/))
+            .filter(Boolean).map(Number);
+        assert.equal(now.length, 2);
+        assert.ok(!now.includes(pids[0]), 'a new process');
         s.proc.kill('SIGTERM');
         const code = await new Promise((res) => s.proc.on('exit', (c) => res(c)));
         assert.equal(code, 0);

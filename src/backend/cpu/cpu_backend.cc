@@ -113,8 +113,7 @@ void CpuBackend::logits(const Tensor& residual, const Tensor& final_norm, float 
     unfused::logits(*this, scratch_, residual, final_norm, norm_eps, lm_head, batch, out);
 }
 
-void CpuBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out,
-                           int32_t vocab_begin) {
+void CpuBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out, int32_t vocab_begin) {
     check_f32(out, "embedding output");
     const int64_t dim = table.cols();
     PG_CHECK(out.cols() == dim && out.rows() >= n);

@@ -721,8 +721,8 @@ void CudaBackend::copy_columns(const Tensor& src, int64_t src_col, const Tensor&
     if (rows == 0 || cols == 0) return;
     const size_t es = dtype_row_bytes(src.dtype, 1);
     PG_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(dst.data) + dst_col * es, dst.cols() * es,
-                                    static_cast<const char*>(src.data) + src_col * es, src.cols() * es, cols * es,
-                                    rows, cudaMemcpyDeviceToDevice, stream_));
+                                    static_cast<const char*>(src.data) + src_col * es, src.cols() * es, cols * es, rows,
+                                    cudaMemcpyDeviceToDevice, stream_));
 }
 
 void CudaBackend::copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) {

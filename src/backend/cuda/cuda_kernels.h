@@ -53,8 +53,7 @@ struct DeviceBatch {
 // -1 - j stands for feed[j] (the previous step's draw j; async scheduling); with no feed,
 // negative ids give zero rows.
 void embedding(const bf16_t* table, const int32_t* ids, const int32_t* feed, int n, int hidden, int vocab_begin,
-               int vocab_rows, float* out,
-               cudaStream_t stream);
+               int vocab_rows, float* out, cudaStream_t stream);
 
 // With residual != nullptr: residual += x; out = rms_norm(residual) * weight.
 // Otherwise out = rms_norm(x) * weight. x is f32 when x_f32 else bf16; out is f32 when out_f32
