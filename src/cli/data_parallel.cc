@@ -194,6 +194,7 @@ int run_data_parallel(const DataParallelOptions& o) {
     ro.policy = "cache-aware";
     ro.api_keys = o.api_keys;
     ro.health_interval_s = 0.5;
+    ro.model_name = o.model_name;
     auto service = std::make_shared<router::RouterService>(ro);
     service->start();
 

@@ -6,7 +6,9 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/websocket.hpp>
 #include <chrono>
+#include <deque>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -124,6 +126,109 @@ constexpr double kHealthTimeoutS = 2.0;
 std::vector<double> latency_buckets() {
     return {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600};
 }
+
+// A client's WebSocket (/v1/ws) joined to one replica's: text messages both ways, in order; when
+// either side ends, so does the other. Upstream I/O runs on `strand`; the client side on its
+// connection's strand (server::WebSocket::post).
+class WsBridge : public std::enable_shared_from_this<WsBridge> {
+  public:
+    using Upstream = beast::websocket::stream<beast::tcp_stream>;
+    WsBridge(asio::strand<asio::io_context::executor_type> strand, std::shared_ptr<server::WebSocket> client)
+        : strand_(strand), up_(strand), client_(std::move(client)) {}
+
+    // Connects to the replica, then reads it until it closes.
+    asio::awaitable<void> run(HostPort hp, std::string authorization, std::function<void(bool)> done) {
+        const auto self = shared_from_this();  // the coroutine outlives the client's callbacks
+        beast::error_code ec;
+        tcp::resolver resolver(strand_);
+        const auto endpoints =
+            co_await resolver.async_resolve(hp.host, hp.port, asio::redirect_error(asio::use_awaitable, ec));
+        if (!ec) {
+            beast::get_lowest_layer(up_).expires_after(std::chrono::seconds(5));
+            co_await beast::get_lowest_layer(up_).async_connect(endpoints,
+                                                                asio::redirect_error(asio::use_awaitable, ec));
+        }
+        if (!ec) {
+            beast::get_lowest_layer(up_).expires_never();
+            up_.set_option(beast::websocket::stream_base::timeout::suggested(beast::role_type::client));
+            up_.set_option(beast::websocket::stream_base::decorator([authorization](beast::websocket::request_type& r) {
+                if (!authorization.empty()) r.set(http::field::authorization, authorization);
+            }));
+            co_await up_.async_handshake(hp.host + ":" + hp.port, "/v1/ws",
+                                         asio::redirect_error(asio::use_awaitable, ec));
+        }
+        if (ec) {
+            close_client();
+            done(true);
+            co_return;
+        }
+        open_ = true;
+        flush();
+        beast::flat_buffer buf;
+        for (;;) {
+            co_await up_.async_read(buf, asio::redirect_error(asio::use_awaitable, ec));
+            if (ec) break;
+            std::string text = beast::buffers_to_string(buf.data());
+            buf.consume(buf.size());
+            client_->post([c = client_, text = std::move(text)]() mutable {
+                if (!c->closed()) c->send(std::move(text));
+            });
+        }
+        open_ = false;
+        close_client();
+        done(ec != beast::websocket::error::closed);
+    }
+
+    // A message from the client (any thread).
+    void to_upstream(std::string text) {
+        asio::post(strand_, [self = shared_from_this(), text = std::move(text)]() mutable {
+            self->pending_.push_back(std::move(text));
+            self->flush();
+        });
+    }
+    // The client went away (any thread).
+    void client_closed() {
+        asio::post(strand_, [self = shared_from_this()] {
+            self->client_gone_ = true;
+            if (self->open_ && !self->writing_) self->close_upstream();
+        });
+    }
+
+  private:
+    void flush() {  // strand
+        if (!open_ || writing_) return;
+        if (pending_.empty()) {
+            if (client_gone_) close_upstream();
+            return;
+        }
+        writing_ = true;
+        up_.text(true);
+        up_.async_write(asio::buffer(pending_.front()), [self = shared_from_this()](beast::error_code ec, size_t) {
+            self->writing_ = false;
+            self->pending_.pop_front();
+            if (ec) {
+                self->close_client();
+                return;
+            }
+            self->flush();
+        });
+    }
+    void close_upstream() {  // strand
+        open_ = false;
+        up_.async_close(beast::websocket::close_code::normal, [self = shared_from_this()](beast::error_code) {});
+    }
+    void close_client() {
+        client_->post([c = client_] {
+            if (!c->closed()) c->close();
+        });
+    }
+
+    asio::strand<asio::io_context::executor_type> strand_;
+    Upstream up_;
+    std::shared_ptr<server::WebSocket> client_;
+    std::deque<std::string> pending_;  // client messages not yet written upstream
+    bool open_ = false, writing_ = false, client_gone_ = false;
+};
 
 }  // namespace
 
@@ -492,12 +597,13 @@ void RouterService::handle(const server::HttpRequest& req, std::shared_ptr<serve
         int healthy = 0;
         for (const ReplicaState& r : m.router.snapshot()) healthy += r.healthy ? 1 : 0;
         const bool ok = healthy > 0 && !m.draining;
-        ex->respond(ok ? 200 : 503, json{{"status", m.draining ? "draining"
-                                                    : ok       ? "ok"
-                                                               : "no healthy replica"},
-                                         {"healthy_replicas", healthy},
-                                         {"policy", policy_name(m.router.policy())}}
-                                        .dump());
+        json h{{"status", m.draining ? "draining"
+                          : ok       ? "ok"
+                                     : "no healthy replica"},
+               {"healthy_replicas", healthy},
+               {"policy", policy_name(m.router.policy())}};
+        if (!m.options.model_name.empty()) h["model"] = m.options.model_name;
+        ex->respond(ok ? 200 : 503, h.dump());
         return;
     }
     if (req.path == "/metrics") {
@@ -520,7 +626,28 @@ void RouterService::handle(const server::HttpRequest& req, std::shared_ptr<serve
         return;
     }
     if (req.websocket_upgrade) {
-        ex->respond(501, error_json("the router does not forward WebSocket connections yet; connect to a replica"));
+        // The whole connection goes to one replica (its requests are multiplexed on it).
+        const Decision d = m.router.pick("", "");
+        if (d.replica < 0) {
+            ex->respond(503, error_json("no healthy replica to serve the request"));
+            return;
+        }
+        ++m.in_flight;
+        auto strand = asio::make_strand(m.ioc);
+        const std::string authorization(req.header("authorization"));
+        ex->accept_websocket([&m, d, strand, authorization](std::shared_ptr<server::WebSocket> ws) {
+            auto bridge = std::make_shared<WsBridge>(strand, ws);
+            auto done = [&m, id = d.id](bool failed) {
+                m.router.finish(id, failed);
+                if (failed) m.router.set_healthy(id, false);
+                --m.in_flight;
+            };
+            asio::co_spawn(strand, bridge->run(parse_backend(d.url), authorization, done), asio::detached);
+            server::WebSocketCallbacks cb;
+            cb.on_message = [bridge](std::string text) { bridge->to_upstream(std::move(text)); };
+            cb.on_close = [bridge] { bridge->client_closed(); };
+            return cb;
+        });
         return;
     }
     auto job = std::make_shared<Impl::Job>(m.ioc);

@@ -1,7 +1,8 @@
 // `peregrine router`: the front door of several `peregrine serve` replicas. It answers /health
 // and /metrics itself and forwards every other request to one replica chosen by the Router
 // (routing.h): the body as is, the client's Authorization and X-Request-Id, the replica's status
-// and body back; an event stream (SSE) is passed on event by event as it arrives.
+// and body back; an event stream (SSE) is passed on event by event as it arrives. A WebSocket
+// (/v1/ws) is joined whole to one replica's (WsBridge: text messages both ways).
 //
 // Failures. A replica that refuses the connection or breaks it is ejected at once (passive) and
 // readmitted when its /health answers 200 again (active checks every --health-interval). A
@@ -29,6 +30,7 @@ struct RouterOptions {
     double dns_interval_s = 5.0;        // between resolutions of backend_dns
     double connect_timeout_s = 2.0;
     double request_timeout_s = 600.0;  // a response not complete this long after it was sent fails
+    std::string model_name;            // reported by /health when set (serve --data-parallel-size)
     int client_threads = 0;            // threads of the outbound connections; 0: half the cores, 2 to 8
 };
 
