@@ -9,7 +9,7 @@ namespace peregrine {
 namespace {
 
 void put(std::string& out, const void* p, size_t n) {
-    out.append(static_cast<const char*>(p), n);
+    if (n > 0) out.append(static_cast<const char*>(p), n);  // an empty vector's data() may be null
 }
 
 void put_array(std::string& out, const std::vector<int32_t>& v) {
@@ -24,6 +24,7 @@ struct Reader {
     size_t at = 1;  // past the op
 
     void take(void* p, size_t n) {
+        if (n == 0) return;  // an empty vector's data() may be null: no memcpy from or to it
         if (in.size() - at < n) fail("step message: truncated (", in.size(), " bytes)");
         std::memcpy(p, in.data() + at, n);
         at += n;
