@@ -19,6 +19,7 @@
 #include "cli/commands.h"
 #include "cli/stop_signals.h"
 #include "core/error.h"
+#include "core/exit_status.h"
 #include "dist/socket_io.h"
 #include "router/router_server.h"
 #include "worker/worker.h"
@@ -41,12 +42,6 @@ bool replaced_flag(const std::string& arg) {
 bool replaced_flag_with_value(const std::string& arg) {
     const size_t eq = arg.find('=');
     return eq != std::string::npos && replaced_flag(arg.substr(0, eq));
-}
-
-int free_port() {
-    int port = 0;
-    ::close(listen_tcp(0, port, "serve --data-parallel-size"));
-    return port;
 }
 
 struct Replica {
@@ -104,12 +99,6 @@ pid_t spawn(const std::vector<std::string>& args, int index) {
     return pid;
 }
 
-std::string status_text(int status) {
-    if (WIFEXITED(status)) return str_cat("exited with status ", WEXITSTATUS(status));
-    if (WIFSIGNALED(status)) return str_cat("killed by signal ", WTERMSIG(status));
-    return "stopped";
-}
-
 }  // namespace
 
 std::string shift_endpoint_port(const std::string& endpoint, int by) {
@@ -140,7 +129,7 @@ int run_data_parallel(const DataParallelOptions& o) {
     std::vector<std::string> urls;
     for (int i = 0; i < o.size; ++i) {
         Replica& r = replicas[i];
-        r.port = free_port();
+        r.port = pick_free_port("serve --data-parallel-size");
         r.args = base;
         for (const std::string& a : {std::string("--data-parallel-size"), std::string("1"), std::string("--host"),
                                      std::string("127.0.0.1"), std::string("--port"), std::to_string(r.port)})
@@ -180,7 +169,7 @@ int run_data_parallel(const DataParallelOptions& o) {
         int status = 0;
         while (!router::RouterService::health_ok(urls[i], 1.0)) {
             if (::waitpid(replicas[i].pid, &status, WNOHANG) == replicas[i].pid) {
-                std::fprintf(stderr, "error: replica %zu %s while starting\n", i, status_text(status).c_str());
+                std::fprintf(stderr, "error: replica %zu %s while starting\n", i, exit_status_text(status).c_str());
                 for (size_t k = 0; k < i; ++k) ::kill(replicas[k].pid, SIGTERM);
                 for (size_t k = 0; k < i; ++k) ::waitpid(replicas[k].pid, &status, 0);
                 return 1;
@@ -209,7 +198,7 @@ int run_data_parallel(const DataParallelOptions& o) {
                 if (r.pid > 0 && ::waitpid(r.pid, &status, WNOHANG) == r.pid) {
                     if (stopping) break;
                     std::fprintf(stderr, "replica %zu (pid %d) %s; %s\n", i, static_cast<int>(r.pid),
-                                 status_text(status).c_str(), ready ? "starting it again" : "stopping");
+                                 exit_status_text(status).c_str(), ready ? "starting it again" : "stopping");
                     if (!ready) {  // a replica that cannot start will not start the second time either
                         r.pid = -1;
                         ::kill(::getpid(), SIGTERM);

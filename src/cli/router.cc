@@ -8,9 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <sstream>
 
 #include "cli/commands.h"
+#include "cli/config.h"
 #include "cli/router_front.h"
 #include "cli/stop_signals.h"
 #include "core/error.h"
@@ -28,12 +28,6 @@ struct RouterArgs {
 
 int run(RouterArgs& a) {
     const sigset_t signals = block_stop_signals();
-    if (a.router.api_keys.empty())
-        if (const char* env = std::getenv("PEREGRINE_API_KEY")) {
-            std::stringstream in(env);
-            for (std::string k; std::getline(in, k, ',');)
-                if (!k.empty()) a.router.api_keys.push_back(k);
-        }
 
     auto service = std::make_shared<router::RouterService>(a.router);
     service->start();
@@ -115,6 +109,7 @@ std::function<int()> add_router(CLI::App& app) {
     cmd->add_option("--shutdown-timeout", args->shutdown_timeout_s,
                     "Seconds SIGTERM waits for running requests (default 30)")
         ->check(CLI::NonNegativeNumber);
+    add_config_layers(cmd);  // --config FILE and PEREGRINE_* (e.g. PEREGRINE_API_KEY) for every option above
     return [args] { return run(*args); };
 }
 

@@ -60,6 +60,12 @@ int listen_tcp(int port, int& bound_port, const std::string& what, const std::st
     return fd;
 }
 
+int pick_free_port(const std::string& what) {
+    int port = 0;
+    ::close(listen_tcp(0, port, what));
+    return port;
+}
+
 int connect_with_retry(const std::string& host, int port, std::chrono::milliseconds timeout, const std::string& what) {
     const Clock::time_point deadline = Clock::now() + timeout;
     std::string last_error = "no attempt";

@@ -20,6 +20,10 @@ std::string seconds_text(std::chrono::milliseconds ms);
 // port. Throws Error starting with `what`; `in_use_hint` is appended when the port is taken.
 int listen_tcp(int port, int& bound_port, const std::string& what, const std::string& in_use_hint = "");
 
+// A port no one listens on now (the kernel's next ephemeral one), for a child process to bind;
+// another process taking it first is a clear "address in use" error there.
+int pick_free_port(const std::string& what);
+
 // Connects to host:port, retrying every 100 ms (ranks start in any order, DNS of a new pod may
 // lag) for up to `timeout`. Throws naming `what`, the address and the last error.
 int connect_with_retry(const std::string& host, int port, std::chrono::milliseconds timeout, const std::string& what);

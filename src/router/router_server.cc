@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "router/routing.h"
+#include "server/admission.h"
 #include "server/api_error.h"
 #include "server/metrics.h"
 
@@ -610,16 +611,9 @@ void RouterService::handle(const server::HttpRequest& req, std::shared_ptr<serve
         ex->respond(200, m.metrics_text(), "text/plain; version=0.0.4");
         return;
     }
-    if (!m.options.api_keys.empty()) {
-        const std::string_view auth = req.header("authorization");
-        const std::string_view prefix = "Bearer ";
-        const bool ok = auth.rfind(prefix, 0) == 0 &&
-                        std::find(m.options.api_keys.begin(), m.options.api_keys.end(),
-                                  std::string(auth.substr(prefix.size()))) != m.options.api_keys.end();
-        if (!ok) {
-            ex->respond(401, error_json("Invalid or missing API key", "authentication_error"));
-            return;
-        }
+    if (!server::bearer_key_accepted(req.header("authorization"), m.options.api_keys)) {
+        ex->respond(401, error_json("Invalid or missing API key", "authentication_error"));
+        return;
     }
     if (m.draining) {
         ex->respond(503, error_json("the router is shutting down"));

@@ -37,6 +37,10 @@ struct RequestCost {
     int64_t tokens = 0;     // each prompt once plus, for each of its n choices, the most it may generate
 };
 
+// Whether an Authorization header carries one of `keys` ("Bearer <key>", scheme in any case,
+// keys compared in constant time); any header passes when `keys` is empty.
+bool bearer_key_accepted(std::string_view authorization, const std::vector<std::string>& keys);
+
 class Admission;
 
 // The in-flight share of one admitted request; released (once) when destroyed or on release().
@@ -64,7 +68,7 @@ class Admission {
     const RateLimitOptions& rates() const { return limiter_.options(); }
 
     // Whether an Authorization value ("Bearer KEY") is accepted (always, without keys).
-    bool authorized(std::string_view authorization) const;
+    bool authorized(std::string_view authorization) const { return bearer_key_accepted(authorization, api_keys_); }
     // ApiError 401 (bad key) or 503 (loading, draining) when the caller may not go on.
     void check_caller(const Caller& caller, bool ready, bool draining) const;
     // ApiError 400 when n or the number of prompts is over its limit.

@@ -5,7 +5,7 @@
 // pipeline communicator (CPU). Rank 0 samples: on the CPU, or on its GPU from the gathered logits.
 //
 // A rank that fails ends the whole group: rank 0 prints a line naming the rank ("peregrine:
-// rank 1 (pid 4242 on host-a) killed by signal 9 (Killed); stopping the group") and exits 1,
+// rank 1 (pid 4242 on host-a) killed by signal 9; stopping the group") and exits 1,
 // whether the rank died in a step or while the group idled (RankGroup::watch).
 #pragma once
 

@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "core/exit_status.h"
 #include "dist/control_channel.h"
 #include "dist/launch_env.h"
 #include "dist/nccl_communicator.h"
@@ -57,21 +58,6 @@ std::string fingerprint(const EngineConfig& c) {
                    " batch_invariant=", c.batch_invariant);
 }
 
-// A port no one listens on now (the kernel's next ephemeral one); a race with another process
-// taking it before rank 0 binds it is a clear "address in use" error.
-int free_port() {
-    int port = 0;
-    ::close(listen_tcp(0, port, "rendezvous store"));
-    return port;
-}
-
-std::string status_text(int status) {
-    if (WIFEXITED(status)) return str_cat("exited with status ", WEXITSTATUS(status));
-    if (WIFSIGNALED(status))
-        return str_cat("killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
-    return "stopped";
-}
-
 }  // namespace
 
 std::unique_ptr<RankGroup> RankGroup::join(const EngineConfig& config) {
@@ -101,7 +87,7 @@ std::unique_ptr<RankGroup> RankGroup::join(const EngineConfig& config) {
     // groups started side by side on one host do not collide (unless a port was asked for).
     LaunchEnv where = launch;
     if (launch.world_size == 1 && config.master_port == 0 && !std::getenv("PEREGRINE_MASTER_PORT"))
-        where.master_port = free_port();
+        where.master_port = pick_free_port("rendezvous store");
 
     // This host's other ranks, before any thread exists in this process.
     int local = 0;
@@ -244,7 +230,7 @@ std::string RankGroup::failure() {
         int status = 0;
         if (children_[i] > 0 && ::waitpid(children_[i], &status, WNOHANG) == children_[i]) {
             children_[i] = -1;
-            return str_cat(who(child_ranks_[i]), " ", status_text(status));
+            return str_cat(who(child_ranks_[i]), " ", exit_status_text(status));
         }
     }
     const std::string store_failure = store_->failure();
