@@ -3,11 +3,13 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <thread>
 
 #include "cli/commands.h"
 #include "cli/config.h"
@@ -51,7 +53,11 @@ std::unique_ptr<server::HttpServer> start_router_front(std::shared_ptr<router::R
     server::HttpServerOptions hopts;
     hopts.host = front.host;
     hopts.port = front.port;
-    hopts.io_threads = front.io_threads;
+    // Every forwarded request runs on its client connection's thread (upstream reads and client
+    // writes together), so these threads are the router's throughput.
+    hopts.io_threads = front.io_threads > 0
+                           ? front.io_threads
+                           : std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 2, 8);
     auto http = std::make_unique<server::HttpServer>(
         hopts,
         [service, cors, log = front.access_log](const server::HttpRequest& req, std::shared_ptr<server::Exchange> ex) {
@@ -106,6 +112,10 @@ std::function<int()> add_router(CLI::App& app) {
                     "Seconds between /health checks of every replica (default 1)")
         ->check(CLI::Range(0.05, 3600.0));
     cmd->add_flag("--access-log,!--no-access-log", args->front.access_log, "One JSON line per request on stderr");
+    cmd->add_option("--io-threads", args->front.io_threads,
+                    "I/O threads; each carries client connections and their replica connections (default: half the "
+                    "cores, 2 to 8)")
+        ->check(CLI::Range(1, 256));
     cmd->add_option("--shutdown-timeout", args->shutdown_timeout_s,
                     "Seconds SIGTERM waits for running requests (default 30)")
         ->check(CLI::NonNegativeNumber);

@@ -85,40 +85,37 @@ void prompt_facts(const std::string& path, const std::string& body, std::string&
     }
 }
 
-// Splits an event stream into the data of each event (data lines joined by '\n').
-class EventSplitter {
+// Holds back a partial event: a replica's stream goes on to the client in whole events (so a
+// stream that fails midway can still end with a well-formed error event).
+class WholeEvents {
   public:
-    template <typename Fn>
-    void feed(std::string_view bytes, Fn on_event) {
+    // The whole events available after `bytes` (valid until the next call; may be empty).
+    std::string_view feed(std::string_view bytes) {
+        buf_.erase(0, sent_);
         buf_.append(bytes);
-        size_t start = 0;
-        for (;;) {
-            const size_t end = buf_.find("\n\n", start);
-            if (end == std::string::npos) break;
-            std::string data;
-            size_t line = start;
-            while (line < end) {
-                size_t nl = buf_.find('\n', line);
-                if (nl == std::string::npos || nl > end) nl = end;
-                std::string_view l(buf_.data() + line, nl - line);
-                if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
-                if (l.rfind("data:", 0) == 0) {
-                    l.remove_prefix(5);
-                    if (!l.empty() && l.front() == ' ') l.remove_prefix(1);
-                    if (!data.empty()) data += '\n';
-                    data += l;
-                }
-                line = nl + 1;
-            }
-            on_event(data);
-            start = end + 2;
-        }
-        buf_.erase(0, start);
+        const size_t end = buf_.rfind("\n\n");
+        sent_ = end == std::string::npos ? 0 : end + 2;
+        return std::string_view(buf_).substr(0, sent_);
     }
 
   private:
-    std::string buf_;
+    std::string buf_;  // [0, sent_) went out with the last feed; the rest is a partial event
+    size_t sent_ = 0;
 };
+
+// An endpoint for host:port without asking the resolver when the host is a numeric address
+// (asio resolves on one background thread: a round trip per request under load).
+asio::awaitable<tcp::resolver::results_type> endpoints_of(const std::string& host, const std::string& port,
+                                                          beast::error_code& ec) {
+    const auto addr = asio::ip::make_address(host, ec);
+    if (!ec) {
+        const tcp::endpoint e(addr, static_cast<unsigned short>(std::stoi(port)));
+        co_return tcp::resolver::results_type::create(e, host, port);
+    }
+    ec = {};
+    tcp::resolver resolver(co_await asio::this_coro::executor);
+    co_return co_await resolver.async_resolve(host, port, asio::redirect_error(asio::use_awaitable, ec));
+}
 
 // A busy replica still answers /health from its I/O threads, but not always within a few ms on
 // a loaded host: a dead one refuses at once, so a generous timeout costs nothing.
@@ -342,14 +339,16 @@ struct RouterService::Impl {
         std::shared_ptr<std::atomic<bool>> gone = std::make_shared<std::atomic<bool>>(false);
         std::shared_ptr<std::function<void()>> cancel = std::make_shared<std::function<void()>>();
         std::shared_ptr<std::mutex> cancel_mu = std::make_shared<std::mutex>();
-        // The job's coroutine and its cancel run here, never at once.
-        asio::strand<asio::io_context::executor_type> strand;
-        explicit Job(asio::io_context& ioc) : strand(asio::make_strand(ioc)) {}
+        // The job's coroutine and its cancel run here, never at once: the client connection's
+        // strand (then `on_exchange_strand`), else a strand of the router's own threads.
+        asio::any_io_executor exec;
+        bool on_exchange_strand = false;
     };
 
-    // Runs on the exchange's strand.
-    static void post(const std::shared_ptr<server::Exchange>& ex, std::function<void(server::Exchange&)> fn) {
-        ex->post([ex, fn = std::move(fn)] { fn(*ex); });
+    // Runs `fn` on the exchange's strand: at once when the job already runs there.
+    static void deliver(const Job& job, std::function<void(server::Exchange&)> fn) {
+        if (job.on_exchange_strand) return fn(*job.ex);
+        job.ex->post([ex = job.ex, fn = std::move(fn)] { fn(*ex); });
     }
 
     enum class Outcome { Done, RetryElsewhere };
@@ -372,9 +371,7 @@ struct RouterService::Impl {
             *job.cancel = nullptr;
         };
         beast::error_code ec;
-        tcp::resolver resolver(ex_exec);
-        const auto endpoints =
-            co_await resolver.async_resolve(hp.host, hp.port, asio::redirect_error(asio::use_awaitable, ec));
+        const auto endpoints = co_await endpoints_of(hp.host, hp.port, ec);
         if (!ec) {
             stream.expires_after(std::chrono::milliseconds(static_cast<int>(options.connect_timeout_s * 1000)));
             co_await stream.async_connect(endpoints, asio::redirect_error(asio::use_awaitable, ec));
@@ -401,7 +398,7 @@ struct RouterService::Impl {
             router.finish(d.id, true);
             if (!job.gone->load()) router.set_healthy(d.id, false);
             if (!last_attempt && !job.gone->load()) co_return Outcome::RetryElsewhere;
-            post(job.ex, [msg = "replica " + d.url + " failed: " + ec.message()](server::Exchange& x) {
+            deliver(job, [msg = "replica " + d.url + " failed: " + ec.message()](server::Exchange& x) {
                 if (!x.client_gone()) x.respond(502, error_json(msg));
             });
             co_return Outcome::Done;
@@ -409,29 +406,34 @@ struct RouterService::Impl {
         const int status = parser.get().result_int();
         const std::string type(parser.get()[http::field::content_type]);
         const bool events = status == 200 && type.rfind("text/event-stream", 0) == 0;
-        EventSplitter splitter;
+        WholeEvents events_out;
         std::string whole;
         bool started = false, failed = false;
         char chunk[16384];
         while (!parser.is_done()) {
             parser.get().body().data = chunk;
             parser.get().body().size = sizeof(chunk);
-            co_await http::async_read(stream, buffer, parser, asio::redirect_error(asio::use_awaitable, ec));
+            co_await http::async_read_some(stream, buffer, parser, asio::redirect_error(asio::use_awaitable, ec));
             if (ec == http::error::need_buffer) ec = {};
             const size_t got = sizeof(chunk) - parser.get().body().size;
             if (events) {
-                // The events of one read go to the client's strand together: one hop per read,
-                // not per token (at 50k tokens/s the hops were the router's cost).
-                std::vector<std::string> batch;
-                splitter.feed(std::string_view(chunk, got), [&](const std::string& data) { batch.push_back(data); });
-                if (!batch.empty()) {
+                // The replica's framing goes on as it is, whole events at a time.
+                const std::string_view out = events_out.feed(std::string_view(chunk, got));
+                if (!out.empty()) {
                     const bool first = !started;
                     started = true;
-                    post(job.ex, [first, batch = std::move(batch)](server::Exchange& x) {
-                        if (x.client_gone()) return;
-                        if (first) x.start_events();
-                        for (const std::string& data : batch) x.send_event(data);
-                    });
+                    if (job.on_exchange_strand) {
+                        if (!job.ex->client_gone()) {
+                            if (first) job.ex->start_events();
+                            job.ex->send_framed_events(out);
+                        }
+                    } else {
+                        deliver(job, [first, out = std::string(out)](server::Exchange& x) {
+                            if (x.client_gone()) return;
+                            if (first) x.start_events();
+                            x.send_framed_events(out);
+                        });
+                    }
                 }
             } else {
                 whole.append(chunk, got);
@@ -453,26 +455,26 @@ struct RouterService::Impl {
                 ++midstream_failures;
             }
             const std::string msg = "replica " + d.url + " failed during the response: " + ec.message();
-            if (events) {
-                post(job.ex, [msg, started](server::Exchange& x) {
+            if (events) {  // a partial event held back by events_out is dropped
+                deliver(job, [msg, started](server::Exchange& x) {
                     if (x.client_gone()) return;
                     if (!started) x.start_events();
                     x.send_event(error_json(msg));
                     x.end_events();
                 });
             } else {
-                post(job.ex, [msg](server::Exchange& x) {
+                deliver(job, [msg](server::Exchange& x) {
                     if (!x.client_gone()) x.respond(502, error_json(msg));
                 });
             }
         } else if (events) {
-            post(job.ex, [started](server::Exchange& x) {
+            deliver(job, [started](server::Exchange& x) {
                 if (x.client_gone()) return;
                 if (!started) x.start_events();
                 x.end_events();
             });
         } else {
-            post(job.ex, [status, whole = std::move(whole), type](server::Exchange& x) mutable {
+            deliver(job, [status, whole = std::move(whole), type](server::Exchange& x) mutable {
                 if (!x.client_gone()) x.respond(status, std::move(whole), type.empty() ? "application/json" : type);
             });
         }
@@ -492,7 +494,7 @@ struct RouterService::Impl {
                     std::lock_guard lock(metrics_mu);
                     ++no_replica;
                 }
-                post(job->ex, [](server::Exchange& x) {
+                deliver(*job, [](server::Exchange& x) {
                     if (!x.client_gone()) x.respond(503, error_json("no healthy replica to serve the request"));
                 });
                 break;
@@ -550,9 +552,7 @@ RouterService::~RouterService() {
 
 void RouterService::start() {
     Impl& m = *impl_;
-    const int threads = m.options.client_threads > 0
-                            ? m.options.client_threads
-                            : std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 2, 8);
+    const int threads = m.options.client_threads > 0 ? m.options.client_threads : 2;
     for (int i = 0; i < threads; ++i) m.threads.emplace_back([&m] { m.ioc.run(); });
     // The first round before any request: no traffic to a replica that was never seen healthy.
     Clock::time_point next_dns = Clock::now();
@@ -644,7 +644,10 @@ void RouterService::handle(const server::HttpRequest& req, std::shared_ptr<serve
         });
         return;
     }
-    auto job = std::make_shared<Impl::Job>(m.ioc);
+    auto job = std::make_shared<Impl::Job>();
+    job->exec = ex->executor();
+    job->on_exchange_strand = static_cast<bool>(job->exec);
+    if (!job->on_exchange_strand) job->exec = asio::make_strand(m.ioc);
     job->method = req.method;
     job->path = req.path;
     job->body = req.body;
@@ -653,15 +656,15 @@ void RouterService::handle(const server::HttpRequest& req, std::shared_ptr<serve
     job->request_id = req.request_id;
     job->ex = ex;
     prompt_facts(req.path, req.body, job->text, job->session);
-    ex->on_client_gone([gone = job->gone, cancel = job->cancel, mu = job->cancel_mu, strand = job->strand] {
+    ex->on_client_gone([gone = job->gone, cancel = job->cancel, mu = job->cancel_mu, exec = job->exec] {
         gone->store(true);
-        asio::post(strand, [cancel, mu] {
+        asio::post(exec, [cancel, mu] {
             std::lock_guard lock(*mu);
             if (*cancel) (*cancel)();
         });
     });
     ++m.in_flight;
-    asio::co_spawn(job->strand, m.forward(job), asio::detached);
+    asio::co_spawn(job->exec, m.forward(job), asio::detached);
 }
 
 }  // namespace peregrine::router

@@ -1,7 +1,9 @@
 // `peregrine router`: the front door of several `peregrine serve` replicas. It answers /health
 // and /metrics itself and forwards every other request to one replica chosen by the Router
 // (routing.h): the body as is, the client's Authorization and X-Request-Id, the replica's status
-// and body back; an event stream (SSE) is passed on event by event as it arrives. A WebSocket
+// and body back; an event stream (SSE) is passed on as it arrives, its bytes untouched, in whole
+// events. The upstream connection runs on the client connection's strand, so an event costs a
+// read and a write on one thread. A WebSocket
 // (/v1/ws) is joined whole to one replica's (WsBridge: text messages both ways).
 //
 // Failures. A replica that refuses the connection or breaks it is ejected at once (passive) and
@@ -31,7 +33,9 @@ struct RouterOptions {
     double connect_timeout_s = 2.0;
     double request_timeout_s = 600.0;  // a response not complete this long after it was sent fails
     std::string model_name;            // reported by /health when set (serve --data-parallel-size)
-    int client_threads = 0;            // threads of the outbound connections; 0: half the cores, 2 to 8
+    // Threads of the WebSocket bridges (and of forwarding for an exchange without an executor;
+    // HTTP requests forward on their client connection's thread); 0: 2.
+    int client_threads = 0;
 };
 
 class RouterService {

@@ -53,6 +53,8 @@ class TrackedExchange final : public Exchange, public std::enable_shared_from_th
                  const HeaderList& extra = {}) override;
     void start_events(const HeaderList& extra = {}) override;
     void send_event(std::string_view data) override { inner_->send_event(data); }
+    void send_framed_events(std::string_view framed) override { inner_->send_framed_events(framed); }
+    boost::asio::any_io_executor executor() const override { return inner_->executor(); }
     void end_events() override;
     void on_client_gone(std::function<void()> fn) override;
     bool client_gone() const override { return inner_->client_gone(); }

@@ -5,6 +5,7 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { after, describe, test } from 'node:test';
 
+import nodeHttp from 'node:http';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 
@@ -83,6 +84,22 @@ async function streamText(c, body) {
     return { text, chunks };
 }
 
+// The reads a client makes of one streamed completion: a stream passed on as it arrives comes in
+// many reads, one held back until a buffer fills comes in one or two.
+function streamReads(url, body) {
+    return new Promise((resolve, reject) => {
+        const req = nodeHttp.request(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' } },
+            (res) => {
+                let reads = 0;
+                let text = '';
+                res.on('data', (d) => { reads++; text += d; });
+                res.on('end', () => resolve({ reads, events: (text.match(/^data: /gm) || []).length }));
+            });
+        req.on('error', reject);
+        req.end(JSON.stringify({ ...body, stream: true }));
+    });
+}
+
 describe('router', async () => {
     const [a, b] = await Promise.all([replica(), replica()]);
 
@@ -97,6 +114,10 @@ describe('router', async () => {
             assert.equal(s.text, direct.choices[0].text);
             assert.ok(s.chunks >= 20, `streamed chunk by chunk (${s.chunks} chunks)`);
         }
+        // Passed on as the replica sends it, not when a buffer fills: 30 tokens (~6 KB of events)
+        // arrive in many reads (the router once read 16 KB upstream before passing anything on).
+        const r30 = await streamReads(r.url, body);
+        assert.ok(r30.events >= 30 && r30.reads >= 6, `events arrive as they are made: ${JSON.stringify(r30)}`);
         assert.equal(await wsCompletion(r.url, body), direct.choices[0].text, 'WebSocket through the router');
         const chat = await client(r.url).chat.completions.create({
             model: 'stories260K', messages: [{ role: 'user', content: 'Hi' }], max_tokens: 5, temperature: 0 });
@@ -105,10 +126,10 @@ describe('router', async () => {
         assert.equal(models.data[0].id, 'stories260K');
         const bad = await http(`${r.url}/v1/completions`, { body: { model: 'stories260K', prompt: 'x', max_tokens: -1 } });
         assert.equal(bad.status, 400);  // the replica's own error, passed on
-        // round-robin over 8 requests (4 completions, a WebSocket, a chat, the model list, the bad
+        // round-robin over 9 requests (5 completions, a WebSocket, a chat, the model list, the bad
         // request): both replicas take a share (the exact turns are the unit tests')
         const split = Object.values(await perBackend(r.url));
-        assert.equal(split.reduce((x, y) => x + y, 0), 8);
+        assert.equal(split.reduce((x, y) => x + y, 0), 9);
         assert.ok(split.length === 2 && Math.min(...split) >= 3, `split ${split}`);
         r.proc.kill('SIGTERM');
     });

@@ -41,10 +41,12 @@ class SessionExchange final : public Exchange {
     void respond(int status, std::string body, std::string content_type, const HeaderList& extra) override;
     void start_events(const HeaderList& extra) override;
     void send_event(std::string_view data) override;
+    void send_framed_events(std::string_view framed) override;
     void end_events() override;
     void on_client_gone(std::function<void()> fn) override;
     bool client_gone() const override;
     void accept_websocket(WebSocketSetup setup) override;
+    boost::asio::any_io_executor executor() const override;
 
   private:
     std::shared_ptr<Session> s_;
@@ -326,6 +328,12 @@ class Session : public std::enable_shared_from_this<Session> {
         do_write();
     }
 
+    void send_framed_events(uint64_t gen, std::string_view framed) {
+        if (gen != gen_ || !active_ || finishing_ || !events_ || gone_) return;
+        body_ += framed;
+        do_write();
+    }
+
     void end_events(uint64_t gen) {
         if (gen != gen_ || !active_ || finishing_ || !events_ || gone_) return;
         finishing_ = true;
@@ -441,6 +449,12 @@ void SessionExchange::start_events(const HeaderList& extra) {
 }
 void SessionExchange::send_event(std::string_view data) {
     s_->send_event(gen_, data);
+}
+void SessionExchange::send_framed_events(std::string_view framed) {
+    s_->send_framed_events(gen_, framed);
+}
+boost::asio::any_io_executor SessionExchange::executor() const {
+    return s_->stream_.get_executor();
 }
 void SessionExchange::end_events() {
     s_->end_events(gen_);
