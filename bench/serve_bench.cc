@@ -9,7 +9,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <limits>
+#include <memory>
 #include <random>
 #include <set>
 
@@ -467,6 +469,7 @@ Json summary_json(const ServeBenchSummary& s, const ServeBenchOptions& o) {
         j["turns"] = o.turns;
         j["system_prompt_len"] = o.system_prompt_len;
         j["turn_len"] = o.turn_len;
+        j["turn_order"] = o.turn_order;
         auto opt = [](const std::optional<double>& x) { return x ? Json(*x) : Json(nullptr); };
         Json by_turn = Json::array();  // [i]: turn i + 1
         for (const auto& t : s.ttft_ms_by_turn) by_turn.push_back(opt(t));
@@ -760,37 +763,108 @@ asio::awaitable<void> random_worker(Run& run) {
     c.close();
 }
 
-// multi-turn: takes the next user and plays all its turns in order, each after the previous answer.
+// Plays one turn of user `u` on `c`; false when it failed (the conversation cannot go on).
+asio::awaitable<bool> play_turn(Run& run, Connection& c, size_t u, size_t k) {
+    Conversation& conv = run.conversations[u];
+    RequestResult& r = run.results[u * static_cast<size_t>(run.o.turns) + k];
+    r.turn = static_cast<int>(k);
+    const std::string body = request_body(run.o, run.chat, run.chat ? conv.messages(k) : Json(conv.prompt(k)));
+    co_await send_request(run, c, body, r, /*keep_text=*/true);
+    const bool ok = r.ok;
+    if (ok) conv.answers.push_back(std::move(r.text));
+    r.text.clear();
+    run.note_finished();
+    co_return ok;
+}
+
+// The turns of user u after turn `failed` cannot be sent without its answer.
+void skip_rest(Run& run, size_t u, size_t failed) {
+    const size_t turns = static_cast<size_t>(run.o.turns);
+    for (size_t k = failed + 1; k < turns; ++k) {
+        RequestResult& r = run.results[u * turns + k];
+        r.turn = static_cast<int>(k);
+        r.ok = false;
+        r.error_kind = "previous_turn_failed";
+        r.error = "an earlier turn of the same user failed";
+        run.note_finished();
+    }
+}
+
+// multi-turn, sequential: takes the next user and plays all its turns in order.
 asio::awaitable<void> multi_turn_worker(Run& run) {
     auto ex = co_await asio::this_coro::executor;
     Connection c(ex);
     const size_t turns = static_cast<size_t>(run.o.turns);
     while (run.next < run.o.num_users) {
         const size_t u = static_cast<size_t>(run.next++);
-        Conversation& conv = run.conversations[u];
-        bool broken = false;
         for (size_t k = 0; k < turns; ++k) {
-            RequestResult& r = run.results[u * turns + k];
-            r.turn = static_cast<int>(k);
-            if (broken) {  // the conversation cannot go on without the earlier answer
-                r.ok = false;
-                r.error_kind = "previous_turn_failed";
-                r.error = "an earlier turn of the same user failed";
-                run.note_finished();
-                continue;
+            if (!co_await play_turn(run, c, u, k)) {
+                skip_rest(run, u, k);
+                break;
             }
-            const std::string body = request_body(run.o, run.chat, run.chat ? conv.messages(k) : Json(conv.prompt(k)));
-            co_await send_request(run, c, body, r, /*keep_text=*/true);
-            if (r.ok) {
-                conv.answers.push_back(std::move(r.text));
-            } else {
-                broken = true;
-            }
-            r.text.clear();
-            run.note_finished();
         }
     }
     c.close();
+}
+
+// The `concurrency` keep-alive connections, handed to waiting users first come, first served
+// (one thread: the bench's io_context runs on the calling thread only).
+class ConnectionPool {
+  public:
+    ConnectionPool(const asio::any_io_executor& ex, int n) {
+        for (int i = 0; i < n; ++i) all_.push_back(std::make_unique<Connection>(ex));
+        for (auto& c : all_) free_.push_back(c.get());
+    }
+    asio::awaitable<Connection*> acquire() {
+        if (!free_.empty() && waiting_.empty()) {
+            Connection* c = free_.back();
+            free_.pop_back();
+            co_return c;
+        }
+        auto w = std::make_shared<Waiter>(co_await asio::this_coro::executor);
+        waiting_.push_back(w);
+        beast::error_code ignored;  // cancelled by release(), which filled in w->got
+        co_await w->timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+        co_return w->got;
+    }
+    void release(Connection* c) {
+        if (waiting_.empty()) {
+            free_.push_back(c);
+            return;
+        }
+        const std::shared_ptr<Waiter> w = waiting_.front();
+        waiting_.pop_front();
+        w->got = c;
+        w->timer.cancel();
+    }
+    void close_all() {
+        for (auto& c : all_) c->close();
+    }
+
+  private:
+    struct Waiter {
+        explicit Waiter(const asio::any_io_executor& ex) : timer(ex, asio::steady_timer::time_point::max()) {}
+        asio::steady_timer timer;
+        Connection* got = nullptr;
+    };
+    std::vector<std::unique_ptr<Connection>> all_;
+    std::vector<Connection*> free_;
+    std::deque<std::shared_ptr<Waiter>> waiting_;
+};
+
+// multi-turn, interleaved: user u sends each turn once a connection is free, then queues again
+// behind the users already waiting.
+asio::awaitable<void> multi_turn_user(Run& run, ConnectionPool& pool, size_t u) {
+    const size_t turns = static_cast<size_t>(run.o.turns);
+    for (size_t k = 0; k < turns; ++k) {
+        Connection* c = co_await pool.acquire();
+        const bool ok = co_await play_turn(run, *c, u, k);
+        pool.release(c);
+        if (!ok) {
+            skip_rest(run, u, k);
+            break;
+        }
+    }
 }
 
 // GET `path` with a deadline; status 0 and `error` set when no response came.
@@ -918,6 +992,8 @@ ServeBenchSummary run_serve_bench(ServeBenchOptions& o, bool progress) {
         if (o.prompt_kind == "ids")
             fail("bench serve: multi-turn resends the answers as text; it takes no --prompt-kind ids");
         if (o.request_rate > 0) fail("bench serve: --request-rate is not supported with --dataset multi-turn");
+        if (o.turn_order != "interleaved" && o.turn_order != "sequential")
+            fail("bench serve: --turn-order must be 'interleaved' or 'sequential', not '", o.turn_order, "'");
         if (int64_t{o.num_users} * o.turns > std::numeric_limits<int>::max())
             fail("bench serve: --num-users x --turns is too large");
         o.prompt_kind = "words";
@@ -970,9 +1046,9 @@ ServeBenchSummary run_serve_bench(ServeBenchOptions& o, bool progress) {
     if (progress && multi_turn)
         std::fprintf(stderr,
                      "bench serve: multi-turn, %d users x %d turns (%d requests) to %s (model '%s'), concurrency %d, "
-                     "system prompt %d words, %d words a turn, %d tokens out\n",
+                     "system prompt %d words, %d words a turn, %d tokens out, turns %s\n",
                      o.num_users, o.turns, o.num_requests, where.c_str(), o.model.c_str(), o.concurrency,
-                     o.system_prompt_len, o.turn_len, o.output_len);
+                     o.system_prompt_len, o.turn_len, o.output_len, o.turn_order.c_str());
     else if (progress)
         std::fprintf(stderr, "bench serve: %d requests to %s (model '%s'), concurrency %d, %d %s in, %d tokens out\n",
                      o.num_requests, where.c_str(), o.model.c_str(), o.concurrency, o.prompt_len,
@@ -983,9 +1059,17 @@ ServeBenchSummary run_serve_bench(ServeBenchOptions& o, bool progress) {
 
     run.start = Clock::now();
     const int workers = std::min(o.concurrency, multi_turn ? o.num_users : o.num_requests);
-    for (int w = 0; w < workers; ++w)
-        asio::co_spawn(io, multi_turn ? multi_turn_worker(run) : random_worker(run), asio::detached);
+    std::optional<ConnectionPool> pool;
+    if (multi_turn && o.turn_order == "interleaved") {
+        pool.emplace(io.get_executor(), workers);
+        for (size_t u = 0; u < run.conversations.size(); ++u)
+            asio::co_spawn(io, multi_turn_user(run, *pool, u), asio::detached);
+    } else {
+        for (int w = 0; w < workers; ++w)
+            asio::co_spawn(io, multi_turn ? multi_turn_worker(run) : random_worker(run), asio::detached);
+    }
     io.run();
+    if (pool) pool->close_all();
     io.restart();
     const double duration = std::chrono::duration<double>(Clock::now() - run.start).count();
 

@@ -47,6 +47,11 @@ struct ServeBenchOptions {
     int turns = 4;
     int system_prompt_len = 256;  // words, the same system prompt for every user
     int turn_len = 32;            // words of each user turn
+    // "interleaved": every user is live at once; a user's next turn queues behind the turns other
+    // users are waiting to send (many people chatting, each reading the answer before replying),
+    // so the servers hold every conversation between its turns. "sequential": one user plays
+    // all of its turns back to back, then the next user starts (only `concurrency` users live).
+    std::string turn_order = "interleaved";
     // Prometheus endpoints read before and after the run; empty = the target URL's /metrics.
     // An entry whose path ends in /metrics is used as is, otherwise /metrics is appended.
     std::vector<std::string> metrics_urls;

@@ -103,8 +103,9 @@ std::function<int()> add_bench(CLI::App& app) {
                     "(implies --prompt-kind words; sends --num-users x --turns requests, so --num-requests, "
                     "--prompt-len and --request-rate are errors)")
         ->check(CLI::IsMember({"random", "multi-turn"}));
-    cmd->add_option("--num-users", o.num_users,
-                    "multi-turn: simulated users, each one conversation; up to --concurrency run at once (default 16)")
+    cmd->add_option(
+           "--num-users", o.num_users,
+           "multi-turn: simulated users, each one conversation; --concurrency requests in flight at once (default 16)")
         ->check(CLI::PositiveNumber);
     cmd->add_option("--turns", o.turns, "multi-turn: turns per user, each sent after the previous answer (default 4)")
         ->check(CLI::PositiveNumber);
@@ -113,6 +114,11 @@ std::function<int()> add_bench(CLI::App& app) {
         ->check(CLI::NonNegativeNumber);
     cmd->add_option("--turn-len", o.turn_len, "multi-turn: words of each user turn (default 32)")
         ->check(CLI::PositiveNumber);
+    cmd->add_option("--turn-order", o.turn_order,
+                    "multi-turn: interleaved (default): every user is live, each next turn queued behind the other "
+                    "users' (the servers must keep every conversation between turns); sequential: one user's turns "
+                    "back to back, --concurrency users at a time")
+        ->check(CLI::IsMember({"interleaved", "sequential"}));
     cmd->add_option("--metrics-url", o.metrics_urls,
                     "Prometheus endpoint to read the prefix-cache counters from before and after the run, e.g. each "
                     "replica behind a router; repeatable; /metrics is appended unless the path ends in it (default: "

@@ -105,6 +105,17 @@ std::function<int()> add_router(CLI::App& app) {
                     "cache-aware (the replica holding the longest prompt prefix, unless load is imbalanced), "
                     "least-load (fewest outstanding requests) or round-robin (default cache-aware)")
         ->check(CLI::IsMember({"cache-aware", "least-load", "round-robin"}));
+    cmd->add_option("--prefix-weight", args->router.cache_aware.prefix_weight,
+                    "cache-aware: a replica scores WEIGHT x (its share of the prompt's prefix) - its outstanding "
+                    "requests / (the mean outstanding + 1); the best score wins (default 2)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--balance-abs-threshold", args->router.cache_aware.balance_abs_threshold,
+                    "cache-aware: load is imbalanced (then least-load) when the busiest replica has more than this "
+                    "many outstanding requests over the idlest (default 32) ...")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--balance-rel-threshold", args->router.cache_aware.balance_rel_threshold,
+                    "... and more than this many times its count (default 1.5)")
+        ->check(CLI::PositiveNumber);
     cmd->add_option("--api-key", args->router.api_keys,
                     "Accepted API key (repeatable; $PEREGRINE_API_KEY takes a comma-separated list; default: none)");
     cmd->add_option("--allowed-origins", args->front.allowed_origins, "CORS: origins browsers may call from, or *");

@@ -248,7 +248,8 @@ struct RouterService::Impl {
     std::map<std::string, server::Histogram> latency;  // by replica URL
     uint64_t retries = 0, no_replica = 0, midstream_failures = 0;
 
-    Impl(RouterOptions o) : options(std::move(o)), router(policy_from_name(options.policy), options.backends) {
+    Impl(RouterOptions o)
+        : options(std::move(o)), router(policy_from_name(options.policy), options.backends, options.cache_aware) {
         for (const std::string& b : options.backends) parse_backend(b);
         if (!options.backend_dns.empty()) {
             const size_t colon = options.backend_dns.rfind(':');

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "router/routing.h"
 #include "server/http/exchange.h"
 
 namespace peregrine::router {
@@ -27,6 +28,7 @@ struct RouterOptions {
     std::vector<std::string> backends;  // http://host:port of each replica
     std::string backend_dns;            // NAME:PORT: every A record of NAME is a replica (re-resolved)
     std::string policy = "cache-aware";
+    CacheAwareOptions cache_aware;
     std::vector<std::string> api_keys;  // accepted Bearer keys; empty: no authentication
     double health_interval_s = 1.0;     // between active /health checks of every replica
     double dns_interval_s = 5.0;        // between resolutions of backend_dns

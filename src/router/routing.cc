@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "core/error.h"
 
@@ -94,7 +95,8 @@ int ConsistentHashRing::pick(std::string_view key, const std::vector<bool>& elig
 
 // ---- Router --------------------------------------------------------------------------------
 
-Router::Router(Policy policy, std::vector<std::string> urls) : policy_(policy) {
+Router::Router(Policy policy, std::vector<std::string> urls, CacheAwareOptions cache_aware)
+    : policy_(policy), cache_aware_(cache_aware) {
     set_urls(urls);
 }
 
@@ -136,22 +138,36 @@ Decision Router::pick(std::string_view text, std::string_view session_key, int e
             for (size_t i = 0; i < n; ++i)
                 if (eligible[i] && replicas_[i].outstanding > replicas_[heavy].outstanding) heavy = static_cast<int>(i);
             const int lo = replicas_[light].outstanding, hi = replicas_[heavy].outstanding;
-            if (hi - lo > 32 && hi > 1.5 * lo) {
+            if (hi - lo > cache_aware_.balance_abs_threshold && hi > cache_aware_.balance_rel_threshold * lo) {
                 d.reason = "imbalanced";
-            } else {
+            } else if (!keys.empty()) {
+                // Load share: outstanding over the mean (+1), so a replica with no prefix wins
+                // the request once the holder is loaded about prefix_weight x share over the mean.
+                double mean = 0;
+                int healthy = 0;
+                for (size_t i = 0; i < n; ++i)
+                    if (eligible[i]) mean += replicas_[i].outstanding, ++healthy;
+                mean /= std::max(1, healthy);
+                double best_score = 0;
                 int best = -1;
-                size_t best_match = 0;
-                for (size_t i = 0; i < n; ++i) {
+                size_t best_match = 0, least_match = SIZE_MAX;
+                for (size_t k = 0; k < n; ++k) {
+                    const int i = static_cast<int>((next_ + k) % n);  // equal scores rotate
                     if (!eligible[i]) continue;
                     const size_t m = index_.match(replicas_[i].id, keys);
-                    if (m > best_match || (m == best_match && m > 0 && best >= 0 &&
-                                           replicas_[i].outstanding < replicas_[best].outstanding)) {
-                        best = static_cast<int>(i);
+                    least_match = std::min(least_match, m);
+                    const double score =
+                        cache_aware_.prefix_weight * static_cast<double>(m) / static_cast<double>(keys.size()) -
+                        static_cast<double>(replicas_[i].outstanding) / (mean + 1);
+                    if (best < 0 || score > best_score ||
+                        (score == best_score && replicas_[i].outstanding < replicas_[best].outstanding)) {
+                        best = i;
+                        best_score = score;
                         best_match = m;
                     }
                 }
-                if (best >= 0 && !keys.empty() && best_match * 10 >= keys.size() * 3) {
-                    d.replica = best;
+                d.replica = best;
+                if (best_match > least_match) {  // else every replica held as much: the load decided
                     d.reason = "prefix";
                     d.matched_chunks = best_match;
                 }

@@ -5,9 +5,13 @@
 //   least-load   the healthy replica with the fewest outstanding requests (ties: the lowest
 //                index after the last pick, so equal loads rotate).
 //   cache-aware  (default) the replica most likely to hold the prompt's longest prefix in its
-//                KV cache, from the PrefixIndex of what was sent where, unless the load is
-//                imbalanced (max - min > 32 outstanding and max > 1.5 x min: SGLang's rule) or
-//                the best match covers under 30% of the prompt: then least-load.
+//                KV cache, from the PrefixIndex of what was sent where, weighed against load:
+//                each healthy replica scores prefix_weight x (its matched share of the prompt's
+//                chunks) - outstanding / (the mean outstanding + 1), the best score wins (ties:
+//                fewer outstanding). A prefix every replica holds (a shared system prompt)
+//                shifts every score alike and decides nothing. When the load is imbalanced
+//                (max - min > balance_abs_threshold outstanding and max > balance_rel_threshold
+//                x min: SGLang's rule), least-load instead.
 // Session affinity, under every policy: a request carrying a session key (OpenAI's
 // `prompt_cache_key`, else `user`) goes to the replica the ConsistentHashRing gives that key
 // among the healthy ones, so a conversation's cache stays on one replica.
@@ -89,10 +93,18 @@ struct Decision {
     size_t matched_chunks = 0;
 };
 
+// The cache-aware policy's weights and bounds (`peregrine router --prefix-weight ...`; the
+// balance thresholds are named as in SGLang's router).
+struct CacheAwareOptions {
+    double prefix_weight = 2;            // a whole-prompt match against a replica's load share
+    int balance_abs_threshold = 32;      // outstanding requests, max - min
+    double balance_rel_threshold = 1.5;  // max / min
+};
+
 // Thread safe: the proxy's I/O threads pick, finish and eject concurrently.
 class Router {
   public:
-    Router(Policy policy, std::vector<std::string> urls);
+    Router(Policy policy, std::vector<std::string> urls, CacheAwareOptions cache_aware = {});
     Policy policy() const { return policy_; }
 
     // Picks a healthy replica for a prompt (`text`: what the prefix index keys on) with an
@@ -113,6 +125,7 @@ class Router {
     int least_loaded(int exclude) const;  // -1: none healthy
     ReplicaState* by_id(int id);
     Policy policy_;
+    CacheAwareOptions cache_aware_;
     mutable std::mutex mu_;
     std::vector<ReplicaState> replicas_;
     PrefixIndex index_;

@@ -42,10 +42,15 @@ for endpoint in completions chat; do
     grep -q '"completed": 50,' "$work/$endpoint.json"
     grep -q '"output_len_mismatches": 0,' "$work/$endpoint.json"
 done
+# Interleaved (completions: 4 users share 2 connections, each next turn queued behind the others')
+# and sequential (chat) turn orders.
 for endpoint in completions chat; do
+    order=interleaved
+    [[ $endpoint == chat ]] && order=sequential
     "$bin" bench serve --url "$url" --endpoint "$endpoint" --dataset multi-turn --num-users 4 --turns 3 \
-        --system-prompt-len 64 --turn-len 16 --output-len 8 --concurrency 4 --json "$work/mt-$endpoint.json" \
-        >"$work/mt-$endpoint.txt"
+        --system-prompt-len 64 --turn-len 16 --output-len 8 --concurrency 2 --turn-order $order \
+        --json "$work/mt-$endpoint.json" >"$work/mt-$endpoint.txt"
+    grep -q "\"turn_order\": \"$order\"" "$work/mt-$endpoint.json"
     cat "$work/mt-$endpoint.txt"
     grep -q '"failed": 0,' "$work/mt-$endpoint.json"
     grep -q '"completed": 12,' "$work/mt-$endpoint.json"

@@ -2,6 +2,8 @@
 // consistent-hash ring's key movement, and each policy's picks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <string>
 #include <vector>
 
@@ -120,6 +122,30 @@ TEST(Router, CacheAwareFollowsThePrefixUntilLoadIsImbalanced) {
     fresh.pick(text_of('s', 2) + text_of('t', 2), "");
     EXPECT_STREQ(fresh.pick(text_of('s', 2) + text_of('t', 2), "").reason, "prefix");
     EXPECT_STREQ(fresh.pick(text_of('s', 2) + text_of('u', 8), "").reason, "least_load");  // 2 of 10 chunks
+}
+
+// A prefix every replica might hold (a shared system prompt) decides little: new users spread by
+// load; a user's own history, held by one replica, brings their next turn back to it.
+TEST(Router, CacheAwareSpreadsNewUsersAndKeepsConversations) {
+    Router r(Policy::CacheAware, {"http://a:1", "http://b:1"});
+    const std::string system = text_of('s', 1);
+    std::vector<int> home(6);
+    for (int u = 0; u < 6; ++u)  // first turns, all in flight at once
+        home[u] = r.pick(system + text_of(static_cast<char>('A' + u), 2), "").replica;
+    const auto on_first = std::count(home.begin(), home.end(), home[0]);
+    EXPECT_TRUE(on_first == 3 || on_first == 4) << on_first;  // spread, not all behind the system prompt
+    for (int u = 0; u < 6; ++u) r.finish(r.snapshot()[home[u]].id, false);
+    for (int u = 0; u < 6; ++u) {  // second turns, in flight together: each history is on one replica
+        const Decision d = r.pick(system + text_of(static_cast<char>('A' + u), 2) + text_of('x', 4), "");
+        EXPECT_STREQ(d.reason, "prefix") << u;
+        EXPECT_EQ(d.replica, home[u]) << u;
+    }
+    // With no weight on the prefix, the load alone decides.
+    Router loads(Policy::CacheAware, {"http://a:1", "http://b:1"}, CacheAwareOptions{0, 32, 1.5});
+    const int first = loads.pick(system + text_of('A', 2), "").replica;
+    const Decision again = loads.pick(system + text_of('A', 2) + text_of('x', 4), "");
+    EXPECT_NE(again.replica, first);
+    EXPECT_STREQ(again.reason, "least_load");
 }
 
 TEST(Router, SessionKeysStickToOneReplica) {
