@@ -101,8 +101,10 @@ class Compiler {
             g_.seq({g_.opt(g_.literal("-")),
                     g_.alt({g_.literal("0"), g_.seq({g_.byte_range('1', '9'), g_.star(g_.byte_range('0', '9'))})})});
         int frac = g_.opt(g_.seq({g_.literal("."), digits}));
-        int exp = g_.opt(g_.seq(
-            {g_.alt({g_.literal("e"), g_.literal("E")}), g_.opt(g_.alt({g_.literal("+"), g_.literal("-")})), digits}));
+        // At most two exponent digits: larger exponents overflow a double in common parsers.
+        int exp = g_.opt(
+            g_.seq({g_.alt({g_.literal("e"), g_.literal("E")}), g_.opt(g_.alt({g_.literal("+"), g_.literal("-")})),
+                    g_.repeat(g_.byte_range('0', '9'), 1, 2)}));
         return g_.seq({integer, frac, exp});
     }
     int generic_object(int value) {
@@ -467,7 +469,7 @@ Grammar compile_json_schema(const nlohmann::ordered_json& schema, const JsonSche
     return Compiler(schema, options).run();
 }
 
-Grammar compile_json_schema(std::string_view text, const JsonSchemaOptions& options) {
+Grammar compile_json_schema_text(std::string_view text, const JsonSchemaOptions& options) {
     nlohmann::ordered_json j;
     try {
         j = nlohmann::ordered_json::parse(text);

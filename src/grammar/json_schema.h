@@ -20,6 +20,8 @@
 //   - number with bounds: no exponent; the integer part is bounded so that every fraction stays
 //     inside the range (e.g. minimum 0.5 allows 1, 1.25, but not 0.75);
 //   - integer bounds beyond +-1e18 count as unbounded;
+//   - exponents have at most two digits (1e400 is valid JSON but overflows a double in common
+//     parsers);
 //   - whitespace: the compact form, plus at most `max_whitespace` bytes of [ \t\n\r] after
 //     '{' '[' ',' ':' and before '}' ']' ',' ':' (bounded so a model cannot loop on blanks);
 //   - without additionalProperties, `strict_properties` (default true, as OpenAI strict mode
@@ -45,7 +47,7 @@ struct JsonSchemaOptions {
 
 Grammar compile_json_schema(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options = {});
 // The same from text (a parse error is an Error).
-Grammar compile_json_schema(std::string_view schema_text, const JsonSchemaOptions& options = {});
+Grammar compile_json_schema_text(std::string_view schema_text, const JsonSchemaOptions& options = {});
 // `{"type": "json_object"}`: any JSON object.
 Grammar compile_any_json_object(const JsonSchemaOptions& options = {});
 

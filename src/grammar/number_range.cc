@@ -84,31 +84,47 @@ int integer_range(Grammar& g, std::optional<int64_t> lo, std::optional<int64_t> 
 }
 
 int number_range(Grammar& g, std::optional<double> lo, bool lo_open, std::optional<double> hi, bool hi_open) {
-    // Integer bounds a <= x <= b that keep x inside the range.
+    if (lo && hi && (*lo > *hi || (*lo == *hi && (lo_open || hi_open))))
+        fail("number range (", *lo, ", ", *hi, ") is empty");
+    std::vector<int> alts;
+    // Integers a <= x <= b.
     std::optional<double> a_d, b_d;
     if (lo) a_d = lo_open ? std::floor(*lo) + 1 : std::ceil(*lo);
     if (hi) b_d = hi_open ? std::ceil(*hi) - 1 : std::floor(*hi);
     std::optional<int64_t> a = clamp_bound(a_d), b = clamp_bound(b_d);
-    if (a && b && *a > *b)
+    if (!a || !b || *a <= *b) alts.push_back(integer_range(g, a, b));
+    int digits = g.plus(g.byte_range('0', '9'));
+    int frac = g.seq({g.literal("."), digits});
+    // k.fff, in [k, k+1): inside when k >= lo (k > lo if open) and k + 1 <= hi.
+    std::optional<int64_t> kmin =
+        clamp_bound(lo ? std::optional<double>(lo_open ? std::floor(*lo) + 1 : std::ceil(*lo)) : std::nullopt);
+    std::optional<int64_t> kmax = clamp_bound(hi ? std::optional<double>(std::floor(*hi) - 1) : std::nullopt);
+    int64_t k0 = kmin ? std::max<int64_t>(*kmin, 0) : 0;
+    if (!kmax || *kmax >= k0) {
+        std::optional<uint64_t> khi;
+        if (kmax) khi = uint64_t(*kmax);
+        alts.push_back(g.seq({unsigned_range(g, uint64_t(k0), khi), frac}));
+    }
+    // -m.fff, in (-(m+1), -m]: inside when -(m+1) >= lo and -m <= hi (-m < hi if open).
+    std::optional<int64_t> mmin =
+        clamp_bound(hi ? std::optional<double>(hi_open ? std::floor(-*hi) + 1 : std::ceil(-*hi)) : std::nullopt);
+    std::optional<int64_t> mmax = clamp_bound(lo ? std::optional<double>(-std::ceil(*lo) - 1) : std::nullopt);
+    int64_t m0 = mmin ? std::max<int64_t>(*mmin, 0) : 0;
+    if (!mmax || *mmax >= m0) {
+        std::optional<uint64_t> mhi;
+        if (mmax) mhi = uint64_t(*mmax);
+        alts.push_back(g.seq({g.literal("-"), unsigned_range(g, uint64_t(m0), mhi), frac}));
+    }
+    // An open integer bound: its own integer part with a non-zero fraction, e.g. 0.25 in (0, 1).
+    int nonzero =
+        g.seq({g.literal("."), g.star(g.byte_range('0', '9')), g.byte_range('1', '9'), g.star(g.byte_range('0', '9'))});
+    if (lo && lo_open && std::floor(*lo) == *lo && *lo >= 0 && *lo < kLimit && (!hi || *lo + 1 <= *hi))
+        alts.push_back(g.seq({g.literal(std::to_string(int64_t(*lo))), nonzero}));
+    if (hi && hi_open && std::floor(*hi) == *hi && *hi <= 0 && *hi > -kLimit && (!lo || *hi - 1 >= *lo))
+        alts.push_back(g.seq({g.literal("-" + std::to_string(int64_t(-*hi))), nonzero}));
+    if (alts.empty())
         fail("number range holds no value this grammar can produce (bounds ", lo.value_or(NAN), ", ", hi.value_or(NAN),
              ")");
-    auto digits = g.plus(g.byte_range('0', '9'));
-    int frac = g.seq({g.literal("."), digits});
-    std::vector<int> alts{integer_range(g, a, b)};
-    // k.fff in [k, k+1) for k in [max(a, 0), b - 1].
-    int64_t klo = a ? std::max<int64_t>(*a, 0) : 0;
-    if (!b || *b - 1 >= klo) {
-        std::optional<uint64_t> khi;
-        if (b) khi = uint64_t(*b - 1);
-        alts.push_back(g.seq({unsigned_range(g, uint64_t(klo), khi), frac}));
-    }
-    // -m.fff in (-(m+1), -m] for m in [max(0, -b), -a - 1].
-    int64_t mlo = b ? std::max<int64_t>(0, -*b) : 0;
-    if (!a || -*a - 1 >= mlo) {
-        std::optional<uint64_t> mhi;
-        if (a) mhi = uint64_t(-*a - 1);
-        alts.push_back(g.seq({g.literal("-"), unsigned_range(g, uint64_t(mlo), mhi), frac}));
-    }
     return g.alt(std::move(alts));
 }
 

@@ -2,6 +2,7 @@
 // checker for what the walks produce (the keywords the compiler supports).
 #pragma once
 
+#include <cmath>
 #include <memory>
 #include <random>
 #include <regex>
@@ -32,7 +33,7 @@ inline bool allowed(const std::vector<uint32_t>& mask, int32_t id) {
 }
 
 // Walks the grammar by sampling from each step's mask: uniformly for `free_steps` tokens, then
-// preferring tokens that close structures (EOS, '}', ']', '"', ...), so the walk ends. Returns
+// often preferring tokens that close structures (EOS, '"', '}', ']', ...), so the walk ends. Returns
 // the text, or fails the test (the mask was empty before the grammar completed, or the walk did
 // not end within `max_steps`).
 inline std::string random_walk(const std::shared_ptr<const TokenizedGrammar>& tg, std::mt19937& rng, int free_steps,
@@ -42,7 +43,7 @@ inline std::string random_walk(const std::shared_ptr<const TokenizedGrammar>& tg
     std::vector<uint32_t> mask(v.mask_words());
     std::string text;
     // Closing preference: single-byte tokens, best first.
-    static const std::string kClosers = "}]\"0,:1aA .-e";
+    static const std::string kClosers = "\"}],.0:1aA -e";
     std::vector<int32_t> closer_ids;
     for (char c : kClosers)
         for (size_t i = 0; i < v.size(); ++i)
@@ -61,7 +62,9 @@ inline std::string random_walk(const std::shared_ptr<const TokenizedGrammar>& tg
             return text;
         }
         int32_t pick = -1;
-        if (step >= free_steps) {
+        // Past the free steps: half the time the best closer (a closer may also be content, e.g.
+        // '}' inside an e-mail address, so never only closers).
+        if (step >= free_steps && (rng() & 1)) {
             if (m.is_completed()) pick = v.eos[0];
             for (size_t k = 0; pick < 0 && k < closer_ids.size(); ++k)
                 if (allowed(mask, closer_ids[k])) pick = closer_ids[k];
@@ -94,11 +97,11 @@ inline std::string check_schema(const nlohmann::ordered_json& value, const nlohm
     }
     if (schema.contains("allOf"))
         for (const J& s : schema["allOf"])
-            if (auto e = check_schema(value, s, root, strict); !e.empty()) return "allOf: " + e;
+            if (auto e = check_schema(value, s, root, false); !e.empty()) return "allOf: " + e;
     for (const char* key : {"anyOf", "oneOf"}) {
         if (!schema.contains(key)) continue;
         bool any = false;
-        for (const J& s : schema[key]) any |= check_schema(value, s, root, strict).empty();
+        for (const J& s : schema[key]) any |= check_schema(value, s, root, false).empty();
         if (!any) return std::string(key) + ": no branch matches " + value.dump();
     }
     if (schema.contains("const") && value != schema["const"]) return "const";
@@ -114,7 +117,10 @@ inline std::string check_schema(const nlohmann::ordered_json& value, const nlohm
         bool ok = false;
         for (const auto& t : types) {
             ok |= (t == "object" && value.is_object()) || (t == "array" && value.is_array()) ||
-                  (t == "string" && value.is_string()) || (t == "integer" && value.is_number_integer()) ||
+                  (t == "string" && value.is_string()) ||
+                  (t == "integer" &&
+                   (value.is_number_integer() ||
+                    (value.is_number_float() && std::floor(value.get<double>()) == value.get<double>()))) ||
                   (t == "number" && value.is_number()) || (t == "boolean" && value.is_boolean()) ||
                   (t == "null" && value.is_null());
         }
@@ -131,7 +137,8 @@ inline std::string check_schema(const nlohmann::ordered_json& value, const nlohm
                 if (schema["additionalProperties"] == false) return "additional property " + k;
                 if (auto e = check_schema(v, schema["additionalProperties"], root, strict); !e.empty())
                     return k + ": " + e;
-            } else if (strict && (schema.contains("properties") || schema.contains("required"))) {
+            } else if (strict && !schema.contains("anyOf") && !schema.contains("oneOf") && !schema.contains("allOf") &&
+                       (schema.contains("properties") || schema.contains("required"))) {
                 bool in_required =
                     schema.contains("required") &&
                     std::find(schema["required"].begin(), schema["required"].end(), k) != schema["required"].end();
