@@ -67,7 +67,7 @@ std::vector<int32_t> trajectory(const std::shared_ptr<const TokenizedGrammar>& t
     GrammarMatcher m(tg);
     std::vector<uint32_t> mask(v.mask_words());
     std::vector<int32_t> out, closers;
-    for (char c : std::string("\"}]0,:1a"))
+    for (char c : std::string("\"}],.0:1a"))
         for (size_t i = 0; i < v.size(); ++i)
             if (v.tokens[i] == std::string(1, c)) {
                 closers.push_back(int32_t(i));
@@ -79,7 +79,7 @@ std::vector<int32_t> trajectory(const std::shared_ptr<const TokenizedGrammar>& t
         for (size_t w = 0; w < mask.size(); ++w)
             for (uint32_t b = mask[w]; b; b &= b - 1) ids.push_back(int32_t(w * 32 + size_t(__builtin_ctz(b))));
         int32_t pick = -1;
-        if (step >= 60) {
+        if (step >= 60 && (rng() & 1)) {  // half the time: a closer may also be content
             if (m.is_completed()) pick = v.eos[0];
             for (size_t k = 0; pick < 0 && k < closers.size(); ++k)
                 if (mask[size_t(closers[k]) >> 5] >> (closers[k] & 31) & 1) pick = closers[k];

@@ -7,6 +7,7 @@
 #   core          : -
 #   formats       : core
 #   dist          : core                        (collectives, launch, rendezvous)
+#   grammar       : core                        (structured output: grammars, matcher, token masks)
 #   tokenizer     : core formats
 #   template      : core formats tokenizer
 #   backend       : core dist public                 (src/backend/*.h: the device and ops contract)
@@ -29,6 +30,7 @@ allowed() {  # layer -> the include prefixes it may use
         core) echo "core" ;;
         formats) echo "core formats" ;;
         dist) echo "core dist" ;;
+        grammar) echo "core grammar" ;;
         tokenizer) echo "core formats tokenizer" ;;
         template) echo "core formats tokenizer template" ;;
         backend) echo "core dist backend peregrine" ;;

@@ -90,9 +90,11 @@ TEST(GrammarTokenMask, EosOnlyWhenCompleteAndSpecialNever) {
     EXPECT_TRUE(m.is_completed());
     m.fill_next_token_bitmask(mask);
     for (int32_t e : voc.eos) EXPECT_TRUE(allowed(mask, e));
-    for (size_t id = 0; id < voc.size(); ++id)
-        if (voc.special[id] && std::find(voc.eos.begin(), voc.eos.end(), int32_t(id)) == voc.eos.end())
+    for (size_t id = 0; id < voc.size(); ++id) {
+        if (voc.special[id] && std::find(voc.eos.begin(), voc.eos.end(), int32_t(id)) == voc.eos.end()) {
             EXPECT_FALSE(allowed(mask, int32_t(id))) << id;
+        }
+    }
     // 'c' is the only other byte: exactly the tokens "c".
     int count = 0;
     for (size_t id = 0; id < voc.size(); ++id) count += allowed(mask, int32_t(id));
