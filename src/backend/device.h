@@ -62,6 +62,10 @@ class DeviceServices {
     virtual void* native_stream() { return nullptr; }
     // The GPU this device drives (-1: none).
     virtual int device_index() const { return -1; }
+    // Makes this device the calling thread's own (CUDA's current device is per thread: a step
+    // run on a thread other than the one that built the backend would otherwise create its
+    // events and buffers on GPU 0). Cheap when already so.
+    virtual void make_current() {}
 
     // Waits until every queued operation is done (nothing to wait for where ops run in the
     // caller's thread, as on the CPU).

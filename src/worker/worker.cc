@@ -236,8 +236,11 @@ int Worker::block_size() const {
     return cache_->shape().block_size;
 }
 
+// The step entry points below run on the engine's thread, which did not build the backend:
+// each first makes the device that thread's own.
 void Worker::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
     if (pairs.empty()) return;
+    backend_->make_current();
     for (int l = 0; l < cache_->shape().num_layers; ++l) {
         backend_->copy_blocks(cache_->k(l), pairs);
         backend_->copy_blocks(cache_->v(l), pairs);
@@ -245,20 +248,24 @@ void Worker::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) 
 }
 
 void Worker::execute(const BatchInput& batch, std::vector<float>& logits) {
+    backend_->make_current();
     model_->forward(batch, *cache_, logits);
 }
 
 void Worker::execute_on_device(const BatchInput& batch) {
+    backend_->make_current();
     *device_logits_ = model_->forward_device(batch, *cache_);
 }
 
 void Worker::launch_sampling(const std::vector<SampleRow>& rows) {
     PG_CHECK(sampler_ && !device_logits_->empty(), "launch_sampling without execute_on_device");
+    backend_->make_current();
     sampler_->launch(*device_logits_, rows);
 }
 
 void Worker::collect_samples(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& logprobs) {
     PG_CHECK(sampler_, "collect_samples without a device sampler");
+    backend_->make_current();
     sampler_->collect(tokens, logprobs);
 }
 

@@ -138,6 +138,12 @@ std::string CudaBackend::name() const {
            (options_.graphs ? ", CUDA graphs)" : ", eager)");
 }
 
+void CudaBackend::make_current() {
+    int current = -1;
+    PG_CUDA_CHECK(cudaGetDevice(&current));  // the runtime's per-thread state: no driver call
+    if (current != options_.device) PG_CUDA_CHECK(cudaSetDevice(options_.device));
+}
+
 void CudaBackend::synchronize() {
     PG_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }

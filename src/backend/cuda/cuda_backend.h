@@ -54,6 +54,7 @@ class CudaBackend final : public Backend {
                       int64_t cols) override;
     void* native_stream() override { return stream_; }
     int device_index() const override { return options_.device; }
+    void make_current() override;
     void synchronize() override;
     bool memory_info(size_t& free_bytes, size_t& total_bytes) const override;
     void begin_step(const BatchInput& batch) override;
