@@ -3,6 +3,7 @@
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange without including it
 
 #include <algorithm>
+#include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -12,8 +13,10 @@
 #include <deque>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "core/error.h"
 
@@ -605,22 +608,24 @@ struct Run {
     std::vector<double> arrivals;             // seconds after start, when request_rate > 0
     std::vector<RequestResult> results;       // multi-turn: user u's turn k at u * turns + k
     Clock::time_point start;
-    int next = 0;  // the next request (random) or user (multi-turn) to start
-    int finished = 0;
+    std::atomic<int> next{0};  // the next request (random) or user (multi-turn) to start
+    std::atomic<int> finished{0};
     bool progress = false;
     int last_progress_pct = -1;
     bool chat = false;
 
     void note_finished() {
-        ++finished;
+        const int done = ++finished;
         if (!progress) return;
-        const int pct = static_cast<int>(int64_t{finished} * 100 / o.num_requests);
+        const int pct = static_cast<int>(int64_t{done} * 100 / o.num_requests);
+        std::lock_guard lock(progress_mu);
         if (pct / 10 != last_progress_pct / 10) {
             last_progress_pct = pct;
-            std::fprintf(stderr, "  %d/%d requests done (%.1f s)\n", finished, o.num_requests,
+            std::fprintf(stderr, "  %d/%d requests done (%.1f s)\n", done, o.num_requests,
                          std::chrono::duration<double>(Clock::now() - start).count());
         }
     }
+    std::mutex progress_mu;
 };
 
 http::request<http::string_body> make_request(const Target& t, http::verb verb, const std::string& path,
@@ -748,8 +753,9 @@ asio::awaitable<void> send_request(Run& run, Connection& c, const std::string& b
 asio::awaitable<void> random_worker(Run& run) {
     auto ex = co_await asio::this_coro::executor;
     Connection c(ex);
-    while (run.next < run.o.num_requests) {
+    for (;;) {
         const int i = run.next++;
+        if (i >= run.o.num_requests) break;
         if (!run.arrivals.empty()) {
             asio::steady_timer timer(ex);
             timer.expires_at(run.start + std::chrono::duration_cast<Clock::duration>(
@@ -795,8 +801,10 @@ asio::awaitable<void> multi_turn_worker(Run& run) {
     auto ex = co_await asio::this_coro::executor;
     Connection c(ex);
     const size_t turns = static_cast<size_t>(run.o.turns);
-    while (run.next < run.o.num_users) {
-        const size_t u = static_cast<size_t>(run.next++);
+    for (;;) {
+        const int next_user = run.next++;
+        if (next_user >= run.o.num_users) break;
+        const size_t u = static_cast<size_t>(next_user);
         for (size_t k = 0; k < turns; ++k) {
             if (!co_await play_turn(run, c, u, k)) {
                 skip_rest(run, u, k);
@@ -1064,11 +1072,26 @@ ServeBenchSummary run_serve_bench(ServeBenchOptions& o, bool progress) {
         pool.emplace(io.get_executor(), workers);
         for (size_t u = 0; u < run.conversations.size(); ++u)
             asio::co_spawn(io, multi_turn_user(run, *pool, u), asio::detached);
+        io.run();
     } else {
-        for (int w = 0; w < workers; ++w)
-            asio::co_spawn(io, multi_turn ? multi_turn_worker(run) : random_worker(run), asio::detached);
+        // Worker w runs on thread w % threads, each thread an io_context of its own.
+        const int threads =
+            multi_turn
+                ? 1
+                : std::min(workers, o.client_threads > 0
+                                        ? o.client_threads
+                                        : std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, 1, 8));
+        std::vector<std::unique_ptr<asio::io_context>> extra;
+        for (int t = 1; t < threads; ++t) extra.push_back(std::make_unique<asio::io_context>(1));
+        for (int w = 0; w < workers; ++w) {
+            asio::io_context& ctx = w % threads == 0 ? io : *extra[static_cast<size_t>(w % threads - 1)];
+            asio::co_spawn(ctx, multi_turn ? multi_turn_worker(run) : random_worker(run), asio::detached);
+        }
+        std::vector<std::thread> pool_threads;
+        for (auto& ctx : extra) pool_threads.emplace_back([&ctx] { ctx->run(); });
+        io.run();
+        for (std::thread& t : pool_threads) t.join();
     }
-    io.run();
     if (pool) pool->close_all();
     io.restart();
     const double duration = std::chrono::duration<double>(Clock::now() - run.start).count();

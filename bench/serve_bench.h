@@ -32,6 +32,10 @@ struct ServeBenchOptions {
     std::string api_key;                        // sent as Authorization: Bearer
     int num_requests = 1000;
     int concurrency = 64;
+    // Threads of the client, each with its share of the connections (random dataset; a
+    // multi-turn run uses one). 0: a quarter of the cores, 1 to 8. One thread parses ~100k
+    // events/s: past that the client, not the server, would be measured.
+    int client_threads = 0;
     double request_rate = 0;           // requests/s as a Poisson process; 0 = all at once (bounded by concurrency)
     int prompt_len = 32;               // prompt tokens (ids) or words
     int output_len = 64;               // max_tokens, with ignore_eos so every request generates exactly this many

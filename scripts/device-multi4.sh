@@ -6,7 +6,8 @@
 #   2. Llama-3.1-8B shape: batch-1 decode TP 1 / 2 / 4; offline throughput (256 prompts) TP 1 / 2.
 #   3. Llama-3.1-70B shape: TP 4 batch-1 decode and offline throughput (256 prompts).
 #   4. 1B shape served at concurrency 256: one replica vs --data-parallel-size 2 and 4 (a GPU each,
-#      the router in front).
+#      the router in front), with the client on CLIENT_THREADS threads (default 8) and the front
+#      process's CPU (the router, for N > 1).
 # usage: scripts/device-multi4.sh BUNDLE_DIR [STEPS]   (STEPS: a subset of "nccl 8b 70b dp")
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -85,9 +86,12 @@ if [[ $steps == *dp* ]]; then
         # Concurrency 256 (the figure), then 256 a replica (scaling); the first run warms up.
         for c in 256 256 $((256 * dp)); do
             seed=$((seed + 1))
+            c0=$(awk '{print $14+$15}' /proc/$pid/stat)
             timeout 200 "$pg/peregrine" bench serve --url "$url" --quiet --seed $seed --num-requests $((8 * c)) \
-                --concurrency $c --input-len 128 --output-len 128 > $logs/dp$dp-$seed.txt 2>&1
-            (( seed % 3 != 1 )) && echo "DP $dp concurrency $c: $(grep -E 'Output token throughput' $logs/dp$dp-$seed.txt | tr -s ' ') $(grep -E 'Median TTFT' $logs/dp$dp-$seed.txt | tr -s ' ') $(grep -E 'Failed requests' $logs/dp$dp-$seed.txt | tr -s ' ')"
+                --concurrency $c --client-threads ${CLIENT_THREADS:-8} --input-len 128 --output-len 128 \
+                > $logs/dp$dp-$seed.txt 2>&1
+            c1=$(awk '{print $14+$15}' /proc/$pid/stat)
+            (( seed % 3 != 1 )) && echo "DP $dp concurrency $c: $(grep -E 'Output token throughput' $logs/dp$dp-$seed.txt | tr -s ' ') $(grep -E 'Median TTFT' $logs/dp$dp-$seed.txt | tr -s ' ') $(grep -E 'Failed requests' $logs/dp$dp-$seed.txt | tr -s ' ') front process CPU $(( (c1 - c0) / 100 )) s in $(grep -E 'Benchmark duration' $logs/dp$dp-$seed.txt | grep -oE '[0-9.]+$') s"
         done
         kill $pid; wait $pid 2>/dev/null
     done
