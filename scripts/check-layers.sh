@@ -15,8 +15,8 @@
 #   backend/cuda  : core dist backend public
 #   model         : core formats dist backend public
 #   worker        : core formats dist backend backend/cpu backend/cuda model public
-#   engine        : core formats tokenizer dist backend model worker public
-#   server        : core formats tokenizer template backend model worker engine public
+#   engine        : core formats tokenizer grammar dist backend model worker public
+#   server        : core formats tokenizer template grammar backend model worker engine public
 #   cli, bench    : everything
 #
 # Run by the build (target check_layers, which every library depends on) and by ctest.
@@ -38,8 +38,8 @@ allowed() {  # layer -> the include prefixes it may use
         backend/cuda) echo "core dist backend backend/cuda peregrine" ;;
         model) echo "core formats dist backend model peregrine" ;;
         worker) echo "core formats dist backend backend/cpu backend/cuda model worker peregrine" ;;
-        engine) echo "core formats tokenizer dist backend model worker engine peregrine" ;;
-        server) echo "core formats tokenizer template dist backend model worker engine server peregrine" ;;
+        engine) echo "core formats tokenizer grammar dist backend model worker engine peregrine" ;;
+        server) echo "core formats tokenizer template grammar dist backend model worker engine server peregrine" ;;
         router) echo "core server router" ;;
         public) echo "peregrine" ;;
         *) echo "*" ;;

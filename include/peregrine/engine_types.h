@@ -10,6 +10,18 @@
 
 namespace peregrine {
 
+// Structured output: the generated text must be a sentence of a grammar, enforced token by
+// token (disallowed tokens are masked before sampling; EOS only once the text is complete).
+struct StructuredOutput {
+    enum class Kind { None, JsonObject, JsonSchema, Regex, Choice, Grammar };
+    Kind kind = Kind::None;
+    // JsonSchema: the schema (JSON text); Regex: the pattern; Choice: a JSON array of strings;
+    // Grammar: GBNF with a `root` rule; JsonObject: unused.
+    std::string spec;
+    // The API field that asked for it ("response_format", "guided_json", ...): errors name it.
+    std::string field = "response_format";
+};
+
 struct SamplingParams {
     int n = 1;                 // completions per prompt; they share the prompt's KV blocks
     float temperature = 1.0f;  // below 1e-5 (0 included) = greedy, as is top_k 1
@@ -27,6 +39,7 @@ struct SamplingParams {
     int min_tokens = 0;   // EOS and stop tokens are masked until this many are generated
     int max_tokens = 16;  // clamped to the context left
     int logprobs = -1;    // -1: none; k >= 0: the sampled token's logprob and the top k (k <= kMaxLogprobs)
+    StructuredOutput structured;
 };
 
 // Limits on the sampling fields, and the bounds that depend on the running engine. A 0 bound

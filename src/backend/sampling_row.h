@@ -55,11 +55,16 @@ struct SampleRow {
     std::span<const std::pair<int32_t, float>> logit_bias;
     std::span<const int32_t> stop_token_ids;
     bool mask_end = false;
+    // Structured output: only the tokens whose bit is set in `allowed` ([ceil(vocab / 32)]
+    // words; ids past it are not allowed) may be chosen. `constrained` marks the row before the
+    // mask is filled.
+    bool constrained = false;
+    std::span<const uint32_t> allowed;
 
     constexpr bool greedy() const { return is_greedy(temperature, top_k); }
     constexpr bool penalised() const { return is_penalised(repetition_penalty, presence_penalty, frequency_penalty); }
     // Whether the draw needs the host-only fields (a device sampler cannot take it).
-    constexpr bool needs_host() const { return !logit_bias.empty() || mask_end; }
+    constexpr bool needs_host() const { return !logit_bias.empty() || mask_end || constrained; }
     // Whether the draw reads more than the raw logits row.
     constexpr bool processes_logits() const { return needs_host() || penalised(); }
 };

@@ -81,8 +81,10 @@ void EngineCore::check_request(const Request& request, bool has_text) const {
     if (!errors.empty()) fail(errors.front().message);
 }
 
-void EngineCore::add_request(Request request) {
+void EngineCore::add_request(Request request, std::shared_ptr<const grammar::TokenizedGrammar> grammar) {
     check_request(request);
+    PG_CHECK(!grammar == (request.sampling.structured.kind == StructuredOutput::Kind::None),
+             "a structured-output request needs its compiled grammar");
     if (requests_.count(request.id)) fail("a request with id '", request.id, "' is already running");
     auto r = std::make_unique<RequestState>();
     r->req = std::move(request);
@@ -106,6 +108,10 @@ void EngineCore::add_request(Request request) {
     seq->max_tokens = std::min(p.max_tokens, room - seq->num_prompt_tokens);
     seq->seed = choice_seed(r->base_seed, 0);
     seq->rng.seed(seq->seed);
+    if (grammar) {
+        seq->allowed.resize(grammar->vocab().vocab.mask_words());
+        seq->grammar.emplace(std::move(grammar));
+    }
     totals_.prompt_tokens += seq->num_prompt_tokens;
     scheduler_.add_waiting(seq.get());
     r->seqs.push_back(std::move(seq));
@@ -275,6 +281,8 @@ void EngineCore::start_sampling(Launch& l, const std::vector<const Sequence*>& e
     for (const auto& [r_row, seq] : sampling) {
         RequestState& r = *requests_.at(seq->request_id);
         const bool want_lp = r.req.sampling.logprobs >= 0;
+        // (Forked choices below copy the state and the mask: they draw from the same point.)
+        if (seq->grammar) seq->grammar->fill_next_token_bitmask(seq->allowed);
         l.rows.push_back(sample_row(*seq, r_row, want_lp));
         l.draws.push_back({r.req.id, seq->index, -1});
         if (!r.forked && r.req.sampling.n > 1 && seq->index == 0 && seq->num_output() == 0) {
@@ -344,7 +352,11 @@ void EngineCore::collect(Launch& l, std::vector<RequestOutput>& outputs, std::ve
                                 config_.eos_token_ids.end();
             const bool is_stop_token =
                 std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end();
-            if ((is_eos && !p.ignore_eos) || is_stop_token)
+            // Structured output: the draw was masked, so the grammar takes it; the EOS it allows
+            // once the text is complete ends the choice even under ignore_eos (it adds no text).
+            const bool grammar_done =
+                seq->grammar && (!seq->grammar->accept_token(tok) || seq->grammar->is_terminated());
+            if ((is_eos && !p.ignore_eos) || is_stop_token || grammar_done)
                 finish_choice(r, *seq, FinishReason::Stop, is_stop_token ? std::to_string(tok) : "", out);
             else if (seq->num_output() >= seq->max_tokens)
                 finish_choice(r, *seq, FinishReason::Length, "", out);

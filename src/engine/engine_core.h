@@ -14,6 +14,7 @@
 #include "engine/block_manager.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "grammar/token_cache.h"
 #include "peregrine/engine_config.h"
 #include "peregrine/engine_types.h"
 #include "worker/executor.h"
@@ -47,7 +48,8 @@ class EngineCore {
     // are refused.
     void check_request(const Request& request, bool has_text = true) const;
     // Checks (as above, plus a duplicate id) and queues.
-    void add_request(Request request);
+    // `grammar`: the compiled structured output of request.sampling.structured (null: none).
+    void add_request(Request request, std::shared_ptr<const grammar::TokenizedGrammar> grammar = nullptr);
     // Ends every unfinished choice of the request now (finish reason "abort"), freeing its
     // blocks; the outputs come with the next `step()`. Unknown ids are ignored.
     void abort_request(const std::string& id);

@@ -16,6 +16,7 @@ EngineLoop::EngineLoop(const CoreConfig& config, std::unique_ptr<ModelExecutor> 
       core_(config, *executor_),
       inbox_(std::make_shared<EngineInbox>()) {
     inbox_->stats = core_.stats();
+    if (tokenizer_) grammars_ = std::make_unique<GrammarCache>(*tokenizer_, config.eos_token_ids);
     thread_ = std::thread([this] { loop(); });
 }
 
@@ -25,6 +26,11 @@ EngineLoop::~EngineLoop() {
 
 std::shared_ptr<RequestStream> EngineLoop::submit(Request request) {
     core_.check_request(request, text_ != nullptr);  // immutable state only
+    std::shared_ptr<const grammar::TokenizedGrammar> grammar;
+    if (const StructuredOutput& so = request.sampling.structured; so.kind != StructuredOutput::Kind::None) {
+        if (!grammars_) fail("'", so.field, "' needs the model's tokenizer, and this engine has none");
+        grammar = grammars_->get(so);  // compiled here, on the submitting thread
+    }
     auto stream = std::make_shared<RequestStream>(request.id);
     if (text_) {
         stream->text_ = std::make_unique<RequestText>(*text_, request);
@@ -43,7 +49,7 @@ std::shared_ptr<RequestStream> EngineLoop::submit(Request request) {
         if (inbox_->stop) fail("the engine is shutting down");
         if (!inbox_->live.emplace(request.id, stream).second)
             fail("a request with id '", request.id, "' is already running");
-        inbox_->incoming.emplace_back(std::move(request), stream);
+        inbox_->incoming.push_back({std::move(request), stream, std::move(grammar)});
     }
     inbox_->cv.notify_all();
     return stream;
@@ -75,7 +81,7 @@ void EngineLoop::loop() {
     EngineInbox& in = *inbox_;
     std::unordered_map<std::string, std::shared_ptr<RequestStream>> streams;  // engine-thread copy
     for (;;) {
-        std::vector<std::pair<Request, std::shared_ptr<RequestStream>>> incoming;
+        std::vector<EngineInbox::Incoming> incoming;
         std::vector<std::string> aborts;
         std::vector<std::pair<std::string, int>> stops;
         bool stopping;
@@ -90,10 +96,10 @@ void EngineLoop::loop() {
             stops.swap(in.stops);
             stopping = in.stop;
         }
-        for (auto& [req, stream] : incoming) {
+        for (auto& [req, stream, grammar] : incoming) {
             const std::string id = req.id;
             try {
-                core_.add_request(std::move(req));
+                core_.add_request(std::move(req), std::move(grammar));
                 streams[id] = stream;
             } catch (const Error& e) {  // checked at submit; only a race could get here
                 RequestOutput out;

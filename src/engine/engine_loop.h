@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/engine_core.h"
+#include "engine/structured_output.h"
 #include "engine/text_output.h"
 #include "peregrine/engine.h"
 
@@ -24,7 +25,12 @@ namespace peregrine {
 struct EngineInbox {
     std::mutex mu;
     std::condition_variable cv;
-    std::vector<std::pair<Request, std::shared_ptr<RequestStream>>> incoming;
+    struct Incoming {
+        Request request;
+        std::shared_ptr<RequestStream> stream;
+        std::shared_ptr<const grammar::TokenizedGrammar> grammar;  // structured output, compiled
+    };
+    std::vector<Incoming> incoming;
     std::vector<std::string> aborts;
     std::vector<std::pair<std::string, int>> stops;  // (request id, choice index) a stop string ended
     std::unordered_map<std::string, std::shared_ptr<RequestStream>> live;  // id -> stream, submit to end
@@ -57,7 +63,8 @@ class EngineLoop {
     std::shared_ptr<const Tokenizer> tokenizer_;
     std::shared_ptr<const TextProcessor> text_;
     std::unique_ptr<ModelExecutor> executor_;
-    EngineCore core_;  // engine thread only
+    EngineCore core_;                         // engine thread only
+    std::unique_ptr<GrammarCache> grammars_;  // with a tokenizer; used by submitting threads
     std::shared_ptr<EngineInbox> inbox_;
     std::thread thread_;
 };

@@ -71,6 +71,8 @@ SampleRow sample_row(Sequence& seq, int logits_row, bool logprobs) {
     r.logit_bias = p.logit_bias;
     r.stop_token_ids = p.stop_token_ids;
     r.mask_end = seq.num_output() < p.min_tokens;
+    r.constrained = seq.grammar.has_value();
+    r.allowed = seq.allowed;
     return r;
 }
 
@@ -86,6 +88,12 @@ int32_t Sampler::sample(const float* logits, int vocab, const SampleRow& p, Toke
                 if (t >= 0 && t < vocab) w[t] = kNegInf;
             for (int32_t t : p.stop_token_ids)
                 if (t >= 0 && t < vocab) w[t] = kNegInf;
+        }
+        if (p.constrained) {
+            const int64_t covered = std::min<int64_t>(vocab, static_cast<int64_t>(p.allowed.size()) * 32);
+            for (int64_t t = 0; t < covered; ++t)
+                if (!((p.allowed[static_cast<size_t>(t >> 5)] >> (t & 31)) & 1u)) w[t] = kNegInf;
+            for (int64_t t = covered; t < vocab; ++t) w[t] = kNegInf;
         }
         if (p.repetition_penalty != 1.0f) {
             seen_.resize(vocab);

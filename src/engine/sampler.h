@@ -1,5 +1,6 @@
 // Choosing a sequence's next token from its logits row on the CPU, applying the request's
-// sampling parameters in vLLM's order: logit bias, min_tokens masking, repetition /
+// sampling parameters in vLLM's order: logit bias, min_tokens masking, the structured-output
+// mask, repetition /
 // presence / frequency penalties, temperature, top-k, top-p, min-p. Logprobs are of the raw
 // model distribution (before any processing), as vLLM reports by default.
 #pragma once

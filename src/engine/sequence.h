@@ -4,9 +4,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
+
+#include "grammar/matcher.h"
 
 #include "peregrine/engine_types.h"
 
@@ -34,6 +37,11 @@ struct Sequence {
     int num_cached_prompt_tokens = 0;  // prompt tokens that came from the prefix cache (first admission)
     bool admitted_once = false;
     std::vector<int32_t> block_table;  // logical block i -> physical block
+
+    // Structured output: the grammar's state after the output so far, and the mask of the next
+    // draw ([vocab words], bit t of word t/32 = token t allowed), refilled before each draw.
+    std::optional<grammar::GrammarMatcher> grammar;
+    std::vector<uint32_t> allowed;
 
     std::mt19937_64 rng;
     uint64_t seed = 0;   // what `rng` was seeded with (device samplers key their own generator by it)

@@ -35,7 +35,9 @@ const std::map<std::string, std::string> kFormats = {
      R"([A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+)"},
     {"ipv4", R"(((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))"},
     {"hostname", R"([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*)"},
-    {"uri", R"([A-Za-z][A-Za-z0-9+.-]*:[^\s"\\<>{}|^`]+)"},
+    // RFC 3986: a scheme, then unreserved, reserved (but the IP-literal brackets) or
+    // percent-encoded characters only (a non-ASCII character must be percent-encoded).
+    {"uri", R"([A-Za-z][A-Za-z0-9+.-]*:([A-Za-z0-9\-._~:/?#@!$&'()*+,;=]|%[0-9A-Fa-f]{2})+)"},
 };
 
 std::string escape_pointer_token(std::string s) {

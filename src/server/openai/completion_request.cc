@@ -89,14 +89,6 @@ int non_negative(const char* key, int64_t v) {
 
 // Features not implemented yet: a clear 400 rather than silently ignoring them.
 void refuse_unsupported(const Json& body, Endpoint endpoint) {
-    if (const Json* rf = json_field(body, "response_format")) {
-        if (!rf->is_object()) bad_param("response_format", "'response_format' must be an object");
-        auto t = rf->find("type");
-        if (t == rf->end() || !t->is_string()) bad_param("response_format", "'response_format' needs a 'type'");
-        if (t->get<std::string>() != "text")
-            bad_param("response_format", "response_format type '", t->get<std::string>(),
-                      "' is not supported yet; only 'text' is");
-    }
     if (const Json* tools = json_field(body, "tools")) {
         if (!tools->is_array() || !tools->empty())
             bad_param("tools", "'tools' (function calling) is not supported yet");
@@ -158,6 +150,87 @@ Json normalize_messages(const Json& messages) {
     return out;
 }
 
+namespace {
+
+// Structured output: OpenAI's response_format (json_object, json_schema), vLLM's guided_json /
+// guided_regex / guided_choice / guided_grammar and its newer structured_outputs object. At most
+// one may ask; the engine compiles the grammar at submit (a 400 naming the field when it cannot).
+StructuredOutput parse_structured_output(const Json& body) {
+    using Kind = StructuredOutput::Kind;
+    std::vector<StructuredOutput> asked;
+    auto schema_text = [](const Json& v, const char* field) {
+        if (v.is_string()) {
+            const Json parsed = Json::parse(v.get<std::string>(), nullptr, false);
+            if (parsed.is_discarded()) bad_param(field, "'", field, "' is not valid JSON");
+            return v.get<std::string>();
+        }
+        if (!v.is_object() && !v.is_boolean()) bad_param(field, "'", field, "' must be a JSON schema (an object)");
+        return v.dump();
+    };
+    auto string_of = [](const Json& v, const char* field) {
+        if (!v.is_string() || v.get<std::string>().empty())
+            bad_param(field, "'", field, "' must be a non-empty string");
+        return v.get<std::string>();
+    };
+    auto choices_of = [](const Json& v, const char* field) {
+        if (!v.is_array() || v.empty()) bad_param(field, "'", field, "' must be a non-empty list of strings");
+        for (const Json& c : v)
+            if (!c.is_string()) bad_param(field, "'", field, "' must be a non-empty list of strings");
+        return v.dump();
+    };
+    if (const Json* rf = json_field(body, "response_format")) {
+        if (!rf->is_object()) bad_param("response_format", "'response_format' must be an object");
+        auto t = rf->find("type");
+        if (t == rf->end() || !t->is_string()) bad_param("response_format", "'response_format' needs a 'type'");
+        const std::string type = t->get<std::string>();
+        if (type == "json_object") {
+            asked.push_back({Kind::JsonObject, "", "response_format"});
+        } else if (type == "json_schema") {
+            auto js = rf->find("json_schema");
+            if (js == rf->end() || !js->is_object())
+                bad_param("response_format", "response_format type 'json_schema' needs a 'json_schema' object");
+            auto schema = js->find("schema");
+            if (schema == js->end()) bad_param("response_format", "'response_format.json_schema' needs a 'schema'");
+            asked.push_back({Kind::JsonSchema, schema_text(*schema, "response_format"), "response_format"});
+        } else if (type != "text") {
+            bad_param("response_format", "response_format type '", type,
+                      "' is not supported; use 'text', 'json_object' or 'json_schema'");
+        }
+    }
+    if (const Json* v = json_field(body, "guided_json"))
+        asked.push_back({Kind::JsonSchema, schema_text(*v, "guided_json"), "guided_json"});
+    if (const Json* v = json_field(body, "guided_regex"))
+        asked.push_back({Kind::Regex, string_of(*v, "guided_regex"), "guided_regex"});
+    if (const Json* v = json_field(body, "guided_choice"))
+        asked.push_back({Kind::Choice, choices_of(*v, "guided_choice"), "guided_choice"});
+    if (const Json* v = json_field(body, "guided_grammar"))
+        asked.push_back({Kind::Grammar, string_of(*v, "guided_grammar"), "guided_grammar"});
+    if (const Json* so = json_field(body, "structured_outputs")) {
+        if (!so->is_object()) bad_param("structured_outputs", "'structured_outputs' must be an object");
+        for (const auto& [key, v] : so->items()) {
+            if (key == "json")
+                asked.push_back({Kind::JsonSchema, schema_text(v, "structured_outputs"), "structured_outputs"});
+            else if (key == "regex")
+                asked.push_back({Kind::Regex, string_of(v, "structured_outputs"), "structured_outputs"});
+            else if (key == "choice")
+                asked.push_back({Kind::Choice, choices_of(v, "structured_outputs"), "structured_outputs"});
+            else if (key == "grammar")
+                asked.push_back({Kind::Grammar, string_of(v, "structured_outputs"), "structured_outputs"});
+            else if (key == "json_object" && v.is_boolean())
+                v.get<bool>() ? asked.push_back({Kind::JsonObject, "", "structured_outputs"}) : void();
+            else
+                bad_param("structured_outputs", "'structured_outputs' field '", key,
+                          "' is not supported; use json, regex, choice, grammar or json_object");
+        }
+    }
+    if (asked.size() > 1)
+        bad_param(asked[1].field, "only one structured output may be asked for; got '", asked[0].field, "' and '",
+                  asked[1].field, "'");
+    return asked.empty() ? StructuredOutput{} : asked.front();
+}
+
+}  // namespace
+
 CompletionParams parse_completion_params(const Json& body, Endpoint endpoint, const SamplingLimits& limits) {
     if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
     CompletionParams c;
@@ -192,6 +265,7 @@ CompletionParams parse_completion_params(const Json& body, Endpoint endpoint, co
     if (auto v = get_number(body, "frequency_penalty")) s.frequency_penalty = static_cast<float>(*v);
     if (auto v = get_number(body, "repetition_penalty")) s.repetition_penalty = static_cast<float>(*v);
     s.logit_bias = parse_logit_bias(body);
+    s.structured = parse_structured_output(body);
     if (auto v = get_int(body, "seed")) s.seed = static_cast<uint64_t>(*v);
     if (auto v = get_int(body, "n")) s.n = saturate_int(*v);
     s.stop = parse_stop(body);

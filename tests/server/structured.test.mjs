@@ -1,0 +1,159 @@
+// Structured output through `peregrine serve` on the embedded model, with the official `openai`
+// client: response_format json_schema over the schema corpus (tests/data/json-schemas, 121
+// schemas), each answer checked by a real JSON Schema validator (ajv), greedy and sampled;
+// json_object, vLLM's guided_* fields and structured_outputs; streaming; errors naming the field.
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import { createRequire } from 'node:module';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+
+import { http, startServer } from './harness.mjs';
+
+const require = createRequire(path.resolve(process.env.PG_NODE_MODULES, 'node_modules', 'noop.js'));
+const Ajv2020 = require('ajv/dist/2020').default;
+const AjvDraft04 = require('ajv-draft-04').default;
+const addFormats = require('ajv-formats');
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const corpus = JSON.parse(fs.readFileSync(path.join(here, '..', 'data', 'json-schemas', 'corpus.json'), 'utf8'));
+
+let server, client;
+before(async () => {
+    server = await startServer();
+    client = server.client();
+});
+after(async () => server && (await server.stop()));
+
+// Runs `fn` over `items`, `width` at a time.
+async function pool(items, width, fn) {
+    const out = new Array(items.length);
+    let next = 0;
+    await Promise.all(Array.from({ length: width }, async () => {
+        while (next < items.length) {
+            const i = next++;
+            out[i] = await fn(items[i], i);
+        }
+    }));
+    return out;
+}
+
+const messages = [{ role: 'user', content: 'Tell me about it.' }];
+
+describe('structured output', () => {
+    // The embedded model (512-token context) knows no JSON: inside an unbounded string it may
+    // write until max_tokens ("length": a prefix of a valid answer, not one). Every answer that
+    // ends by itself must validate; how many ran out is printed (and bounded, so a grammar that
+    // stops ending its strings shows up).
+    test('json_schema: every answer of the corpus validates (ajv), greedy and temperature 1', async () => {
+        // Draft 2020-12 (prefixItems), except the schemas written in draft 4's boolean
+        // exclusiveMinimum / exclusiveMaximum.
+        const ajv2020 = addFormats(new Ajv2020({ strict: false, allErrors: true }));
+        const ajv04 = addFormats(new AjvDraft04({ strict: false, allErrors: true }));
+        const draft04 = (schema) => /"exclusive(Minimum|Maximum)":(true|false)/.test(JSON.stringify(schema)) ||
+            String(schema.$schema ?? '').includes('draft-04');
+        const failures = [];
+        const cut = [];
+        let stopped = 0;
+        for (const temperature of [0, 1]) {
+            await pool(corpus, 6, async (entry, i) => {
+                const r = await client.chat.completions.create({
+                    model: 'stories260K', messages, temperature, seed: i, max_tokens: 480,
+                    response_format: { type: 'json_schema', json_schema: { name: entry.name, schema: entry.schema, strict: true } },
+                });
+                const text = r.choices[0].message.content;
+                if (r.choices[0].finish_reason !== 'stop') {
+                    assert.equal(r.choices[0].finish_reason, 'length');
+                    cut.push(`${entry.name} (T=${temperature})`);
+                    return;
+                }
+                stopped++;
+                let value;
+                try {
+                    value = JSON.parse(text);
+                } catch (e) {
+                    failures.push(`${entry.name} (T=${temperature}): not JSON: ${text.slice(0, 200)}`);
+                    return;
+                }
+                const ajv = draft04(entry.schema) ? ajv04 : ajv2020;
+                const validate = ajv.compile(entry.schema);
+                if (!validate(value))
+                    failures.push(`${entry.name} (T=${temperature}): ${ajv.errorsText(validate.errors)}: ${text.slice(0, 200)}`);
+            });
+        }
+        console.log(`json_schema corpus: ${stopped} of ${corpus.length * 2} answers ended by themselves, all ` +
+                    `checked by ajv; ${cut.length} reached max_tokens: ${cut.join(', ')}`);
+        assert.deepEqual(failures, []);
+        assert.ok(stopped >= corpus.length, `only ${stopped} answers ended by themselves`);
+    });
+
+    test('json_object, guided_regex / guided_choice / guided_grammar, structured_outputs, streaming', async () => {
+        const obj = await client.chat.completions.create({
+            model: 'stories260K', messages, temperature: 0, max_tokens: 480, response_format: { type: 'json_object' } });
+        if (obj.choices[0].finish_reason === 'stop') assert.equal(typeof JSON.parse(obj.choices[0].message.content), 'object');
+        else assert.match(obj.choices[0].message.content, /^\{/);
+
+        const re = await client.completions.create({
+            model: 'stories260K', prompt: 'Once upon a time', temperature: 1, seed: 3, max_tokens: 50,
+            guided_regex: '(red|green|blue) [0-9]{2}' });
+        assert.match(re.choices[0].text, /^(red|green|blue) [0-9]{2}$/);
+        assert.equal(re.choices[0].finish_reason, 'stop');
+
+        const choice = await client.completions.create({
+            model: 'stories260K', prompt: 'Once upon a time', temperature: 1, seed: 4, max_tokens: 50,
+            guided_choice: ['positive', 'negative'] });
+        assert.ok(['positive', 'negative'].includes(choice.choices[0].text), choice.choices[0].text);
+
+        const gbnf = await client.completions.create({
+            model: 'stories260K', prompt: 'Once upon a time', temperature: 1, seed: 5, max_tokens: 50,
+            guided_grammar: 'root ::= "x=" [0-9]{1,4}' });
+        assert.match(gbnf.choices[0].text, /^x=[0-9]{1,4}$/);
+
+        const so = await client.completions.create({
+            model: 'stories260K', prompt: 'Once upon a time', temperature: 1, seed: 6, max_tokens: 50,
+            structured_outputs: { choice: ['a', 'b', 'c'] } });
+        assert.ok(['a', 'b', 'c'].includes(so.choices[0].text));
+
+        // Streamed: the deltas join into a valid answer.
+        const schema = { type: 'object', properties: { ok: { type: 'boolean' }, n: { type: 'integer', minimum: 1, maximum: 9 } },
+            required: ['ok', 'n'], additionalProperties: false };
+        const stream = await client.chat.completions.create({
+            model: 'stories260K', messages, temperature: 1, seed: 7, max_tokens: 200, stream: true,
+            response_format: { type: 'json_schema', json_schema: { name: 's', schema } } });
+        let text = '';
+        let finish = null;
+        for await (const c of stream) {
+            text += c.choices[0]?.delta?.content ?? '';
+            finish = c.choices[0]?.finish_reason ?? finish;
+        }
+        assert.equal(finish, 'stop');
+        const v = JSON.parse(text);
+        assert.equal(typeof v.ok, 'boolean');
+        assert.ok(Number.isInteger(v.n) && v.n >= 1 && v.n <= 9);
+    });
+
+    test('bad requests: 400 naming the field and the keyword', async () => {
+        const base = { model: 'stories260K', messages, max_tokens: 10 };
+        const cases = [
+            [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', not: {} } } } },
+                'response_format', /'not'/],
+            [{ guided_json: { type: 'string', multipleOf: 2 } }, 'guided_json', /'multipleOf'/],
+            [{ guided_regex: '(a' }, 'guided_regex', /./],
+            [{ guided_grammar: 'start ::= "x"' }, 'guided_grammar', /root/],
+            [{ guided_choice: [] }, 'guided_choice', /non-empty/],
+            [{ response_format: { type: 'yaml' } }, 'response_format', /not supported/],
+            [{ guided_regex: 'a', guided_choice: ['a'] }, 'guided_choice', /only one/],
+            [{ response_format: { type: 'json_schema', json_schema: { name: 'x' } } }, 'response_format', /schema/],
+        ];
+        for (const [extra, param, pattern] of cases) {
+            const r = await http(`${server.url}/v1/chat/completions`, { body: { ...base, ...extra } });
+            assert.equal(r.status, 400, `${JSON.stringify(extra)} -> ${r.status} ${r.text}`);
+            assert.equal(r.json.error.param, param, r.text);
+            assert.match(r.json.error.message, pattern, r.text);
+        }
+        // Still serving.
+        const ok = await client.chat.completions.create({ ...base, guided_choice: ['fine'] });
+        assert.equal(ok.choices[0].message.content, 'fine');
+    });
+});
