@@ -34,6 +34,9 @@ struct EngineConfig {
                                       // max_num_seqs full contexts, at most 4 GiB
     std::string kv_eviction = "lru";  // prefix-cache eviction: lru | lfu | fifo
     bool prefix_caching = true;
+    // Bytes of host memory (pinned on CUDA) for the prefix cache's host tier: committed blocks
+    // evicted from the KV pool are copied there and copied back on a prefix hit. 0 = none.
+    int64_t kv_offload_memory = 0;
 
     // --- the scheduler
     int max_num_seqs = 256;             // sequences in one step at most
@@ -77,9 +80,18 @@ struct EngineStats {
     int block_size = 0;           // tokens per KV block
     uint64_t prefix_queries = 0;  // tokens
     uint64_t prefix_hits = 0;     // tokens
-    uint64_t evictions = 0;
+    uint64_t evictions = 0;       // device-pool blocks evicted from the prefix cache
     uint64_t preemptions = 0;
-    uint64_t prompt_tokens = 0;  // of finished and running requests, counted at submit
+    // The host tier of the prefix cache (EngineConfig::kv_offload_memory; zeros without one).
+    int num_host_kv_blocks = 0;
+    int num_host_kv_blocks_used = 0;
+    uint64_t host_prefix_queries = 0;  // prompt tokens looked up there (those the device pool missed)
+    uint64_t host_prefix_hits = 0;     // of those, tokens found there (also in prefix_hits)
+    uint64_t host_evictions = 0;       // host-tier blocks dropped for others
+    uint64_t kv_offloaded_blocks = 0;  // device -> host copies
+    uint64_t kv_onloaded_blocks = 0;   // host -> device copies
+    uint64_t kv_block_bytes = 0;       // one block's K/V, every layer (this process's share)
+    uint64_t prompt_tokens = 0;        // of finished and running requests, counted at submit
     uint64_t generation_tokens = 0;
     uint64_t steps = 0;
     // Cumulative wall time of the step's phases, seconds.

@@ -86,7 +86,11 @@ struct Request {
 // which replica holds which prompt prefix. Only full blocks are announced.
 struct KvCacheEvent {
     enum class Kind { BlockStored, BlockRemoved, AllBlocksCleared };
+    // Where the blocks are (vLLM's `medium`): Gpu, the engine's KV pool whatever the backend (the
+    // primary tier); Cpu, the host-memory tier (--kv-offload-memory).
+    enum class Medium { Gpu, Cpu };
     Kind kind = Kind::BlockStored;
+    Medium medium = Medium::Gpu;
     std::vector<uint64_t> block_hashes;  // consecutive blocks of one sequence (Stored), or any (Removed)
     // BlockStored: the hash of the block before the first one; none for a sequence's first block.
     std::optional<uint64_t> parent_block_hash;

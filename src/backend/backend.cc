@@ -1,5 +1,8 @@
 #include "backend/backend.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "core/half.h"
 
 namespace peregrine {
@@ -29,6 +32,60 @@ void DeviceServices::fill_random(const Tensor& t, uint64_t seed, float lo, float
         for (int64_t i = 0; i < n; ++i) t.ptr<uint16_t>()[i] = f32_to_bf16(uniform_hash(seed, i, lo, hi));
     } else {
         fail("fill_random: unsupported dtype ", dtype_name(t.dtype));
+    }
+}
+
+void* DeviceServices::allocate_host(size_t bytes) {
+    // Page-aligned, so that the pool starts on its own pages (untouched pages stay uncommitted).
+    const size_t rounded = (bytes + 4095) / 4096 * 4096;
+    void* p = rounded == 0 ? nullptr : std::aligned_alloc(4096, rounded);
+    if (!p) fail("cannot allocate ", bytes, " bytes of host memory for the KV offload tier");
+    return p;
+}
+
+void DeviceServices::free_host(void* p) {
+    std::free(p);
+}
+
+namespace {
+// (offset of each cache's rows within a slot, bytes of one block of it), checking the slot size.
+std::vector<std::pair<size_t, size_t>> slot_layout(const std::vector<Tensor>& caches, size_t slot_bytes) {
+    std::vector<std::pair<size_t, size_t>> out;
+    size_t off = 0;
+    for (const Tensor& c : caches) {
+        PG_CHECK(c.device == Device::CPU, "host-tier copies: host tensors only in the base implementation");
+        const size_t bb = c.nbytes() / static_cast<size_t>(c.dim(0));
+        out.emplace_back(off, bb);
+        off += bb;
+    }
+    PG_CHECK(off == slot_bytes, "host slot of ", slot_bytes, " bytes for blocks of ", off);
+    return out;
+}
+}  // namespace
+
+void DeviceServices::copy_blocks_to_host(const std::vector<Tensor>& caches,
+                                         const std::vector<std::pair<int32_t, int32_t>>& pairs, void* host,
+                                         size_t slot_bytes) {
+    const auto layout = slot_layout(caches, slot_bytes);
+    for (const auto& [block, slot] : pairs) {
+        char* dst = static_cast<char*>(host) + static_cast<size_t>(slot) * slot_bytes;
+        for (size_t c = 0; c < caches.size(); ++c) {
+            PG_CHECK(block >= 0 && block < caches[c].dim(0) && slot >= 0);
+            std::memcpy(dst + layout[c].first, caches[c].ptr<char>() + block * layout[c].second, layout[c].second);
+        }
+    }
+}
+
+void DeviceServices::copy_blocks_from_host(const void* host, size_t slot_bytes,
+                                           const std::vector<std::pair<int32_t, int32_t>>& pairs,
+                                           const std::vector<Tensor>& caches) {
+    const auto layout = slot_layout(caches, slot_bytes);
+    for (const auto& [slot, block] : pairs) {
+        const char* src = static_cast<const char*>(host) + static_cast<size_t>(slot) * slot_bytes;
+        for (size_t c = 0; c < caches.size(); ++c) {
+            PG_CHECK(block >= 0 && block < caches[c].dim(0) && slot >= 0);
+            std::memcpy(caches[c].ptr<char>() + block * layout[c].second, src + layout[c].first, layout[c].second);
+        }
     }
 }
 

@@ -53,6 +53,26 @@ class DeviceServices {
     // cache: [num_blocks, block_size, num_kv_heads, head_dim].
     virtual void copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) = 0;
 
+    // ---- the host tier of the KV cache (--kv-offload-memory) -----------------------------------
+
+    // Host memory that the device copies to and from asynchronously (page-locked on CUDA:
+    // cudaHostAlloc), `bytes` long, owned by the caller until free_host. Throws Error when the
+    // memory cannot be had.
+    virtual void* allocate_host(size_t bytes);
+    virtual void free_host(void* p);
+    // Whole KV blocks between this device's block pools and host slots. `caches`: every tensor
+    // of the pool, each [num_blocks, ...] (every layer's K then V); host slot s, at
+    // host + s * slot_bytes, holds a block's rows of each cache in that order (slot_bytes = the
+    // sum of one block's bytes over the caches). Ordered after every op queued before and
+    // before every op queued after on this device (the base: plain memcpy, host tensors).
+    // to_host: pairs (block, slot); from_host: pairs (slot, block).
+    virtual void copy_blocks_to_host(const std::vector<Tensor>& caches,
+                                     const std::vector<std::pair<int32_t, int32_t>>& pairs, void* host,
+                                     size_t slot_bytes);
+    virtual void copy_blocks_from_host(const void* host, size_t slot_bytes,
+                                       const std::vector<std::pair<int32_t, int32_t>>& pairs,
+                                       const std::vector<Tensor>& caches);
+
     // dst[r, dst_col + c] = src[r, src_col + c] for r < rows, c < cols: 2-D tensors of this
     // device of one dtype, each row `cols()` elements apart (the tensor-parallel logits gather).
     virtual void copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t rows,

@@ -39,6 +39,10 @@ void add_engine_options(CLI::App* cmd, EngineConfig& o) {
         ->check(CLI::NonNegativeNumber);
     cmd->add_option("--kv-eviction", o.kv_eviction, "Prefix-cache eviction: lru | lfu | fifo (default lru)")
         ->check(CLI::IsMember({"lru", "lfu", "fifo"}));
+    cmd->add_option("--kv-offload-memory", o.kv_offload_memory,
+                    "Host-memory bytes (pinned on CUDA) for the prefix cache's host tier: blocks evicted from the "
+                    "KV cache are copied there and copied back on a prefix hit (default 0: none)")
+        ->check(CLI::NonNegativeNumber);
     cmd->add_flag_callback(
         "--no-prefix-caching", [&o] { o.prefix_caching = false; }, "Do not reuse KV blocks across requests");
     cmd->add_option("--max-num-batched-tokens", o.max_num_batched_tokens, "Token budget of one step (default 2048)")

@@ -16,9 +16,12 @@ EvictionPolicy eviction_policy_from_name(const std::string& name) {
     fail("unknown KV eviction policy '", name, "' (lru, lfu, fifo)");
 }
 
-BlockManager::BlockManager(int num_blocks, int block_size, EvictionPolicy policy, bool prefix_caching)
+BlockManager::BlockManager(int num_blocks, int block_size, EvictionPolicy policy, bool prefix_caching,
+                           int num_host_slots)
     : block_size_(block_size), policy_(policy), prefix_caching_(prefix_caching), blocks_(num_blocks) {
-    PG_CHECK(num_blocks > 0 && block_size > 0);
+    PG_CHECK(num_blocks > 0 && block_size > 0 && num_host_slots >= 0);
+    PG_CHECK(prefix_caching || num_host_slots == 0, "a host tier needs prefix caching");
+    if (num_host_slots > 0) host_.emplace(num_host_slots, block_size, policy);
     // A stack: block 0 is handed out first.
     for (int32_t b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
 }
@@ -36,31 +39,39 @@ uint64_t BlockManager::hash_salt(const std::string& salt) {
     return salt.empty() ? 0 : XXH3_64bits(salt.data(), salt.size()) | 1;
 }
 
-std::vector<int32_t> BlockManager::match_prefix(const Sequence& seq) const {
-    std::vector<int32_t> hits;
+std::vector<PrefixHit> BlockManager::match_prefix(const Sequence& seq) const {
+    std::vector<PrefixHit> hits;
     if (!prefix_caching_) return hits;
     const int full = (seq.num_tokens() - 1) / block_size_;
     uint64_t parent = 0;
     for (int i = 0; i < full; ++i) {
         const int32_t* toks = seq.tokens.data() + i * block_size_;
         const uint64_t h = hash_block(parent, seq.cache_salt, toks, block_size_);
-        auto it = cached_.find(h);
-        if (it == cached_.end()) break;
-        const Block& b = blocks_[it->second];
-        if (!std::equal(b.tokens.begin(), b.tokens.end(), toks)) break;  // a hash collision
-        hits.push_back(it->second);
+        PrefixHit hit;
+        if (auto it = cached_.find(h); it != cached_.end()) {
+            const Block& b = blocks_[it->second];
+            if (!std::equal(b.tokens.begin(), b.tokens.end(), toks)) break;  // a hash collision
+            hit.block = it->second;
+        } else if (host_) {
+            hit.host_slot = host_->find(h, toks);
+            if (hit.host_slot < 0) break;
+        } else {
+            break;
+        }
+        hits.push_back(hit);
         parent = h;
     }
     return hits;
 }
 
-bool BlockManager::can_allocate(const Sequence& seq, int num_new, const std::vector<int32_t>& hits) const {
+bool BlockManager::can_allocate(const Sequence& seq, int num_new, const std::vector<PrefixHit>& hits) const {
     int fresh = 0;
     if (seq.block_table.empty()) {
         const int computed = static_cast<int>(hits.size()) * block_size_;
         fresh = (computed + num_new + block_size_ - 1) / block_size_ - static_cast<int>(hits.size());
-        // Hit blocks sitting in the evictable set stop being available once adopted.
-        for (int32_t b : hits) fresh += blocks_[b].ref == 0;
+        // Device hits sitting in the evictable set stop being available once adopted; host hits
+        // each take a block.
+        for (const PrefixHit& h : hits) fresh += h.on_host() || blocks_[h.block].ref == 0;
     } else {
         const int held = static_cast<int>(seq.block_table.size());
         fresh = std::max(0, (seq.num_computed + num_new + block_size_ - 1) / block_size_ - held);
@@ -70,13 +81,42 @@ bool BlockManager::can_allocate(const Sequence& seq, int num_new, const std::vec
     return fresh <= num_available();
 }
 
-void BlockManager::allocate(Sequence& seq, int num_new, const std::vector<int32_t>& hits,
+void BlockManager::allocate(Sequence& seq, int num_new, const std::vector<PrefixHit>& hits,
                             std::vector<std::pair<int32_t, int32_t>>& copies) {
     if (seq.block_table.empty() && !hits.empty()) {
-        for (int32_t b : hits) {
+        // Device hits are adopted before any block is taken (taking one may evict a later
+        // device hit otherwise), and host hits are pinned (an offload may evict them otherwise).
+        seq.block_table.assign(hits.size(), -1);
+        for (size_t i = 0; i < hits.size(); ++i) {
+            if (hits[i].on_host()) {
+                PG_CHECK(host_ && host_->is_held(hits[i].host_slot), "host hit on an empty slot");
+                host_->pin(hits[i].host_slot);
+                continue;
+            }
+            const int32_t b = hits[i].block;
             add_ref(b);
             blocks_[b].uses++;
-            seq.block_table.push_back(b);
+            seq.block_table[i] = b;
+        }
+        for (size_t i = 0; i < hits.size(); ++i) {
+            if (!hits[i].on_host()) continue;
+            const int32_t slot = hits[i].host_slot;
+            const int32_t b = take_block();
+            Block& blk = blocks_[b];
+            blk.hashed = true;
+            blk.hash = host_->hash(slot);
+            blk.parent = host_->parent(slot);
+            blk.tokens = host_->tokens(slot);
+            blk.uses = host_->uses(slot) + 1;
+            blk.cached_at = ++clock_;
+            // Findable at once: the onload is issued before any step that reads it.
+            if (cached_.emplace(blk.hash, b).second) {
+                blk.cached = true;
+                if (recording_) record_stored(blk.hash, blk.parent, blk.tokens, KvCacheEvent::Medium::Gpu);
+            }
+            host_->touch(slot);
+            pending_.onloads.emplace_back(slot, b);
+            seq.block_table[i] = b;
         }
         seq.num_computed = static_cast<int>(hits.size()) * block_size_;
     }
@@ -107,11 +147,12 @@ void BlockManager::commit(Sequence& seq, int num_computed) {
         const int32_t* toks = seq.tokens.data() + i * block_size_;
         blk.hash = hash_block(parent, seq.cache_salt, toks, block_size_);
         blk.tokens.assign(toks, toks + block_size_);
+        blk.parent = i == 0 ? std::nullopt : std::optional<uint64_t>(parent);
         blk.hashed = true;
         blk.cached_at = ++clock_;
         if (cached_.emplace(blk.hash, seq.block_table[i]).second) {
             blk.cached = true;
-            if (recording_) record_stored(blk, i == 0 ? std::nullopt : std::optional<uint64_t>(parent));
+            if (recording_) record_stored(blk.hash, blk.parent, blk.tokens, KvCacheEvent::Medium::Gpu);
         }
     }
 }
@@ -130,17 +171,9 @@ void BlockManager::release(Sequence& seq) {
     seq.num_computed = 0;
 }
 
-std::tuple<uint64_t, uint64_t, int32_t> BlockManager::eviction_key(int32_t b) const {
+EvictionKey BlockManager::eviction_key(int32_t b) const {
     const Block& blk = blocks_[b];
-    switch (policy_) {
-        case EvictionPolicy::Lru:
-            return {blk.last_used, 0, b};
-        case EvictionPolicy::Lfu:
-            return {blk.uses, blk.last_used, b};
-        case EvictionPolicy::Fifo:
-            return {blk.cached_at, 0, b};
-    }
-    return {0, 0, b};
+    return peregrine::eviction_key(policy_, blk.last_used, blk.uses, blk.cached_at, b);
 }
 
 void BlockManager::add_ref(int32_t b) {
@@ -165,23 +198,55 @@ void BlockManager::drop_ref(int32_t b) {
     }
 }
 
-// Consecutive blocks of one sequence stored in one commit extend the last event, as vLLM
+// Consecutive blocks of one sequence stored in one medium extend the last event, as vLLM
 // groups them.
-void BlockManager::record_stored(const Block& blk, std::optional<uint64_t> parent) {
+void BlockManager::record_stored(uint64_t hash, std::optional<uint64_t> parent, const std::vector<int32_t>& tokens,
+                                 KvCacheEvent::Medium medium) {
     if (!events_.empty() && parent) {
         KvCacheEvent& last = events_.back();
-        if (last.kind == KvCacheEvent::Kind::BlockStored && last.block_hashes.back() == *parent) {
-            last.block_hashes.push_back(blk.hash);
-            last.token_ids.insert(last.token_ids.end(), blk.tokens.begin(), blk.tokens.end());
+        if (last.kind == KvCacheEvent::Kind::BlockStored && last.medium == medium &&
+            last.block_hashes.back() == *parent) {
+            last.block_hashes.push_back(hash);
+            last.token_ids.insert(last.token_ids.end(), tokens.begin(), tokens.end());
             return;
         }
     }
     KvCacheEvent e;
     e.kind = KvCacheEvent::Kind::BlockStored;
-    e.block_hashes.push_back(blk.hash);
+    e.medium = medium;
+    e.block_hashes.push_back(hash);
     e.parent_block_hash = parent;
-    e.token_ids = blk.tokens;
+    e.token_ids = tokens;
     events_.push_back(std::move(e));
+}
+
+void BlockManager::record_removed(uint64_t hash, KvCacheEvent::Medium medium) {
+    KvCacheEvent e;
+    e.kind = KvCacheEvent::Kind::BlockRemoved;
+    e.medium = medium;
+    e.block_hashes.push_back(hash);
+    events_.push_back(std::move(e));
+}
+
+void BlockManager::offload(int32_t b) {
+    const Block& blk = blocks_[b];
+    const HostBlockPool::Stored st = host_->store(blk.hash, blk.parent, blk.tokens.data(), blk.uses);
+    if (st.slot < 0) return;  // held there already, or every slot is being read this step
+    if (st.evicted) {
+        // An offload of this batch into the same slot is superseded (no onload reads it: pinned).
+        std::erase_if(pending_.offloads, [&](const std::pair<int32_t, int32_t>& o) { return o.second == st.slot; });
+        if (recording_) record_removed(*st.evicted, KvCacheEvent::Medium::Cpu);
+    }
+    pending_.offloads.emplace_back(b, st.slot);
+    if (recording_) record_stored(blk.hash, blk.parent, blk.tokens, KvCacheEvent::Medium::Cpu);
+}
+
+BlockTransfers BlockManager::take_transfers() {
+    BlockTransfers t = std::exchange(pending_, {});
+    if (host_) host_->unpin_all();
+    stats_.offloaded_blocks += t.offloads.size();
+    stats_.onloaded_blocks += t.onloads.size();
+    return t;
 }
 
 int32_t BlockManager::take_block() {
@@ -195,12 +260,8 @@ int32_t BlockManager::take_block() {
         evictable_.erase(evictable_.begin());
         cached_.erase(blocks_[b].hash);
         ++stats_.evictions;
-        if (recording_) {
-            KvCacheEvent e;
-            e.kind = KvCacheEvent::Kind::BlockRemoved;
-            e.block_hashes.push_back(blocks_[b].hash);
-            events_.push_back(std::move(e));
-        }
+        if (recording_) record_removed(blocks_[b].hash, KvCacheEvent::Medium::Gpu);
+        if (host_) offload(b);  // reads the block's K/V before this batch writes it
     }
     Block& blk = blocks_[b];
     blk = Block{};

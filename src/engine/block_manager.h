@@ -1,11 +1,20 @@
 // Paged KV-cache bookkeeping: a pool of fixed-size blocks, per-sequence block tables,
-// reference counts, copy-on-write, and automatic prefix caching.
+// reference counts, copy-on-write, and automatic prefix caching, with an optional host tier.
 //
 // Invariants (checked by tests after every step):
 // - a block's reference count equals the number of live sequences whose table holds it;
 // - a block with count 0 is either free (no hash) or evictable (hashed, still findable);
 // - a hashed block holds exactly the tokens its hash was computed from, and the hash chains
 //   over every earlier block of the sequence and the cache salt.
+//
+// Host tier (num_host_slots > 0): a findable block evicted from the device pool is offloaded
+// (its K/V copied to a host slot, HostBlockPool) instead of forgotten; match_prefix continues a
+// chain that misses on the device in the host tier, and allocate gives such host hits fresh
+// device blocks whose K/V are onloaded (copied back). The copies of one schedule are collected
+// here and taken once (take_transfers); the step must issue them in this order, before its
+// copy-on-write copies and its compute: all offloads (so a reused device block is read before
+// anything writes it), then all onloads. Host slots read by this schedule's onloads are pinned
+// until take_transfers, so no offload of the same batch overwrites them.
 #pragma once
 
 #include <cstdint>
@@ -17,24 +26,44 @@
 #include <utility>
 #include <vector>
 
+#include "engine/eviction_policy.h"
+#include "engine/host_block_pool.h"
 #include "engine/sequence.h"
 #include "peregrine/engine_types.h"
 
 namespace peregrine {
 
-enum class EvictionPolicy { Lru, Lfu, Fifo };
-EvictionPolicy eviction_policy_from_name(const std::string& name);  // "lru" | "lfu" | "fifo"
-
 struct BlockStats {
-    uint64_t prefix_queries = 0;  // prompt tokens looked up in the prefix cache
-    uint64_t prefix_hits = 0;     // of those, tokens found
-    uint64_t evictions = 0;       // cached blocks reused for other data
+    uint64_t prefix_queries = 0;    // prompt tokens looked up in the prefix cache (both tiers)
+    uint64_t prefix_hits = 0;       // of those, tokens found (in either tier)
+    uint64_t evictions = 0;         // cached device blocks reused for other data
+    uint64_t host_queries = 0;      // prompt tokens looked up in the host tier (those the device missed)
+    uint64_t host_hits = 0;         // of those, tokens found there
+    uint64_t offloaded_blocks = 0;  // device -> host copies issued
+    uint64_t onloaded_blocks = 0;   // host -> device copies issued
+};
+
+// One block of a prefix hit: in the device pool (`block`), or only in the host tier
+// (`host_slot`; allocate gives it a device block and queues its onload). Exactly one is >= 0.
+struct PrefixHit {
+    int32_t block = -1;
+    int32_t host_slot = -1;
+    bool on_host() const { return host_slot >= 0; }
+};
+
+// The K/V copies between the tiers one schedule decided, to be issued before its step in this
+// order (offloads, then onloads).
+struct BlockTransfers {
+    std::vector<std::pair<int32_t, int32_t>> offloads;  // (device block, host slot): device -> host
+    std::vector<std::pair<int32_t, int32_t>> onloads;   // (host slot, device block): host -> device
+    bool empty() const { return offloads.empty() && onloads.empty(); }
 };
 
 class BlockManager {
   public:
+    // num_host_slots > 0: a host tier of that many blocks (needs prefix_caching).
     BlockManager(int num_blocks, int block_size, EvictionPolicy policy = EvictionPolicy::Lru,
-                 bool prefix_caching = true);
+                 bool prefix_caching = true, int num_host_slots = 0);
 
     int num_blocks() const { return static_cast<int>(blocks_.size()); }
     int block_size() const { return block_size_; }
@@ -42,29 +71,43 @@ class BlockManager {
     int num_available() const { return static_cast<int>(free_.size() + evictable_.size()); }
     int num_used() const { return num_blocks() - num_available(); }
     const BlockStats& stats() const { return stats_; }
+    // The host tier (null without one).
+    const HostBlockPool* host() const { return host_ ? &*host_ : nullptr; }
+    uint64_t host_evictions() const { return host_ ? host_->evictions() : 0; }
     // Prefix-cache events (a block becoming findable, a findable block evicted), kept from
     // set_recording(true) until taken.
     void set_recording(bool on) { recording_ = on; }
     std::vector<KvCacheEvent> take_events() { return std::exchange(events_, {}); }
-    void count_prefix_query(int queried_tokens, int hit_tokens) {
-        stats_.prefix_queries += queried_tokens;
-        stats_.prefix_hits += hit_tokens;
+    // A prompt's first lookup: `queried` tokens, `hit` of them found in either tier; of those,
+    // `host_queried` looked up in the host tier and `host_hit` found there.
+    void count_prefix_query(int queried, int hit, int host_queried = 0, int host_hit = 0) {
+        stats_.prefix_queries += queried;
+        stats_.prefix_hits += hit;
+        stats_.host_queries += host_queried;
+        stats_.host_hits += host_hit;
     }
 
     // Leading full blocks of `seq.tokens` (never including its last token, which must be
-    // computed to get logits) found in the prefix cache, tokens verified. Takes no references.
-    std::vector<int32_t> match_prefix(const Sequence& seq) const;
+    // computed to get logits) found in the prefix cache, tokens verified: each block in the
+    // device pool, else in the host tier; the chain ends at the first block in neither. Takes
+    // no references.
+    std::vector<PrefixHit> match_prefix(const Sequence& seq) const;
 
     // Whether `seq` can be given room for `num_new` more tokens; `hits` are the prefix blocks
-    // it will adopt (only for a sequence that holds no blocks yet).
-    bool can_allocate(const Sequence& seq, int num_new, const std::vector<int32_t>& hits = {}) const;
+    // it will adopt (only for a sequence that holds no blocks yet; a host hit needs a block).
+    bool can_allocate(const Sequence& seq, int num_new, const std::vector<PrefixHit>& hits = {}) const;
 
-    // Adopts `hits` (seq must hold no blocks: sets num_computed to the hit tokens), then grows
+    // Adopts `hits` (seq must hold no blocks: sets num_computed to the hit tokens; host hits get
+    // fresh device blocks, hashed and findable at once, with their onloads queued), then grows
     // the table to hold num_computed + num_new tokens. Shared blocks about to be written are
     // replaced by private copies; the (src, dst) block pairs whose K/V must be copied before
     // the step are appended to `copies`. Call can_allocate first.
-    void allocate(Sequence& seq, int num_new, const std::vector<int32_t>& hits,
+    void allocate(Sequence& seq, int num_new, const std::vector<PrefixHit>& hits,
                   std::vector<std::pair<int32_t, int32_t>>& copies);
+
+    // The tier copies decided since the last call (in issue order), unpinning the host slots
+    // they read: call once per schedule, and issue them before anything later is scheduled.
+    BlockTransfers take_transfers();
 
     // After a step wrote K/V up to `num_computed` tokens: registers blocks that became full.
     void commit(Sequence& seq, int num_computed);
@@ -78,6 +121,7 @@ class BlockManager {
     // For tests.
     int ref_count(int32_t block) const { return blocks_[block].ref; }
     bool is_cached(int32_t block) const { return blocks_[block].cached; }
+    bool is_hashed(int32_t block) const { return blocks_[block].hashed; }
     uint64_t block_hash(int32_t block) const { return blocks_[block].hash; }
 
     static uint64_t hash_block(uint64_t parent, uint64_t salt, const int32_t* tokens, int n);
@@ -89,26 +133,34 @@ class BlockManager {
         bool hashed = false;  // full, with `hash` and `tokens` set
         bool cached = false;  // findable through cached_ (the first block with this hash)
         uint64_t hash = 0;
+        std::optional<uint64_t> parent;  // the previous block's hash; none for a sequence's first
         std::vector<int32_t> tokens;
-        uint64_t last_used = 0;                             // LRU
-        uint64_t uses = 0;                                  // LFU
-        uint64_t cached_at = 0;                             // FIFO
-        std::tuple<uint64_t, uint64_t, int32_t> evict_key;  // position in evictable_ while there
+        uint64_t last_used = 0;  // LRU
+        uint64_t uses = 0;       // LFU
+        uint64_t cached_at = 0;  // FIFO
+        EvictionKey evict_key;   // position in evictable_ while there
     };
 
     int32_t take_block();  // a fresh private block (ref 1), evicting if needed
-    void record_stored(const Block& blk, std::optional<uint64_t> parent);
+    // Announces `tokens` (one block) as findable in `medium`.
+    void record_stored(uint64_t hash, std::optional<uint64_t> parent, const std::vector<int32_t>& tokens,
+                       KvCacheEvent::Medium medium);
+    void record_removed(uint64_t hash, KvCacheEvent::Medium medium);
+    // Copies the evicted (still hashed) device block `b` to the host tier, unless held there.
+    void offload(int32_t b);
     void add_ref(int32_t b);
     void drop_ref(int32_t b);
-    std::tuple<uint64_t, uint64_t, int32_t> eviction_key(int32_t b) const;
+    EvictionKey eviction_key(int32_t b) const;
 
     int block_size_;
     EvictionPolicy policy_;
     bool prefix_caching_;
     std::vector<Block> blocks_;
-    std::vector<int32_t> free_;                                    // count 0, unhashed (a stack)
-    std::set<std::tuple<uint64_t, uint64_t, int32_t>> evictable_;  // count 0, cached; first = next victim
-    std::unordered_map<uint64_t, int32_t> cached_;                 // hash -> block
+    std::vector<int32_t> free_;                     // count 0, unhashed (a stack)
+    std::set<EvictionKey> evictable_;               // count 0, cached; first = next victim
+    std::unordered_map<uint64_t, int32_t> cached_;  // hash -> block
+    std::optional<HostBlockPool> host_;
+    BlockTransfers pending_;  // since the last take_transfers
     uint64_t clock_ = 0;
     BlockStats stats_;
     bool recording_ = false;

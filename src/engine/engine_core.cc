@@ -62,7 +62,8 @@ void check_prompt(const Request& r, int vocab, int max_model_len, int kv_tokens)
 EngineCore::EngineCore(const CoreConfig& config, ModelExecutor& executor)
     : config_(config),
       executor_(executor),
-      blocks_(executor.num_kv_blocks(), executor.block_size(), config.eviction, config.prefix_caching),
+      blocks_(executor.num_kv_blocks(), executor.block_size(), config.eviction, config.prefix_caching,
+              config.prefix_caching ? executor.num_host_kv_blocks() : 0),
       scheduler_(config.scheduler, blocks_),
       sampler_(config.eos_token_ids) {
     blocks_.set_recording(static_cast<bool>(config.kv_events));
@@ -229,7 +230,10 @@ std::optional<EngineCore::Launch> EngineCore::launch(bool overlapped) {
     }
     Launch l;
     l.sched = scheduler_.schedule();
-    if (l.sched.empty()) return std::nullopt;
+    if (l.sched.empty()) {
+        PG_CHECK(l.sched.transfers.empty(), "tier copies decided for an empty step");
+        return std::nullopt;
+    }
     ++totals_.steps;
     for (const ScheduledSeq& s : l.sched.seqs) {
         RequestState& r = *requests_.at(s.seq->request_id);
@@ -248,6 +252,9 @@ std::optional<EngineCore::Launch> EngineCore::launch(bool overlapped) {
     }
     PG_CHECK(l.on_device || !overlapped, "an overlapped step must sample on the device");
     const Clock::time_point t1 = Clock::now();
+    // Offloads first (they read blocks this step reuses), then onloads, then copy-on-write.
+    if (!l.sched.transfers.offloads.empty()) executor_.offload_blocks(l.sched.transfers.offloads);
+    if (!l.sched.transfers.onloads.empty()) executor_.onload_blocks(l.sched.transfers.onloads);
     executor_.copy_blocks(l.sched.block_copies);
     if (l.on_device)
         executor_.execute_on_device(batch_);
@@ -410,6 +417,16 @@ EngineStats EngineCore::stats() const {
     s.prefix_hits = blocks_.stats().prefix_hits;
     s.evictions = blocks_.stats().evictions;
     s.preemptions = scheduler_.num_preemptions();
+    if (const HostBlockPool* host = blocks_.host()) {
+        s.num_host_kv_blocks = host->num_slots();
+        s.num_host_kv_blocks_used = host->num_used();
+        s.host_evictions = host->evictions();
+    }
+    s.host_prefix_queries = blocks_.stats().host_queries;
+    s.host_prefix_hits = blocks_.stats().host_hits;
+    s.kv_offloaded_blocks = blocks_.stats().offloaded_blocks;
+    s.kv_onloaded_blocks = blocks_.stats().onloaded_blocks;
+    s.kv_block_bytes = executor_.kv_block_bytes();
     return s;
 }
 

@@ -103,7 +103,7 @@ SchedulerOutput Scheduler::schedule() {
     while (out.preempted.empty() && num_waiting_ > 0 && budget > 0) {
         Sequence* seq = next_waiting(seats_of);
         if (seats + seq->seats() > config_.max_num_seqs) break;  // no room for it (or its siblings)
-        const std::vector<int32_t> hits = blocks_.match_prefix(*seq);
+        const std::vector<PrefixHit> hits = blocks_.match_prefix(*seq);
         const int hit_tokens = static_cast<int>(hits.size()) * blocks_.block_size();
         const int num_new = std::min(seq->num_tokens() - hit_tokens, budget);
         if (!blocks_.can_allocate(*seq, num_new, hits)) break;  // head of line waits for memory
@@ -114,13 +114,23 @@ SchedulerOutput Scheduler::schedule() {
         if (!seq->admitted_once) {
             seq->admitted_once = true;
             seq->num_cached_prompt_tokens = std::min(hit_tokens, seq->num_prompt_tokens);
-            blocks_.count_prefix_query(seq->num_prompt_tokens, seq->num_cached_prompt_tokens);
+            // The host tier is asked about the blocks after the last device hit (the whole rest
+            // of the prompt, as prefix_queries counts it); host hits count as cached tokens.
+            int host_queried = 0, host_hit = 0;
+            if (blocks_.host()) {
+                int device_hits = 0;
+                while (device_hits < static_cast<int>(hits.size()) && !hits[device_hits].on_host()) ++device_hits;
+                host_queried = seq->num_prompt_tokens - device_hits * blocks_.block_size();
+                for (const PrefixHit& h : hits) host_hit += h.on_host() ? blocks_.block_size() : 0;
+            }
+            blocks_.count_prefix_query(seq->num_prompt_tokens, seq->num_cached_prompt_tokens, host_queried, host_hit);
         }
         add_running(seq);
         out.seqs.push_back({seq, num_new, seq->num_computed + num_new == seq->num_tokens()});
         budget -= num_new;
     }
     for (const ScheduledSeq& s : out.seqs) out.num_tokens += s.num_new;
+    out.transfers = blocks_.take_transfers();
     return out;
 }
 

@@ -1,7 +1,8 @@
 // Iteration-level scheduling: each step fills a token budget and a sequence cap with running
 // decodes first, then running chunked prefills, then waiting sequences in (priority, arrival)
 // order. When KV blocks run out, the lowest-priority, latest-arriving running sequence is
-// preempted (its blocks freed, its tokens recomputed later).
+// preempted (its blocks freed, its tokens recomputed later). With a host tier, admission's prefix
+// lookup continues in host memory; the copies between the tiers come out with the schedule.
 //
 // Running slots are seats: a sequence takes one, an n > 1 request's first choice takes n until
 // its siblings fork from it, so the running sequences never exceed max_num_seqs. Seats are
@@ -35,7 +36,10 @@ struct ScheduledSeq {
 
 struct SchedulerOutput {
     std::vector<ScheduledSeq> seqs;
-    std::vector<std::pair<int32_t, int32_t>> block_copies;  // copy-on-write (src, dst) before the step
+    // Before the step, in this order: the tier copies (offloads, then onloads), then the
+    // copy-on-write copies (src, dst).
+    BlockTransfers transfers;
+    std::vector<std::pair<int32_t, int32_t>> block_copies;
     std::vector<Sequence*> preempted;
     int num_tokens = 0;
     bool empty() const { return seqs.empty(); }

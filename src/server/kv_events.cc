@@ -62,6 +62,11 @@ void* bind_socket(void* context, int type, const std::string& endpoint, const ch
     return s;
 }
 
+// vLLM's `medium` strings.
+const char* medium_name(KvCacheEvent::Medium m) {
+    return m == KvCacheEvent::Medium::Cpu ? "CPU" : "GPU";
+}
+
 }  // namespace
 
 std::string encode_kv_event_batch(double timestamp, const std::vector<KvCacheEvent>& events, int block_size,
@@ -85,7 +90,7 @@ std::string encode_kv_event_batch(double timestamp, const std::vector<KvCacheEve
                 for (int32_t t : e.token_ids) w.sint(t);
                 w.uint(static_cast<uint64_t>(block_size));
                 w.nil();  // lora_id
-                w.str("GPU");
+                w.str(medium_name(e.medium));
                 w.nil();  // lora_name
                 break;
             case KvCacheEvent::Kind::BlockRemoved:
@@ -93,7 +98,7 @@ std::string encode_kv_event_batch(double timestamp, const std::vector<KvCacheEve
                 w.str("BlockRemoved");
                 w.array(e.block_hashes.size());
                 for (uint64_t h : e.block_hashes) w.uint(h);
-                w.str("GPU");
+                w.str(medium_name(e.medium));
                 break;
             case KvCacheEvent::Kind::AllBlocksCleared:
                 w.array(1);

@@ -9,7 +9,10 @@
 //      medium, lora_name (nil)]
 //     ["BlockRemoved", block_hashes, medium]
 //     ["AllBlocksCleared"]
-//   with `medium` "GPU" for the engine's KV pool (whatever the backend: the primary tier);
+//   with `medium` "GPU" for the engine's KV pool (whatever the backend: the primary tier) and
+//   "CPU" for the host tier (--kv-offload-memory): a block evicted from the pool to the host
+//   tier is a BlockRemoved "GPU" then a BlockStored "CPU"; one dropped from the host tier a
+//   BlockRemoved "CPU"; one copied back a BlockStored "GPU";
 //
 //   a ZMQ ROUTER socket bound at `replay_endpoint` (optional) answers a client's
 //   [empty frame, start sequence number (8 bytes, big-endian)] with every buffered batch from

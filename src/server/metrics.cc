@@ -180,6 +180,28 @@ std::string ServerMetrics::render(std::string_view model_name, const EngineStats
             static_cast<double>(s.prefix_queries));
     counter("peregrine:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
             static_cast<double>(s.prefix_hits));
+    counter("peregrine:prefix_cache_evictions",
+            "Blocks evicted from the KV cache's prefix cache (to the host tier where there is one).",
+            static_cast<double>(s.evictions));
+    // The host tier (--kv-offload-memory); zeros without one.
+    counter("peregrine:host_prefix_cache_queries",
+            "Host-tier prefix cache queries, in tokens (prompt tokens after the last KV-cache hit).",
+            static_cast<double>(s.host_prefix_queries));
+    counter("peregrine:host_prefix_cache_hits", "Host-tier prefix cache hits, in tokens (also in prefix_cache_hits).",
+            static_cast<double>(s.host_prefix_hits));
+    counter("peregrine:host_kv_evictions", "Blocks dropped from the host tier to make room for others.",
+            static_cast<double>(s.host_evictions));
+    counter("peregrine:kv_offloaded_blocks", "KV blocks copied from the KV cache to the host tier.",
+            static_cast<double>(s.kv_offloaded_blocks));
+    counter("peregrine:kv_onloaded_blocks", "KV blocks copied from the host tier back to the KV cache.",
+            static_cast<double>(s.kv_onloaded_blocks));
+    counter("peregrine:kv_offloaded_bytes", "Bytes copied from the KV cache to the host tier.",
+            static_cast<double>(s.kv_offloaded_blocks * s.kv_block_bytes));
+    counter("peregrine:kv_onloaded_bytes", "Bytes copied from the host tier back to the KV cache.",
+            static_cast<double>(s.kv_onloaded_blocks * s.kv_block_bytes));
+    gauge("peregrine:host_kv_cache_usage_perc", "Host-tier usage. 1 means 100 percent usage.",
+          s.num_host_kv_blocks > 0 ? static_cast<double>(s.num_host_kv_blocks_used) / s.num_host_kv_blocks : 0.0);
+    gauge("peregrine:host_kv_cache_blocks", "Blocks the host tier holds at most.", s.num_host_kv_blocks);
     counter("peregrine:num_preemptions", "Cumulative number of preemptions from the engine.",
             static_cast<double>(s.preemptions));
     counter("peregrine:prompt_tokens", "Number of prefill tokens processed.", static_cast<double>(s.prompt_tokens));

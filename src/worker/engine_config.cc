@@ -1,5 +1,8 @@
 // EngineConfig::validate (include/peregrine/engine_config.h): here, beside the workers that
 // LocalExecutor::create builds from it, since every engine is built through them.
+#include <unistd.h>
+
+#include <cstdint>
 #include <initializer_list>
 #include <string>
 
@@ -34,6 +37,16 @@ void EngineConfig::validate() const {
         fail("gpu_memory_utilization must be in [0.05, 1], got ", gpu_memory_utilization);
     if (block_size < 1 || block_size > 1024) fail("block_size must be in [1, 1024], got ", block_size);
     if (kv_cache_memory < 0) fail("kv_cache_memory must be >= 0, got ", kv_cache_memory);
+    if (kv_offload_memory < 0) fail("kv_offload_memory must be >= 0 bytes (0 = no host tier), got ", kv_offload_memory);
+    if (kv_offload_memory > 0) {
+        const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+        const int64_t physical = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+        if (physical > 0 && kv_offload_memory > physical)
+            fail("kv_offload_memory ", kv_offload_memory, " bytes is more than this host's memory (", physical,
+                 " bytes)");
+        if (!prefix_caching) fail("kv_offload_memory needs prefix caching (it keeps the prefix cache's blocks)");
+        if (parallel_size() > 1) fail("kv_offload_memory is not supported with tensor or pipeline parallelism yet");
+    }
     if (max_num_seqs < 1) fail("max_num_seqs must be >= 1, got ", max_num_seqs);
     if (tensor_parallel_size < 1 || tensor_parallel_size > 64)
         fail("tensor_parallel_size must be in [1, 64], got ", tensor_parallel_size);

@@ -1,6 +1,7 @@
 // The executor contract between the engine core and the devices.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -24,6 +25,15 @@ class ModelExecutor {
     virtual int block_size() const = 0;
     // Copy-on-write of KV blocks, before the batch that writes them.
     virtual void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) = 0;
+    // The host tier of the KV cache (EngineConfig::kv_offload_memory): its size in blocks (0:
+    // none) and the bytes of one block, every layer's K and V.
+    virtual int num_host_kv_blocks() const { return 0; }
+    virtual size_t kv_block_bytes() const { return 0; }
+    // Copies whole blocks between the device pool and the host tier, after every op queued
+    // before and before every op queued after (the next step waits for them): pairs
+    // (device block, host slot) out, (host slot, device block) in. One call per step each way.
+    virtual void offload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs);
+    virtual void onload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs);
     // logits: [batch.logits_indices.size(), vocab].
     virtual void execute(const BatchInput& batch, std::vector<float>& logits) = 0;
     // Whether execute_on_device / launch_sampling / collect_samples are available.

@@ -13,6 +13,12 @@ void ModelExecutor::launch_sampling(const std::vector<SampleRow>&) {
 void ModelExecutor::collect_samples(std::vector<int32_t>&, std::vector<TokenLogprob>&) {
     fail("this executor samples on the CPU only");
 }
+void ModelExecutor::offload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+    PG_CHECK(pairs.empty(), "this executor has no host KV tier");
+}
+void ModelExecutor::onload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+    PG_CHECK(pairs.empty(), "this executor has no host KV tier");
+}
 
 LocalExecutor::LocalExecutor(std::unique_ptr<Worker> worker) : worker_(std::move(worker)) {}
 
@@ -22,13 +28,16 @@ std::unique_ptr<LocalExecutor> LocalExecutor::create(const EngineConfig& config)
     w->init_device();
     w->load_model();
     w->init_kv_cache(w->determine_kv_blocks());
+    w->init_host_kv_cache(config.kv_offload_memory);
     w->warm_up();
     return std::make_unique<LocalExecutor>(std::move(w));
 }
 
 std::unique_ptr<LocalExecutor> LocalExecutor::over(Backend& backend, Model& model, int num_blocks, int block_size,
-                                                   DeviceSampler* sampler) {
-    return std::make_unique<LocalExecutor>(std::make_unique<Worker>(backend, model, num_blocks, block_size, sampler));
+                                                   DeviceSampler* sampler, int64_t host_kv_bytes) {
+    auto w = std::make_unique<Worker>(backend, model, num_blocks, block_size, sampler);
+    w->init_host_kv_cache(host_kv_bytes);
+    return std::make_unique<LocalExecutor>(std::move(w));
 }
 
 int LocalExecutor::vocab_size() const {
@@ -49,6 +58,22 @@ int LocalExecutor::block_size() const {
 
 void LocalExecutor::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
     worker_->copy_blocks(pairs);
+}
+
+int LocalExecutor::num_host_kv_blocks() const {
+    return worker_->num_host_kv_blocks();
+}
+
+size_t LocalExecutor::kv_block_bytes() const {
+    return worker_->kv_block_bytes();
+}
+
+void LocalExecutor::offload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+    worker_->offload_blocks(pairs);
+}
+
+void LocalExecutor::onload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+    worker_->onload_blocks(pairs);
 }
 
 void LocalExecutor::execute(const BatchInput& batch, std::vector<float>& logits) {

@@ -18,9 +18,10 @@ class LocalExecutor final : public ModelExecutor {
     explicit LocalExecutor(std::unique_ptr<Worker> worker);
     // Builds the workers of `config` and readies them: device, weights, KV cache, warm-up.
     static std::unique_ptr<LocalExecutor> create(const EngineConfig& config);
-    // An executor over a backend and a model the caller owns (tests, benchmarks).
+    // An executor over a backend and a model the caller owns (tests, benchmarks), with a host
+    // KV tier of `host_kv_bytes` (0: none).
     static std::unique_ptr<LocalExecutor> over(Backend& backend, Model& model, int num_blocks, int block_size,
-                                               DeviceSampler* sampler = nullptr);
+                                               DeviceSampler* sampler = nullptr, int64_t host_kv_bytes = 0);
 
     Worker& worker() { return *worker_; }
     const Worker& worker() const { return *worker_; }
@@ -30,6 +31,10 @@ class LocalExecutor final : public ModelExecutor {
     int num_kv_blocks() const override;
     int block_size() const override;
     void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
+    int num_host_kv_blocks() const override;
+    size_t kv_block_bytes() const override;
+    void offload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
+    void onload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
     void execute(const BatchInput& batch, std::vector<float>& logits) override;
     bool samples_on_device() const override;
     void execute_on_device(const BatchInput& batch) override;

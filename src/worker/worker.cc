@@ -98,7 +98,12 @@ Worker::Worker(Backend& backend, Model& model, int num_blocks, int block_size, D
     init_kv_cache(num_blocks);
 }
 
-Worker::~Worker() = default;
+Worker::~Worker() {
+    if (host_kv_) {
+        backend_->synchronize();  // no copy may still read or write it
+        backend_->free_host(host_kv_);
+    }
+}
 
 void Worker::init_device() {
     own_backend_ = make_backend(config_, place_.device_index);
@@ -173,6 +178,11 @@ void Worker::init_kv_cache(int num_blocks) {
     PG_CHECK(model_ && !cache_, "init_kv_cache: call load_model first, once");
     const KvCacheShape shape = model_->kv_cache_shape(num_blocks, config_.block_size);
     cache_ = std::make_unique<KvCache>(*backend_, shape);
+    for (int l = 0; l < shape.num_layers; ++l) {
+        if (cache_->k(l).empty()) continue;  // a layer of another pipeline stage
+        cache_tensors_.push_back(cache_->k(l));
+        cache_tensors_.push_back(cache_->v(l));
+    }
     if (own_model_ && place_.verbose)
         std::fprintf(stderr, "  KV cache: %d blocks of %d tokens (%.1f MiB, %s), holds %lld tokens\n", num_blocks,
                      shape.block_size, num_blocks * static_cast<double>(shape.bytes_per_block()) / (1 << 20),
@@ -226,6 +236,44 @@ void Worker::warm_up() {
 const LoadedModel& Worker::loaded() const {
     PG_CHECK(loaded_, "loaded(): this worker's model was built by its caller");
     return *loaded_;
+}
+
+void Worker::init_host_kv_cache(int64_t bytes) {
+    PG_CHECK(cache_ && !host_kv_, "init_host_kv_cache: call init_kv_cache first, once");
+    if (bytes < 0) fail("--kv-offload-memory must be >= 0 bytes, got ", bytes);
+    if (bytes == 0) return;
+    const int64_t per_block = static_cast<int64_t>(kv_block_bytes());
+    const int64_t blocks = std::min<int64_t>(bytes / per_block, 1 << 30);
+    if (blocks < 1)
+        fail("--kv-offload-memory ", bytes, " is less than one KV block (", per_block,
+             " bytes, every layer's K and V)");
+    host_kv_ = backend_->allocate_host(static_cast<size_t>(blocks * per_block));
+    host_blocks_ = static_cast<int>(blocks);
+    if (own_model_ && place_.verbose)
+        std::fprintf(stderr, "  KV host tier: %d blocks (%.1f MiB)\n", host_blocks_,
+                     blocks * static_cast<double>(per_block) / (1 << 20));
+}
+
+size_t Worker::kv_block_bytes() const {
+    size_t bytes = 0;
+    for (const Tensor& t : cache_tensors_) bytes += t.nbytes() / static_cast<size_t>(t.dim(0));
+    return bytes;
+}
+
+void Worker::offload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+    if (pairs.empty()) return;
+    PG_CHECK(host_kv_, "offload_blocks without a host tier");
+    for (const auto& [block, slot] : pairs) PG_CHECK(slot >= 0 && slot < host_blocks_, "host slot ", slot);
+    backend_->make_current();
+    backend_->copy_blocks_to_host(cache_tensors_, pairs, host_kv_, kv_block_bytes());
+}
+
+void Worker::onload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+    if (pairs.empty()) return;
+    PG_CHECK(host_kv_, "onload_blocks without a host tier");
+    for (const auto& [slot, block] : pairs) PG_CHECK(slot >= 0 && slot < host_blocks_, "host slot ", slot);
+    backend_->make_current();
+    backend_->copy_blocks_from_host(host_kv_, kv_block_bytes(), pairs, cache_tensors_);
 }
 
 int Worker::num_kv_blocks() const {

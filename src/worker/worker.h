@@ -6,6 +6,7 @@
 //   w.init_device();                          // the backend
 //   w.load_model();                           // weights, placed by the backend
 //   w.init_kv_cache(w.determine_kv_blocks());  // profiles memory (CUDA) and allocates the pool
+//   w.init_host_kv_cache(config.kv_offload_memory);  // the host tier (none for 0)
 //   w.warm_up();                              // records the decode steps' graphs (CUDA)
 //
 // Then `execute*` run flattened batches. One thread drives a worker (the engine's).
@@ -61,6 +62,10 @@ class Worker {
     // the largest batch; else config.kv_cache_memory, or max_num_seqs full contexts (<= 4 GiB).
     int determine_kv_blocks();
     void init_kv_cache(int num_blocks);
+    // The host tier of the KV cache: as many whole blocks as `bytes` holds, in host memory
+    // from the backend (pinned on CUDA). 0: none. Throws Error when bytes is negative or less
+    // than one block.
+    void init_host_kv_cache(int64_t bytes);
     void warm_up();
 
     const ModelConfig& model_config() const { return model_->config(); }
@@ -68,9 +73,14 @@ class Worker {
     Backend& backend() { return *backend_; }
     int num_kv_blocks() const;
     int block_size() const;
+    int num_host_kv_blocks() const { return host_blocks_; }
+    size_t kv_block_bytes() const;  // one block of every layer's K and V
 
     // Copy-on-write of KV blocks, before the batch that writes them.
     void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs);
+    // Host-tier copies, one backend call each way: (device block, host slot) / (host slot, device block).
+    void offload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs);
+    void onload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs);
     // logits: [batch.logits_indices.size(), vocab] f32 on the host.
     void execute(const BatchInput& batch, std::vector<float>& logits);
     // Device sampling (samples_on_device()): the logits stay on the device for launch_sampling.
@@ -91,6 +101,9 @@ class Worker {
     Model* model_ = nullptr;
     DeviceSampler* sampler_ = nullptr;
     std::unique_ptr<KvCache> cache_;
+    std::vector<Tensor> cache_tensors_;  // every layer's K then V: the order of a host slot
+    void* host_kv_ = nullptr;            // [host_blocks_, kv_block_bytes()] (backend's allocate_host)
+    int host_blocks_ = 0;
     std::unique_ptr<Tensor> device_logits_;  // the last execute_on_device's logits
     size_t free_at_init_ = 0;                // device memory free once the backend existed (0: none)
 };

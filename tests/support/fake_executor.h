@@ -3,7 +3,8 @@
 // a stale block or a missed copy-on-write changes the logits, so outputs reveal them.
 // With enable_device_sampling it also plays a GPU executor's sampling contract: logits stay
 // inside, draws are launched then collected, and a batch may name the last launch's draws as
-// its tokens (id -1 - i), as under async scheduling.
+// its tokens (id -1 - i), as under async scheduling. With enable_host_tier it has a host KV tier
+// of that many blocks (token ids per slot too), so a missed or misplaced onload shows the same way.
 #pragma once
 
 #include <cmath>
@@ -35,6 +36,27 @@ class FakeExecutor final : public ModelExecutor {
         for (const auto& [src, dst] : pairs)
             for (int i = 0; i < block_size_; ++i) slots_[dst * block_size_ + i] = slots_[src * block_size_ + i];
         copies_ += pairs.size();
+    }
+
+    void enable_host_tier(int slots) { host_.assign(static_cast<size_t>(slots) * block_size_, -1); }
+    int num_host_kv_blocks() const override { return static_cast<int>(host_.size()) / block_size_; }
+    size_t kv_block_bytes() const override { return static_cast<size_t>(block_size_) * sizeof(int32_t); }
+    void offload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override {
+        for (const auto& [blk, slot] : pairs) {
+            PG_CHECK(blk >= 0 && blk < num_blocks_ && slot >= 0 && slot < num_host_kv_blocks());
+            for (int i = 0; i < block_size_; ++i) host_[slot * block_size_ + i] = slots_[blk * block_size_ + i];
+        }
+        offloaded_ += pairs.size();
+        ++offload_calls_;
+    }
+    void onload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override {
+        for (const auto& [slot, blk] : pairs) {
+            PG_CHECK(blk >= 0 && blk < num_blocks_ && slot >= 0 && slot < num_host_kv_blocks());
+            if (drop_onloads_) continue;
+            for (int i = 0; i < block_size_; ++i) slots_[blk * block_size_ + i] = host_[slot * block_size_ + i];
+        }
+        onloaded_ += pairs.size();
+        ++onload_calls_;
     }
 
     void execute(const BatchInput& b, std::vector<float>& logits) override {
@@ -104,12 +126,16 @@ class FakeExecutor final : public ModelExecutor {
 
     size_t copies_ = 0;
     size_t steps_ = 0;
-    size_t fed_ = 0;     // tokens taken from draws on the "device"
-    size_t tokens_ = 0;  // tokens run through the model
+    size_t offloaded_ = 0, onloaded_ = 0;          // blocks moved to / from the host tier
+    size_t offload_calls_ = 0, onload_calls_ = 0;  // calls (at most one each per step)
+    bool drop_onloads_ = false;                    // a broken tier, for tests that must notice it
+    size_t fed_ = 0;                               // tokens taken from draws on the "device"
+    size_t tokens_ = 0;                            // tokens run through the model
 
   private:
     int num_blocks_, block_size_, vocab_, max_len_;
     std::vector<int32_t> slots_;  // [num_blocks * block_size] token id written at each slot
+    std::vector<int32_t> host_;   // [host slots * block_size] the host tier's copies
     bool device_ = false, launched_ = false;
     int max_fed_ = 0;
     Sampler sampler_{{}};

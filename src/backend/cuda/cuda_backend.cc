@@ -130,6 +130,12 @@ CudaBackend::~CudaBackend() {
     cudaFree(lt_workspace_);
     if (stage_) cudaFreeHost(stage_);
     if (lt_) cublasLtDestroy(lt_handle(lt_));
+    if (copy_stream_) {
+        cudaStreamSynchronize(copy_stream_);
+        cudaStreamDestroy(copy_stream_);
+        cudaEventDestroy(copy_ready_);
+        cudaEventDestroy(copy_done_);
+    }
     if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -744,6 +750,75 @@ void CudaBackend::copy_blocks(const Tensor& cache, const std::vector<std::pair<i
         cuda::copy_blocks(bf(cache), d, static_cast<int>(chunk), block_elems, stream_);
         i += chunk;
     }
+}
+
+// ---- the host tier of the KV cache ----------------------------------------------------------------
+
+void* CudaBackend::allocate_host(size_t bytes) {
+    void* p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+        cudaGetLastError();  // clear it
+        fail("cannot allocate ", bytes, " bytes of pinned host memory for the KV offload tier (", cudaGetErrorString(e),
+             "): lower --kv-offload-memory");
+    }
+    return p;
+}
+
+void CudaBackend::free_host(void* p) {
+    if (p) cudaFreeHost(p);
+}
+
+void CudaBackend::host_copies(bool to_host, const std::vector<Tensor>& caches,
+                              const std::vector<std::pair<int32_t, int32_t>>& pairs, char* host, size_t slot_bytes) {
+    if (pairs.empty()) return;
+    PG_CHECK(!capturing(), "host-tier copies inside a recorded step");
+    if (!copy_stream_) {
+        PG_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+        PG_CUDA_CHECK(cudaEventCreateWithFlags(&copy_ready_, cudaEventDisableTiming));
+        PG_CUDA_CHECK(cudaEventCreateWithFlags(&copy_done_, cudaEventDisableTiming));
+    }
+    // Offloads read blocks that queued steps wrote; onloads overwrite blocks that queued steps
+    // may still read (their last users): both wait for the compute stream so far.
+    PG_CUDA_CHECK(cudaEventRecord(copy_ready_, stream_));
+    PG_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, copy_ready_, 0));
+    std::vector<size_t> block_bytes;
+    size_t total = 0;
+    for (const Tensor& c : caches) {
+        PG_CHECK(c.device == Device::CUDA);
+        block_bytes.push_back(c.nbytes() / static_cast<size_t>(c.dim(0)));
+        total += block_bytes.back();
+    }
+    PG_CHECK(total == slot_bytes, "host slot of ", slot_bytes, " bytes for blocks of ", total);
+    for (const auto& [a, b] : pairs) {
+        const int32_t block = to_host ? a : b, slot = to_host ? b : a;
+        char* h = host + static_cast<size_t>(slot) * slot_bytes;
+        for (size_t c = 0; c < caches.size(); ++c) {
+            PG_CHECK(block >= 0 && block < caches[c].dim(0) && slot >= 0);
+            char* d = static_cast<char*>(caches[c].data) + static_cast<size_t>(block) * block_bytes[c];
+            if (to_host)
+                PG_CUDA_CHECK(cudaMemcpyAsync(h, d, block_bytes[c], cudaMemcpyDeviceToHost, copy_stream_));
+            else
+                PG_CUDA_CHECK(cudaMemcpyAsync(d, h, block_bytes[c], cudaMemcpyHostToDevice, copy_stream_));
+            h += block_bytes[c];
+        }
+    }
+    // Everything queued on the compute stream from now on (the step) runs after the copies.
+    PG_CUDA_CHECK(cudaEventRecord(copy_done_, copy_stream_));
+    PG_CUDA_CHECK(cudaStreamWaitEvent(stream_, copy_done_, 0));
+}
+
+void CudaBackend::copy_blocks_to_host(const std::vector<Tensor>& caches,
+                                      const std::vector<std::pair<int32_t, int32_t>>& pairs, void* host,
+                                      size_t slot_bytes) {
+    host_copies(true, caches, pairs, static_cast<char*>(host), slot_bytes);
+}
+
+void CudaBackend::copy_blocks_from_host(const void* host, size_t slot_bytes,
+                                        const std::vector<std::pair<int32_t, int32_t>>& pairs,
+                                        const std::vector<Tensor>& caches) {
+    // The copies only read the host memory.
+    host_copies(false, caches, pairs, static_cast<char*>(const_cast<void*>(host)), slot_bytes);
 }
 
 void CudaBackend::gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const Tensor& out) {

@@ -50,6 +50,16 @@ class CudaBackend final : public Backend {
     Tensor place_weight(const Tensor& host, bool matrix) override;
     void fill_random(const Tensor& t, uint64_t seed, float lo, float hi) override;
     void copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
+    // Pinned (cudaHostAlloc), so the copies below run asynchronously.
+    void* allocate_host(size_t bytes) override;
+    void free_host(void* p) override;
+    // cudaMemcpyAsync per block and cache on the copy stream, which first waits for everything
+    // queued on the compute stream so far; the compute stream then waits for the copies.
+    void copy_blocks_to_host(const std::vector<Tensor>& caches, const std::vector<std::pair<int32_t, int32_t>>& pairs,
+                             void* host, size_t slot_bytes) override;
+    void copy_blocks_from_host(const void* host, size_t slot_bytes,
+                               const std::vector<std::pair<int32_t, int32_t>>& pairs,
+                               const std::vector<Tensor>& caches) override;
     void copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t rows,
                       int64_t cols) override;
     void* native_stream() override { return stream_; }
@@ -168,11 +178,19 @@ class CudaBackend final : public Backend {
     const int32_t* device_ints(const int32_t* host, int64_t n, int32_t* scratch_slot);
     bool capturing() const;
     void clear_graphs();
+    // The host-tier copies of one call: each pair's block rows of every cache, one way.
+    void host_copies(bool to_host, const std::vector<Tensor>& caches,
+                     const std::vector<std::pair<int32_t, int32_t>>& pairs, char* host, size_t slot_bytes);
 
     CudaOptions options_;
     int sm_count_ = 0;
     std::string device_name_;
     cudaStream_t stream_ = nullptr;
+    // The host tier's copies (created on first use): their own stream, ordered against stream_
+    // by copy_ready_ (compute so far -> copies) and copy_done_ (copies -> later compute).
+    cudaStream_t copy_stream_ = nullptr;
+    cudaEvent_t copy_ready_ = nullptr;
+    cudaEvent_t copy_done_ = nullptr;
     void* lt_ = nullptr;  // cublasLtHandle_t
     void* lt_workspace_ = nullptr;
     size_t lt_workspace_bytes_ = 0;

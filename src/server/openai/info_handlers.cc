@@ -48,6 +48,13 @@ void handle_health(CompletionService& service, ApiCall& call) {
     j["kv_blocks_total"] = s.num_kv_blocks;
     j["prefix_cache_hit_rate"] =
         s.prefix_queries > 0 ? static_cast<double>(s.prefix_hits) / static_cast<double>(s.prefix_queries) : 0.0;
+    j["kv_evictions"] = s.evictions;
+    if (s.num_host_kv_blocks > 0) {  // the host tier (--kv-offload-memory)
+        j["host_kv_blocks_used"] = s.num_host_kv_blocks_used;
+        j["host_kv_blocks_total"] = s.num_host_kv_blocks;
+        j["host_kv_bytes_total"] = static_cast<uint64_t>(s.num_host_kv_blocks) * s.kv_block_bytes;
+        j["host_kv_usage"] = static_cast<double>(s.num_host_kv_blocks_used) / s.num_host_kv_blocks;
+    }
     j["preemptions"] = s.preemptions;
     j["prompt_tokens"] = s.prompt_tokens;
     j["generation_tokens"] = s.generation_tokens;
