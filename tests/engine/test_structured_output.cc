@@ -83,7 +83,9 @@ TEST_F(StructuredOutputTest, JsonSchemaTextParsesAndFits) {
             ASSERT_TRUE(j.contains("mood"));
             EXPECT_TRUE(j["mood"] == "happy" || j["mood"] == "sad");
             for (const auto& [k, v] : j.items()) EXPECT_TRUE(k == "name" || k == "age" || k == "mood" || k == "tags");
-            if (j.contains("tags")) EXPECT_LE(j["tags"].size(), 3u);
+            if (j.contains("tags")) {
+                EXPECT_LE(j["tags"].size(), 3u);
+            }
             if (temperature == 0.0f) break;  // greedy: the seed changes nothing
         }
     }
@@ -94,10 +96,11 @@ TEST_F(StructuredOutputTest, JsonObjectRegexChoiceAndGrammar) {
     // by itself is a whole object.
     for (uint64_t seed = 1; seed <= 3; ++seed) {
         const Generated obj = run(request(StructuredOutput::Kind::JsonObject, "", 1.0f, seed));
-        if (obj.finish == FinishReason::Stop)
+        if (obj.finish == FinishReason::Stop) {
             EXPECT_TRUE(nlohmann::json::parse(obj.text, nullptr, false).is_object()) << obj.text;
-        else
+        } else {
             EXPECT_EQ(obj.finish, FinishReason::Length);
+        }
         EXPECT_EQ(obj.text.rfind("{", 0), 0u) << obj.text;
     }
     const Generated re = run(request(StructuredOutput::Kind::Regex, R"([A-Z][a-z]{2,8} (is|was) \d{1,3})", 1.0f, 7));
