@@ -132,6 +132,7 @@ CudaBackend::~CudaBackend() {
     if (lt_) cublasLtDestroy(lt_handle(lt_));
     if (copy_stream_) {
         cudaStreamSynchronize(copy_stream_);
+        cudaFree(host_copy_list_);
         cudaStreamDestroy(copy_stream_);
         cudaEventDestroy(copy_ready_);
         cudaEventDestroy(copy_done_);
@@ -790,18 +791,45 @@ void CudaBackend::host_copies(bool to_host, const std::vector<Tensor>& caches,
         total += block_bytes.back();
     }
     PG_CHECK(total == slot_bytes, "host slot of ", slot_bytes, " bytes for blocks of ", total);
+    // One kernel moves every piece through the pinned buffer's device alias; pieces that are
+    // not 16-byte sized and aligned (none for the supported shapes) go by cudaMemcpyAsync.
+    char* alias = nullptr;
+    PG_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&alias), host, 0));
+    std::vector<cuda::HostCopy> list;
+    list.reserve(pairs.size() * caches.size());
     for (const auto& [a, b] : pairs) {
         const int32_t block = to_host ? a : b, slot = to_host ? b : a;
-        char* h = host + static_cast<size_t>(slot) * slot_bytes;
+        size_t offset = static_cast<size_t>(slot) * slot_bytes;
         for (size_t c = 0; c < caches.size(); ++c) {
             PG_CHECK(block >= 0 && block < caches[c].dim(0) && slot >= 0);
             char* d = static_cast<char*>(caches[c].data) + static_cast<size_t>(block) * block_bytes[c];
-            if (to_host)
-                PG_CUDA_CHECK(cudaMemcpyAsync(h, d, block_bytes[c], cudaMemcpyDeviceToHost, copy_stream_));
+            char* h = alias + offset;
+            const bool vec = block_bytes[c] % 16 == 0 && reinterpret_cast<uintptr_t>(d) % 16 == 0 &&
+                             reinterpret_cast<uintptr_t>(h) % 16 == 0 && block_bytes[c] <= UINT32_MAX;
+            if (vec)
+                list.push_back(
+                    {to_host ? static_cast<void*>(h) : d, to_host ? d : h, static_cast<uint32_t>(block_bytes[c])});
+            else if (to_host)
+                PG_CUDA_CHECK(cudaMemcpyAsync(host + offset, d, block_bytes[c], cudaMemcpyDeviceToHost, copy_stream_));
             else
-                PG_CUDA_CHECK(cudaMemcpyAsync(d, h, block_bytes[c], cudaMemcpyHostToDevice, copy_stream_));
-            h += block_bytes[c];
+                PG_CUDA_CHECK(cudaMemcpyAsync(d, host + offset, block_bytes[c], cudaMemcpyHostToDevice, copy_stream_));
+            offset += block_bytes[c];
         }
+    }
+    if (!list.empty()) {
+        if (list.size() > host_copy_capacity_) {
+            // The old list may still be read by a queued copy kernel: wait for those first.
+            PG_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+            if (host_copy_list_) PG_CUDA_CHECK(cudaFree(host_copy_list_));
+            host_copy_capacity_ = std::max(list.size(), 2 * host_copy_capacity_);
+            PG_CUDA_CHECK(cudaMalloc(&host_copy_list_, host_copy_capacity_ * sizeof(cuda::HostCopy)));
+        }
+        // From pageable memory: the driver stages it before returning, so `list` may go; the
+        // copy is ordered on copy_stream_ after the previous kernel that read the device list.
+        PG_CUDA_CHECK(cudaMemcpyAsync(host_copy_list_, list.data(), list.size() * sizeof(cuda::HostCopy),
+                                      cudaMemcpyHostToDevice, copy_stream_));
+        cuda::host_copies(static_cast<const cuda::HostCopy*>(host_copy_list_), static_cast<int>(list.size()),
+                          copy_stream_);
     }
     // Everything queued on the compute stream from now on (the step) runs after the copies.
     PG_CUDA_CHECK(cudaEventRecord(copy_done_, copy_stream_));

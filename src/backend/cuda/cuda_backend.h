@@ -189,6 +189,8 @@ class CudaBackend final : public Backend {
     // The host tier's copies (created on first use): their own stream, ordered against stream_
     // by copy_ready_ (compute so far -> copies) and copy_done_ (copies -> later compute).
     cudaStream_t copy_stream_ = nullptr;
+    void* host_copy_list_ = nullptr;  // device: [host_copy_capacity_] cuda::HostCopy
+    size_t host_copy_capacity_ = 0;
     cudaEvent_t copy_ready_ = nullptr;
     cudaEvent_t copy_done_ = nullptr;
     void* lt_ = nullptr;  // cublasLtHandle_t

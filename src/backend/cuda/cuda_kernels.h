@@ -90,6 +90,16 @@ void gather_rows(const bf16_t* x, const int32_t* rows, int n, int dim, bf16_t* o
 // block_elems = block_size * num_kv_heads * head_dim bf16 values per block.
 void copy_blocks(bf16_t* cache, const int32_t* pairs, int n_pairs, int64_t block_elems, cudaStream_t stream);
 
+// One piece of a KV host-tier move: `bytes` (a multiple of 16) from src to dst, both 16-byte
+// aligned, either side device memory or a pinned host buffer's device alias.
+struct HostCopy {
+    void* dst;
+    const void* src;
+    uint32_t bytes;
+};
+// Every piece of `d_copies` ([n], in device memory), in one launch.
+void host_copies(const HostCopy* d_copies, int n, cudaStream_t stream);
+
 // Fills n values with a deterministic function of (seed, index): uniform in [-scale, scale].
 void fill_random_bf16(bf16_t* out, int64_t n, uint64_t seed, float scale, cudaStream_t stream);
 void fill_random_f32(float* out, int64_t n, uint64_t seed, float lo, float hi, cudaStream_t stream);
