@@ -74,6 +74,24 @@ describe('without keys', () => {
         assert.ok(textOf(a).length > 0);
     });
 
+    test('structured output over the socket: the same fields as HTTP', async () => {
+        const c = await connect(server.url);
+        const schema = { type: 'object', properties: { n: { type: 'integer', minimum: 1, maximum: 99 } },
+            required: ['n'], additionalProperties: false };
+        c.send({ id: 's', type: 'chat', request: { messages: [{ role: 'user', content: 'Hi' }], temperature: 1, seed: 2,
+            response_format: { type: 'json_schema', json_schema: { name: 'n', schema } } } });
+        c.send({ id: 'g', type: 'completion', request: { prompt: 'Once', temperature: 1, seed: 2, max_tokens: 20,
+            guided_choice: ['up', 'down'] } });
+        c.send({ id: 'bad', type: 'completion', request: { prompt: 'Once', guided_json: { type: 'object', not: {} } } });
+        const [s, g, bad] = await Promise.all([c.done('s'), c.done('g'), c.done('bad')]);
+        c.ws.close();
+        const v = JSON.parse(textOf(s));
+        assert.ok(Number.isInteger(v.n) && v.n >= 1 && v.n <= 99, textOf(s));
+        assert.ok(['up', 'down'].includes(textOf(g)), textOf(g));
+        assert.equal(bad.at(-1).type, 'error');
+        assert.equal(bad.at(-1).error.param, 'guided_json');
+    });
+
     test('a cancel ends a long request with finish_reason abort; nothing runs within one second', async () => {
         const c = await connect(server.url);
         c.send({
