@@ -359,11 +359,15 @@ void EngineCore::collect(Launch& l, std::vector<RequestOutput>& outputs, std::ve
                                 config_.eos_token_ids.end();
             const bool is_stop_token =
                 std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end();
-            // Structured output: the draw was masked, so the grammar takes it; the EOS it allows
-            // once the text is complete ends the choice even under ignore_eos (it adds no text).
-            const bool grammar_done =
-                seq->grammar && (!seq->grammar->accept_token(tok) || seq->grammar->is_terminated());
-            if ((is_eos && !p.ignore_eos) || is_stop_token || grammar_done)
+            // Structured output: the draw was masked, so the grammar takes it (a refusal would be
+            // a bug: the choice is aborted, saying so, rather than continued off the grammar);
+            // the EOS it allows once the text is complete ends the choice even under ignore_eos.
+            const bool refused = seq->grammar && !seq->grammar->accept_token(tok);
+            const bool grammar_done = seq->grammar && !refused && seq->grammar->is_terminated();
+            if (refused)
+                finish_choice(r, *seq, FinishReason::Abort,
+                              "structured output: the grammar refused token " + std::to_string(tok), out);
+            else if ((is_eos && !p.ignore_eos) || is_stop_token || grammar_done)
                 finish_choice(r, *seq, FinishReason::Stop, is_stop_token ? std::to_string(tok) : "", out);
             else if (seq->num_output() >= seq->max_tokens)
                 finish_choice(r, *seq, FinishReason::Length, "", out);

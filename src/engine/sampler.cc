@@ -70,7 +70,8 @@ SampleRow sample_row(Sequence& seq, int logits_row, bool logprobs) {
     r.num_logprobs = logprobs ? std::min(p.logprobs, kMaxLogprobs) : -1;
     r.logit_bias = p.logit_bias;
     r.stop_token_ids = p.stop_token_ids;
-    r.mask_end = seq.num_output() < p.min_tokens;
+    // min_tokens never masks the end a grammar can only take (nothing else would be left).
+    r.mask_end = seq.num_output() < p.min_tokens && !(seq.grammar && seq.grammar->can_only_end());
     r.constrained = seq.grammar.has_value();
     r.allowed = seq.allowed;
     return r;

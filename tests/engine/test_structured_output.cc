@@ -3,6 +3,7 @@
 // it, greedy or sampled; a grammar that cannot compile is refused at submit, naming the field.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <regex>
 
@@ -18,6 +19,7 @@ namespace {
 
 struct Generated {
     std::string text;
+    std::vector<int32_t> ids;
     FinishReason finish = FinishReason::None;
 };
 
@@ -49,6 +51,7 @@ class StructuredOutputTest : public ::testing::Test {
         Generated out;
         for (RequestOutput o; stream->next(o);) {
             out.text += o.text;
+            out.ids.insert(out.ids.end(), o.token_ids.begin(), o.token_ids.end());
             if (o.finish != FinishReason::None) out.finish = o.finish;
         }
         return out;
@@ -110,6 +113,18 @@ TEST_F(StructuredOutputTest, JsonObjectRegexChoiceAndGrammar) {
     const Generated g = run(
         request(StructuredOutput::Kind::Grammar, R"g(root ::= "(" [0-9]{1,3} ("+" [0-9]{1,3}){0,4} ")")g", 1.0f, 7));
     EXPECT_TRUE(std::regex_match(g.text, std::regex(R"(\([0-9]{1,3}(\+[0-9]{1,3}){0,4}\))"))) << g.text;
+}
+
+// min_tokens cannot hold a choice open once the grammar can only end.
+TEST_F(StructuredOutputTest, MinTokensYieldsToACompleteGrammar) {
+    Request r = request(StructuredOutput::Kind::Choice, R"(["yes", "no"])", 1.0f, 3);
+    r.sampling.min_tokens = 50;
+    const Generated g = run(std::move(r));
+    EXPECT_TRUE(g.text == "yes" || g.text == "no") << g.text;
+    EXPECT_EQ(g.finish, FinishReason::Stop);
+    const auto& eos = m_.loaded->config.eos_token_ids;
+    ASSERT_FALSE(g.ids.empty());
+    EXPECT_NE(std::find(eos.begin(), eos.end(), g.ids.back()), eos.end()) << "ended by token " << g.ids.back();
 }
 
 TEST_F(StructuredOutputTest, BadGrammarIsRefusedAtSubmitNamingTheField) {
