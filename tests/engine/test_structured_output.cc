@@ -115,6 +115,16 @@ TEST_F(StructuredOutputTest, JsonObjectRegexChoiceAndGrammar) {
     EXPECT_TRUE(std::regex_match(g.text, std::regex(R"(\([0-9]{1,3}(\+[0-9]{1,3}){0,4}\))"))) << g.text;
 }
 
+// n > 1: each choice forks the grammar's state with the prompt and follows its own draws.
+TEST_F(StructuredOutputTest, EachOfNChoicesFollowsTheGrammar) {
+    Request r = request(StructuredOutput::Kind::Regex, "(cat|dog|bird)-[0-9]{2}", 1.0f, 11);
+    r.sampling.n = 4;
+    const std::shared_ptr<RequestStream> stream = engine_->submit(std::move(r));
+    std::vector<std::string> text(4);
+    for (RequestOutput o; stream->next(o);) text[static_cast<size_t>(o.index)] += o.text;
+    for (const std::string& t : text) EXPECT_TRUE(std::regex_match(t, std::regex("(cat|dog|bird)-[0-9]{2}"))) << t;
+}
+
 // min_tokens cannot hold a choice open once the grammar can only end.
 TEST_F(StructuredOutputTest, MinTokensYieldsToACompleteGrammar) {
     Request r = request(StructuredOutput::Kind::Choice, R"(["yes", "no"])", 1.0f, 3);
