@@ -20,6 +20,9 @@ struct StructuredOutput {
     std::string spec;
     // The API field that asked for it ("response_format", "guided_json", ...): errors name it.
     std::string field = "response_format";
+    // JSON kinds: no whitespace between tokens (machine-read answers such as forced tool calls;
+    // otherwise a little is allowed at each structural position).
+    bool compact = false;
 };
 
 struct SamplingParams {

@@ -31,13 +31,19 @@ const char* kind_name(StructuredOutput::Kind k) {
     return "none";
 }
 
+grammar::JsonSchemaOptions json_options(const StructuredOutput& s) {
+    grammar::JsonSchemaOptions o;
+    if (s.compact) o.max_whitespace = 0;
+    return o;
+}
+
 grammar::Grammar front_end(const StructuredOutput& s) {
     using Kind = StructuredOutput::Kind;
     switch (s.kind) {
         case Kind::JsonObject:
-            return grammar::compile_any_json_object();
+            return grammar::compile_any_json_object(json_options(s));
         case Kind::JsonSchema:
-            return grammar::compile_json_schema_text(s.spec);
+            return grammar::compile_json_schema_text(s.spec, json_options(s));
         case Kind::Regex:
             return grammar::compile_regex(s.spec);
         case Kind::Grammar:
@@ -80,7 +86,7 @@ std::shared_ptr<const grammar::VocabIndex> GrammarCache::vocab() {
 }
 
 std::shared_ptr<const grammar::TokenizedGrammar> GrammarCache::get(const StructuredOutput& s) {
-    const std::string key = std::string(kind_name(s.kind)) + '\n' + s.spec;
+    const std::string key = std::string(kind_name(s.kind)) + (s.compact ? " compact" : "") + '\n' + s.spec;
     std::lock_guard lock(mu_);  // compiles are rare and bounded (the grammar layer's caps)
     if (auto it = where_.find(key); it != where_.end()) {
         lru_.splice(lru_.begin(), lru_, it->second);

@@ -133,6 +133,84 @@ describe('structured output', () => {
         assert.ok(Number.isInteger(v.n) && v.n >= 1 && v.n <= 9);
     });
 
+    test('tools: tool_choice required / a named function force valid calls; streamed as tool-call deltas', async () => {
+        const ajv = addFormats(new Ajv2020({ strict: false }));
+        // Bounded arguments (the embedded model would write a story into an unbounded string).
+        const fn = (name, properties, required) => ({ type: 'function', function: { name, description: name,
+            parameters: { type: 'object', properties, required, additionalProperties: false } } });
+        const tools = [
+            fn('get_weather', { city: { type: 'string', maxLength: 20 }, unit: { enum: ['celsius', 'fahrenheit'] } },
+               ['city']),
+            fn('set_alarm', { hour: { type: 'integer', minimum: 0, maximum: 23 },
+                              minute: { type: 'integer', minimum: 0, maximum: 59 } }, ['hour', 'minute']),
+            fn('roll_dice', { sides: { enum: [4, 6, 8, 20] }, count: { type: 'integer', minimum: 1, maximum: 5 } },
+               ['sides']),
+        ];
+        const byName = Object.fromEntries(tools.map((t) => [t.function.name, t.function.parameters]));
+        const check = (calls, context) => {
+            assert.ok(Array.isArray(calls) && calls.length >= 1, context);
+            for (const call of calls) {
+                assert.equal(call.type, 'function', context);
+                assert.match(call.id, /^call_/);
+                const schema = byName[call.function.name];
+                assert.ok(schema, `${context}: unknown tool ${call.function.name}`);
+                const args = JSON.parse(call.function.arguments);
+                const validate = ajv.compile(schema);
+                assert.ok(validate(args), `${context}: ${ajv.errorsText(validate.errors)} ${call.function.arguments}`);
+            }
+        };
+        let completed = 0;
+        for (let seed = 0; seed < 6; seed++) {
+            // One call each (parallel calls: the embedded model never stops adding them).
+            const r = await client.chat.completions.create({
+                model: 'stories260K', messages, tools, tool_choice: 'required', temperature: 1, seed, max_tokens: 480,
+                parallel_tool_calls: false });
+            if (r.choices[0].finish_reason === 'length') continue;  // a story inside a string (see above)
+            completed++;
+            assert.equal(r.choices[0].finish_reason, 'tool_calls');
+            assert.equal(r.choices[0].message.content, null);
+            check(r.choices[0].message.tool_calls, `required, seed ${seed}`);
+        }
+        assert.ok(completed >= 5, `only ${completed} of 6 forced calls completed`);
+        const parallel = await client.chat.completions.create({
+            model: 'stories260K', messages, tools, tool_choice: 'required', temperature: 1, seed: 9, max_tokens: 480 });
+        if (parallel.choices[0].finish_reason === 'tool_calls') check(parallel.choices[0].message.tool_calls, 'parallel');
+        else assert.equal(parallel.choices[0].finish_reason, 'length');
+        const name = tools[0].function.name;
+        const named = await client.chat.completions.create({
+            model: 'stories260K', messages, tools, tool_choice: { type: 'function', function: { name } },
+            temperature: 0, max_tokens: 480, parallel_tool_calls: true });
+        if (named.choices[0].finish_reason !== 'length') {
+            assert.equal(named.choices[0].message.tool_calls.length, 1);
+            assert.equal(named.choices[0].message.tool_calls[0].function.name, name);
+            check(named.choices[0].message.tool_calls, 'named');
+        }
+        // Streamed: the SDK's accumulated deltas make the same kind of calls.
+        for (let seed = 0; seed < 4; seed++) {
+            const stream = await client.chat.completions.create({
+                model: 'stories260K', messages, tools, tool_choice: 'required', temperature: 1, seed, max_tokens: 480,
+                parallel_tool_calls: false, stream: true });
+            const calls = [];
+            let finish = null;
+            for await (const chunk of stream) {
+                const d = chunk.choices[0]?.delta;
+                for (const tc of d?.tool_calls ?? []) calls[tc.index] = tc;
+                finish = chunk.choices[0]?.finish_reason ?? finish;
+            }
+            if (finish === 'length') continue;
+            assert.equal(finish, 'tool_calls');
+            assert.equal(calls.length, 1);
+            check(calls, `streamed, seed ${seed}`);
+        }
+        // tool_choice auto is refused, saying so; none renders the tools and answers text.
+        const auto = await http(`${server.url}/v1/chat/completions`, { body: { model: 'stories260K', messages, tools } });
+        assert.equal(auto.status, 400);
+        assert.equal(auto.json.error.param, 'tool_choice');
+        const none = await client.chat.completions.create({
+            model: 'stories260K', messages, tools, tool_choice: 'none', max_tokens: 5 });
+        assert.equal(typeof none.choices[0].message.content, 'string');
+    });
+
     test('bad requests: 400 naming the field and the keyword', async () => {
         const base = { model: 'stories260K', messages, max_tokens: 10 };
         const cases = [

@@ -74,6 +74,25 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
         int offset = 0;  // legacy logprobs: bytes of text so far
     };
 
+    // Forced tool calls: the choice's text (a JSON array of {"name", "arguments"}, the grammar
+    // saw to that) as OpenAI's tool_calls; null when the text is not a complete array (the
+    // answer ran out of max_tokens: it is then returned as content).
+    Json tool_calls_of(const Choice& c, bool with_index) const {
+        if (!p_.forced_tool_calls || c.finish != FinishReason::Stop) return nullptr;
+        const Json calls = Json::parse(c.text, nullptr, false);
+        if (!calls.is_array()) return nullptr;
+        Json out = Json::array();
+        for (const Json& call : calls) {
+            if (!call.is_object() || !call.contains("name") || !call.contains("arguments")) return nullptr;
+            Json tc = {{"id", "call_" + random_hex_id()},
+                       {"type", "function"},
+                       {"function", {{"name", call["name"]}, {"arguments", call["arguments"].dump()}}}};
+            if (with_index) tc["index"] = out.size();
+            out.push_back(std::move(tc));
+        }
+        return out;
+    }
+
     int prompt_index(const std::string& request_id) const {
         auto it = prompt_of_.find(request_id);
         return it == prompt_of_.end() ? 0 : it->second;
@@ -194,11 +213,12 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
         const bool has_logprobs = p_.sampling.logprobs >= 0 && !out.logprobs.empty();
         const bool finished = out.finish != FinishReason::None;
         if (chat_) {
-            if (!out.text.empty() || has_logprobs) {
+            if (p_.forced_tool_calls) c.text += out.text;  // sent as tool calls once complete
+            if ((!out.text.empty() && !p_.forced_tool_calls) || has_logprobs) {
                 Json chunk = chunk_base();
                 Json choice;
                 choice["index"] = ci;
-                choice["delta"] = {{"content", out.text}};
+                choice["delta"] = {{"content", p_.forced_tool_calls ? std::string() : out.text}};
                 choice["logprobs"] =
                     has_logprobs ? Json{{"content",
                                          chat_logprobs_content(*model_.tokenizer, out.logprobs, p_.sampling.logprobs)}}
@@ -209,12 +229,24 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
                 ex_->send_event(dump(chunk));
             }
             if (finished) {
+                Json calls = tool_calls_of(c, true);
+                if (p_.forced_tool_calls) {  // the calls, or (cut short) the text, in one delta
+                    Json chunk = chunk_base();
+                    Json choice;
+                    choice["index"] = ci;
+                    choice["delta"] = calls.is_null() ? Json{{"content", c.text}} : Json{{"tool_calls", calls}};
+                    choice["logprobs"] = nullptr;
+                    choice["finish_reason"] = nullptr;
+                    chunk["choices"] = Json::array({choice});
+                    if (p_.include_usage) chunk["usage"] = nullptr;
+                    ex_->send_event(dump(chunk));
+                }
                 Json chunk = chunk_base();
                 Json choice;
                 choice["index"] = ci;
                 choice["delta"] = Json::object();
                 choice["logprobs"] = nullptr;
-                choice["finish_reason"] = finish_json(c);
+                choice["finish_reason"] = calls.is_null() ? finish_json(c) : Json("tool_calls");
                 choice["stop_reason"] = stop_reason_json(c.stop_reason, p_.sampling);
                 chunk["choices"] = Json::array({choice});
                 if (p_.include_usage) chunk["usage"] = nullptr;
@@ -259,8 +291,13 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
             const int pi = static_cast<int>(ci) / p_.sampling.n;
             Json choice;
             choice["index"] = ci;
+            Json calls = chat_ ? tool_calls_of(c, false) : Json(nullptr);
             if (chat_) {
                 choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+                if (!calls.is_null()) {
+                    choice["message"]["content"] = nullptr;
+                    choice["message"]["tool_calls"] = std::move(calls);
+                }
                 choice["logprobs"] =
                     p_.sampling.logprobs >= 0
                         ? Json{{"content", chat_logprobs_content(*model_.tokenizer, c.logprobs, p_.sampling.logprobs)}}
@@ -275,7 +312,8 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
                     choice["logprobs"] = nullptr;
                 }
             }
-            choice["finish_reason"] = finish_json(c);
+            const bool called = choice.contains("message") && choice["message"].contains("tool_calls");
+            choice["finish_reason"] = called ? Json("tool_calls") : finish_json(c);
             choice["stop_reason"] = stop_reason_json(c.stop_reason, p_.sampling);
             choices.push_back(std::move(choice));
         }

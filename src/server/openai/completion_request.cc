@@ -89,10 +89,6 @@ int non_negative(const char* key, int64_t v) {
 
 // Features not implemented yet: a clear 400 rather than silently ignoring them.
 void refuse_unsupported(const Json& body, Endpoint endpoint) {
-    if (const Json* tools = json_field(body, "tools")) {
-        if (!tools->is_array() || !tools->empty())
-            bad_param("tools", "'tools' (function calling) is not supported yet");
-    }
     if (const Json* fns = json_field(body, "functions")) {
         if (!fns->is_array() || !fns->empty()) bad_param("functions", "'functions' is not supported yet");
     }
@@ -229,6 +225,86 @@ StructuredOutput parse_structured_output(const Json& body) {
     return asked.empty() ? StructuredOutput{} : asked.front();
 }
 
+// Chat `tools`, `tool_choice`, `parallel_tool_calls`. "required" or a named function: the
+// answer must be calls, a JSON array of {"name", "arguments"} whose arguments follow each tool's
+// parameters schema (one call without parallel_tool_calls); "none": the tools are only shown to
+// the template; "auto" (the default with tools) needs the model's own call format parsed: not
+// supported yet.
+void parse_tools(const Json& body, CompletionParams& c) {
+    const Json* tools = json_field(body, "tools");
+    const Json* choice = json_field(body, "tool_choice");
+    if (!tools || (tools->is_array() && tools->empty())) {
+        if (choice && !(choice->is_string() && choice->get<std::string>() == "none"))
+            bad_param("tool_choice", "'tool_choice' needs 'tools'");
+        return;
+    }
+    if (!c.chat()) bad_param("tools", "'tools' are for /v1/chat/completions");
+    if (!tools->is_array()) bad_param("tools", "'tools' must be a list of {\"type\": \"function\", \"function\": ...}");
+    Json calls = Json::array();  // the anyOf of one call per tool
+    std::vector<std::string> names;
+    for (const Json& t : *tools) {
+        if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
+            !t["function"].is_object())
+            bad_param("tools", "each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        const Json& f = t["function"];
+        const std::string name = f.value("name", "");
+        if (name.empty() || name.size() > 64 ||
+            name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") !=
+                std::string::npos)
+            bad_param("tools", "a tool's function name must be 1-64 letters, digits, '_' or '-', got '", name, "'");
+        if (std::find(names.begin(), names.end(), name) != names.end())
+            bad_param("tools", "two tools are named '", name, "'");
+        names.push_back(name);
+        Json params =
+            f.contains("parameters") ? f["parameters"] : Json{{"type", "object"}, {"properties", Json::object()}};
+        if (!params.is_object()) bad_param("tools", "the parameters of '", name, "' must be a JSON schema object");
+        calls.push_back({{"type", "object"},
+                         {"properties", {{"name", {{"const", name}}}, {"arguments", params}}},
+                         {"required", {"name", "arguments"}},
+                         {"additionalProperties", false}});
+    }
+    c.tools = *tools;
+    std::string mode = "auto";
+    Json forced = calls;
+    if (choice) {
+        if (choice->is_string()) {
+            mode = choice->get<std::string>();
+            if (mode != "none" && mode != "auto" && mode != "required")
+                bad_param("tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or a named function");
+        } else if (choice->is_object() && choice->value("type", "") == "function" && choice->contains("function") &&
+                   (*choice)["function"].is_object() && (*choice)["function"].value("name", "") != "") {
+            const std::string name = (*choice)["function"]["name"].get<std::string>();
+            const auto at = std::find(names.begin(), names.end(), name);
+            if (at == names.end())
+                bad_param("tool_choice", "'tool_choice' names '", name, "', which is not in 'tools'");
+            mode = "named";
+            forced = Json::array({calls[static_cast<size_t>(at - names.begin())]});
+        } else {
+            bad_param("tool_choice",
+                      "'tool_choice' must be 'none', 'auto', 'required' or {\"type\": \"function\", "
+                      "\"function\": {\"name\": ...}}");
+        }
+    }
+    if (mode == "auto")
+        bad_param("tool_choice",
+                  "tool_choice 'auto' (parsing the model's own tool-call format) is not supported yet; "
+                  "use 'required', a named function, or 'none'");
+    if (mode == "none") return;
+    bool parallel = true;
+    if (const Json* p = json_field(body, "parallel_tool_calls")) {
+        if (!p->is_boolean()) bad_param("parallel_tool_calls", "'parallel_tool_calls' must be true or false");
+        parallel = p->get<bool>() && mode != "named";
+    }
+    if (mode == "named") parallel = false;
+    Json schema = {
+        {"type", "array"}, {"minItems", 1}, {"items", forced.size() == 1 ? forced[0] : Json{{"anyOf", forced}}}};
+    if (!parallel) schema["maxItems"] = 1;
+    if (c.sampling.structured.kind != StructuredOutput::Kind::None)
+        bad_param("tool_choice", "forced tool calls cannot be combined with '", c.sampling.structured.field, "'");
+    c.sampling.structured = {StructuredOutput::Kind::JsonSchema, schema.dump(), "tools", /*compact=*/true};
+    c.forced_tool_calls = true;
+}
+
 }  // namespace
 
 CompletionParams parse_completion_params(const Json& body, Endpoint endpoint, const SamplingLimits& limits) {
@@ -266,6 +342,7 @@ CompletionParams parse_completion_params(const Json& body, Endpoint endpoint, co
     if (auto v = get_number(body, "repetition_penalty")) s.repetition_penalty = static_cast<float>(*v);
     s.logit_bias = parse_logit_bias(body);
     s.structured = parse_structured_output(body);
+    parse_tools(body, c);
     if (auto v = get_int(body, "seed")) s.seed = static_cast<uint64_t>(*v);
     if (auto v = get_int(body, "n")) s.n = saturate_int(*v);
     s.stop = parse_stop(body);

@@ -41,6 +41,11 @@ struct CompletionParams {
     bool add_generation_prompt = true;    // chat
     bool continue_final_message = false;  // chat
     Json chat_template_kwargs = Json::object();
+    // chat `tools` (rendered through the template) and, with tool_choice "required" or a named
+    // function, the answer is forced into calls (sampling.structured holds their grammar) and
+    // returned as message.tool_calls with finish_reason "tool_calls".
+    Json tools;  // null: none
+    bool forced_tool_calls = false;
 
     bool chat() const { return endpoint == Endpoint::ChatCompletions; }
 };

@@ -109,6 +109,7 @@ std::vector<int32_t> CompletionService::render_chat(const CompletionParams& p) c
     in.messages = p.messages;
     in.add_generation_prompt = p.add_generation_prompt;
     in.extra = p.chat_template_kwargs;
+    if (!p.tools.is_null()) in.tools = nlohmann::ordered_json::parse(p.tools.dump());
     std::string prompt;
     try {
         prompt = m.chat_template->render(in, template_functions_);
