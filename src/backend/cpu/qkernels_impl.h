@@ -15,6 +15,8 @@
 // Included by kernels_impl.h once per ISA translation unit.
 #pragma once
 
+#include <cstring>
+
 #include "core/quant.h"
 
 namespace peregrine::cpu::PG_KERNEL_NS {
@@ -475,6 +477,7 @@ struct Unpack;
 template <>
 struct Unpack<DType::Q8_0> {
     static constexpr int kSub = 32;
+    static constexpr int kBlockBytes = 34;  // of one 32-value block (rows of an odd count: see pack_panel)
     static __m512i values(const uint8_t* row, int64_t e) {
         const uint8_t* blk = row + (e / 32) * 34;
         const __m512i v = join(_mm256_loadu_si256(reinterpret_cast<const VI*>(blk + 2)),
@@ -490,6 +493,7 @@ struct Unpack<DType::Q8_0> {
 template <>
 struct Unpack<DType::Q4_0> {
     static constexpr int kSub = 32;
+    static constexpr int kBlockBytes = 18;
     static __m512i values(const uint8_t* row, int64_t e) {
         const uint8_t* blk = row + (e / 32) * 18;
         return join(q4_0_nibbles(blk + 2), q4_0_nibbles(blk + 20));
@@ -503,6 +507,7 @@ struct Unpack<DType::Q4_0> {
 template <>
 struct Unpack<DType::Q4_K> {
     static constexpr int kSub = 32;
+    static constexpr int kBlockBytes = 0;  // k is a multiple of 256: no odd tail
     static __m512i values(const uint8_t* row, int64_t e) {
         const VI q = _mm256_loadu_si256(reinterpret_cast<const VI*>(row + (e / 256) * 144 + 16 + (e % 256) / 2));
         return join(_mm256_and_si256(q, splat8(0x0F)), _mm256_and_si256(_mm256_srli_epi16(q, 4), splat8(0x0F)));
@@ -524,6 +529,7 @@ struct Unpack<DType::Q4_K> {
 template <>
 struct Unpack<DType::Q6_K> {
     static constexpr int kSub = 16;
+    static constexpr int kBlockBytes = 0;
     static __m512i values(const uint8_t* row, int64_t e) {
         const uint8_t* blk = row + (e / 256) * 210;
         const int h = static_cast<int>(e % 256) / 128, j = static_cast<int>(e % 128) / 32;  // j: 0 or 2
@@ -545,10 +551,23 @@ struct Unpack<DType::Q6_K> {
 template <DType T>
 void pack_panel(const MatmulArgs& a, int64_t m0, int rows, const Panel& p) {
     const uint8_t* w = static_cast<const uint8_t*>(a.w) + m0 * a.w_row_bytes;
+    // A row of an odd number of 32-value blocks (q8_0 / q4_0 with k % 64 == 32): the last step
+    // reads its one block from a copy followed by a zero block, never past the row (past the
+    // last row is past the weights). The activations there are zero, so the values do not count.
+    alignas(64) uint8_t tail[2 * 64] = {};
     for (int64_t e = 0; e < a.k; e += 64) {
         __m512i r[16];
-        for (int i = 0; i < 16; ++i)
-            r[i] = i < rows ? Unpack<T>::values(w + i * a.w_row_bytes, e) : _mm512_setzero_si512();
+        const bool odd_tail = Unpack<T>::kBlockBytes > 0 && e + 64 > a.k;
+        for (int i = 0; i < 16; ++i) {
+            if (i >= rows) {
+                r[i] = _mm512_setzero_si512();
+            } else if (odd_tail) {
+                std::memcpy(tail, w + i * a.w_row_bytes + (e / 32) * Unpack<T>::kBlockBytes, Unpack<T>::kBlockBytes);
+                r[i] = Unpack<T>::values(tail, 0);
+            } else {
+                r[i] = Unpack<T>::values(w + i * a.w_row_bytes, e);
+            }
+        }
         transpose16x16(r);
         for (int j = 0; j < 16; ++j) _mm512_store_si512(p.q + (e / 4 + j) * 64, r[j]);
     }
