@@ -15,21 +15,9 @@ bundle=$1 n=${2:-2048}
 mkdir -p /tmp/dp && tar -C /tmp/dp -xJf "$bundle/bundle.tar.xz"
 pg=/tmp/dp/pg
 export LD_LIBRARY_PATH=$pg/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-m=${MODEL:-/tmp/models/llama-3.2-1b}  # MODEL, SERVE_ARGS: a dry run elsewhere (e.g. the CPU)
-if [[ ! -f $m/config.json ]]; then
-    mkdir -p "$m" /tmp/tok
-    cp bench/models/llama-3.2-1b/config.json "$m/"
-    tar -C /tmp/tok -xJf tests/data/tokenizers.tar.xz tokenizers/llama3
-    cp /tmp/tok/tokenizers/llama3/tokenizer*.json "$m/"
-fi
+source scripts/device-lib.sh
+m=${MODEL:-$(model_dir llama-3.2-1b)}  # MODEL, SERVE_ARGS: a dry run elsewhere (e.g. the CPU)
 logs=${OUT:-/tmp/dp}/dp && mkdir -p "$logs"
-wait_ready() {  # log file -> the URL once ready
-    for _ in $(seq 600); do
-        u=$(grep -v "^replica " "$1" | grep -oE "ready: (serving '[^']*' at|routing at) http://[0-9.:]+" | grep -oE 'http://[0-9.:]+' | tail -1)
-        [[ -n $u ]] && { echo "$u"; return; }
-        sleep 0.5
-    done
-}
 cpu_of() { awk '{print $14+$15}' /proc/$1/stat 2>/dev/null || echo 0; }  # clock ticks, user+sys
 seed=0
 bench() {  # label url [pid whose CPU to report] -- args...

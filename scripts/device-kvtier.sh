@@ -13,13 +13,7 @@ mkdir -p /tmp/kt && tar -C /tmp/kt -xJf "$1/bundle.tar.xz"
 pg=/tmp/kt/pg
 export LD_LIBRARY_PATH=$pg/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 logs=${OUT:-/tmp/kt}/kt && mkdir -p "$logs"
-wait_ready() {
-    for _ in $(seq 600); do
-        u=$(grep -oE "ready: serving '[^']*' at http://[0-9.:]+" "$1" | grep -oE 'http://[0-9.:]+' | tail -1)
-        [[ -n $u ]] && { echo "$u"; return; }
-        sleep 0.5
-    done
-}
+source scripts/device-lib.sh
 cat > /tmp/kt/client.py <<'PY'
 import json, sys, urllib.request
 url, out = sys.argv[1], sys.argv[2]
@@ -63,9 +57,7 @@ PY
 
 # Speed: multi-turn, GPU pool limited (1B default: 640 MB, ~20k tokens), host tier (16 GB) vs none.
 shape=${SHAPE:-llama-3.2-1b}
-m1=/tmp/models/$shape
-mkdir -p $m1 /tmp/tok && cp bench/models/$shape/config.json $m1/
-tar -C /tmp/tok -xJf tests/data/tokenizers.tar.xz tokenizers/llama3 && cp /tmp/tok/tokenizers/llama3/tokenizer*.json $m1/
+m1=$(model_dir "$shape")
 load=(--dataset multi-turn --num-users 96 --turns 6 --system-prompt-len 300 --turn-len 80 --output-len 64
       --concurrency 32)
 for round in $(seq ${ROUNDS:-2}); do

@@ -9,16 +9,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 mkdir -p /tmp/mg && tar -C /tmp/mg -xJf "$1/bundle.tar.xz"
 pg=/tmp/mg/pg
 export LD_LIBRARY_PATH=$pg/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-model_dir() {
-    local d=/tmp/models/$1
-    if [[ ! -f $d/config.json ]]; then
-        mkdir -p "$d" /tmp/tok
-        cp "bench/models/$1/config.json" "$d/"
-        [[ -d /tmp/tok/tokenizers/llama3 ]] || tar -C /tmp/tok -xJf tests/data/tokenizers.tar.xz tokenizers/llama3
-        cp /tmp/tok/tokenizers/llama3/tokenizer*.json "$d/"
-    fi
-    echo "$d"
-}
+source scripts/device-lib.sh
 m1=$(model_dir llama-3.2-1b) m8=$(model_dir llama-3.1-8b)
 logs=/tmp/mg/logs && mkdir -p $logs
 nvidia-smi -L
@@ -48,10 +39,9 @@ for tp in 1 2; do
     grep -iE "error|NCCL WARN" $logs/lat$tp.log | head -3
 done
 echo "== 1B serve at concurrency 256: one replica vs --data-parallel-size 2 (a GPU each)"
-ready() { for _ in $(seq 600); do u=$(grep -v '^replica ' "$1" | grep -oE "ready: serving '[^']*' at http://[0-9.:]+" | grep -oE 'http://[0-9.:]+' | tail -1); [[ -n $u ]] && { echo $u; return; }; sleep 0.5; done; }
 for dp in 1 2; do
     "$pg/peregrine" serve --port 0 --model "$m1" --load-format dummy --data-parallel-size $dp > $logs/serve$dp.log 2>&1 & pid=$!
-    url=$(ready $logs/serve$dp.log)
+    url=$(wait_ready $logs/serve$dp.log)
     timeout 240 "$pg/peregrine" bench serve --url "$url" --quiet --num-requests 2048 --concurrency 256 \
         --input-len 128 --output-len 128 > $logs/bench$dp.txt 2>&1
     echo "DP $dp: $(grep -iE 'Output token throughput' $logs/bench$dp.txt) $(grep -iE 'Median TTFT' $logs/bench$dp.txt | tr -s ' ')"

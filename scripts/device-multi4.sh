@@ -17,16 +17,7 @@ pg=/tmp/mg/pg
 export LD_LIBRARY_PATH=$pg/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 logs=${OUT:-/tmp/mg}/mg && mkdir -p "$logs"
 ngpu=$(nvidia-smi -L | wc -l)
-model_dir() {
-    local d=/tmp/models/$1
-    if [[ ! -f $d/config.json ]]; then
-        mkdir -p "$d" /tmp/tok
-        cp "bench/models/$1/config.json" "$d/"
-        [[ -d /tmp/tok/tokenizers/llama3 ]] || tar -C /tmp/tok -xJf tests/data/tokenizers.tar.xz tokenizers/llama3
-        cp /tmp/tok/tokenizers/llama3/tokenizer*.json "$d/"
-    fi
-    echo "$d"
-}
+source scripts/device-lib.sh
 nvidia-smi -L
 nvidia-smi topo -m | head -8
 if [[ $steps == *nccl* ]]; then
@@ -77,12 +68,11 @@ if [[ $steps == *70b* ]] && (( ngpu >= 4 )); then
 fi
 if [[ $steps == *dp* ]]; then
     m1=$(model_dir llama-3.2-1b)
-    ready() { for _ in $(seq 600); do u=$(grep -v '^replica ' "$1" | grep -oE "ready: (serving '[^']*' at|routing at) http://[0-9.:]+" | grep -oE 'http://[0-9.:]+' | tail -1); [[ -n $u ]] && { echo $u; return; }; sleep 0.5; done; }
     seed=0
     for dp in 1 2 4; do
         (( dp > ngpu )) && continue
         "$pg/peregrine" serve --port 0 --model "$m1" --load-format dummy --data-parallel-size $dp > $logs/serve$dp.log 2>&1 & pid=$!
-        url=$(ready $logs/serve$dp.log)
+        url=$(wait_ready $logs/serve$dp.log)
         # Concurrency 256 (the issue's figure), then 256 a replica (scaling); the first run warms up.
         for c in 256 256 $((256 * dp)); do
             seed=$((seed + 1))

@@ -2,17 +2,10 @@
 #include <gtest/gtest.h>
 
 #include "engine/block_manager.h"
+#include "support/block_sequences.h"
 
 namespace peregrine {
 namespace {
-
-Sequence seq_of(std::vector<int32_t> tokens, uint64_t id) {
-    Sequence s;
-    s.seq_id = id;
-    s.tokens = std::move(tokens);
-    s.num_prompt_tokens = s.num_tokens();
-    return s;
-}
 
 // Hits the cached prefix `tokens` `times` times (each a use for LFU and a release for LRU).
 void touch_prefix(BlockManager& bm, const std::vector<int32_t>& tokens, uint64_t id, int times) {

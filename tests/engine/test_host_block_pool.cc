@@ -5,6 +5,7 @@
 
 #include "engine/block_manager.h"
 #include "engine/host_block_pool.h"
+#include "support/block_sequences.h"
 
 namespace peregrine {
 namespace {
@@ -80,14 +81,6 @@ TEST(HostBlockPool, PinnedSlotsAreNeverEvicted) {
     pool.unpin_all();
     st = pool.store(4, std::nullopt, toks(4).data(), 0);
     EXPECT_EQ(st.slot, a);  // pinned slot kept its age: it is the oldest again
-}
-
-Sequence seq_of(std::vector<int32_t> tokens, uint64_t id) {
-    Sequence s;
-    s.seq_id = id;
-    s.tokens = std::move(tokens);
-    s.num_prompt_tokens = s.num_tokens();
-    return s;
 }
 
 // Computes and releases a prompt (every block full and hashed).

@@ -292,6 +292,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
             Json choice;
             choice["index"] = ci;
             Json calls = chat_ ? tool_calls_of(c, false) : Json(nullptr);
+            const bool called = !calls.is_null();
             if (chat_) {
                 choice["message"] = {{"role", "assistant"}, {"content", c.text}};
                 if (!calls.is_null()) {
@@ -312,7 +313,6 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
                     choice["logprobs"] = nullptr;
                 }
             }
-            const bool called = choice.contains("message") && choice["message"].contains("tool_calls");
             choice["finish_reason"] = called ? Json("tool_calls") : finish_json(c);
             choice["stop_reason"] = stop_reason_json(c.stop_reason, p_.sampling);
             choices.push_back(std::move(choice));
