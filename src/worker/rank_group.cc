@@ -225,7 +225,7 @@ bool RankGroup::recv_step(std::string& message) {
     return follower_->recv(message);
 }
 
-std::string RankGroup::failure() {
+std::string RankGroup::reaped_child() {
     for (size_t i = 0; i < children_.size(); ++i) {
         int status = 0;
         if (children_[i] > 0 && ::waitpid(children_[i], &status, WNOHANG) == children_[i]) {
@@ -233,13 +233,28 @@ std::string RankGroup::failure() {
             return str_cat(who(child_ranks_[i]), " ", exit_status_text(status));
         }
     }
-    const std::string store_failure = store_->failure();
-    if (!store_failure.empty()) return store_failure;
-    if (leader_) {
-        const int r = leader_->closed_rank();
-        if (r >= 0) return str_cat(who(r), " closed its connection to rank 0 (it exited or crashed)");
-    }
     return "";
+}
+
+std::string RankGroup::failure() {
+    std::string failed = reaped_child();
+    if (!failed.empty()) return failed;
+    failed = store_->failure();
+    if (failed.empty() && leader_) {
+        const int r = leader_->closed_rank();
+        if (r >= 0) failed = str_cat(who(r), " closed its connection to rank 0 (it exited or crashed)");
+    }
+    if (failed.empty()) return "";
+    // A dead process's sockets close before the kernel makes it reapable, so a socket can report
+    // the loss first. When the rank is a child of this process, its exit status (signal, code)
+    // says more: give it up to 500 ms to appear.
+    for (int i = 0; i < 20; ++i) {
+        const std::string reaped = reaped_child();
+        if (!reaped.empty()) return reaped;
+        if (std::none_of(children_.begin(), children_.end(), [](pid_t p) { return p > 0; })) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    return failed;
 }
 
 void RankGroup::watch(std::function<void(const std::string&)> on_failure) {

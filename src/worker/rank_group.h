@@ -89,6 +89,7 @@ class RankGroup {
     RankGroup() = default;
     std::string who(int rank) const;  // "rank 1 (pid 4242 on host-a)"
     std::string failure();            // "" while every rank is there
+    std::string reaped_child();       // a forked rank that has exited, with its status; or ""
     void open_control(const std::string& master_addr);
 
     EngineConfig config_;
