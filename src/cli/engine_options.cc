@@ -45,9 +45,11 @@ void add_engine_options(CLI::App* cmd, EngineConfig& o) {
         ->check(CLI::NonNegativeNumber);
     cmd->add_flag_callback(
         "--no-prefix-caching", [&o] { o.prefix_caching = false; }, "Do not reuse KV blocks across requests");
-    cmd->add_option("--max-num-batched-tokens", o.max_num_batched_tokens, "Token budget of one step (default 2048)")
+    cmd->add_option("--max-num-batched-tokens", o.max_num_batched_tokens,
+                    "Token budget of one step (default: 8192 on a GPU of >= 70 GiB, else 2048)")
         ->check(CLI::PositiveNumber);
-    cmd->add_option("--max-num-seqs", o.max_num_seqs, "Sequences in one step at most (default 256)")
+    cmd->add_option("--max-num-seqs", o.max_num_seqs,
+                    "Sequences in one step at most (default: 1024 on a GPU of >= 70 GiB, else 256)")
         ->check(CLI::PositiveNumber);
     cmd->add_option("--device", o.device, "cuda | cuda:K (GPU K) | cpu | auto (default: cuda when a GPU is present)")
         ->check([](const std::string& d) {

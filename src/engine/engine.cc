@@ -72,7 +72,7 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
     info.gguf = loaded.gguf;
     auto tokenizer = std::make_shared<const Tokenizer>(loaded.gguf ? Tokenizer::from_gguf(*loaded.gguf)
                                                                    : Tokenizer::load(loaded.model_dir));
-    const CoreConfig core = core_config(config, info.eos_token_ids);
+    const CoreConfig core = core_config(built.worker->config(), info.eos_token_ids);
     return std::make_unique<Engine>(std::make_unique<EngineLoop>(
         core, std::move(built.executor), std::make_shared<TokenizerText>(tokenizer), std::move(info), tokenizer));
 }

@@ -136,7 +136,9 @@ void EngineLoop::loop() {
     }
 }
 
-CoreConfig core_config(const EngineConfig& c, const std::vector<int>& eos_token_ids) {
+CoreConfig core_config(const EngineConfig& config, const std::vector<int>& eos_token_ids) {
+    EngineConfig c = config;
+    c.apply_device_defaults(0);  // a no-op for a worker's config (its device's defaults are in)
     CoreConfig core;
     core.scheduler.max_num_seqs = c.max_num_seqs;
     core.scheduler.max_num_batched_tokens = c.max_num_batched_tokens;

@@ -47,14 +47,23 @@ void EngineConfig::validate() const {
         if (!prefix_caching) fail("kv_offload_memory needs prefix caching (it keeps the prefix cache's blocks)");
         if (parallel_size() > 1) fail("kv_offload_memory is not supported with tensor or pipeline parallelism yet");
     }
-    if (max_num_seqs < 1) fail("max_num_seqs must be >= 1, got ", max_num_seqs);
+    if (max_num_seqs < 0) fail("max_num_seqs must be >= 1 (0: by the device), got ", max_num_seqs);
     if (tensor_parallel_size < 1 || tensor_parallel_size > 64)
         fail("tensor_parallel_size must be in [1, 64], got ", tensor_parallel_size);
     if (pipeline_parallel_size < 1 || pipeline_parallel_size > 64)
         fail("pipeline_parallel_size must be in [1, 64], got ", pipeline_parallel_size);
     if (nnodes < 0) fail("nnodes must be >= 1 (0: from the environment), got ", nnodes);
     if (master_port < 0 || master_port > 65535) fail("master_port must be in [1, 65535] (0: 29500), got ", master_port);
-    if (max_num_batched_tokens < 1) fail("max_num_batched_tokens must be >= 1, got ", max_num_batched_tokens);
+    if (max_num_batched_tokens < 0)
+        fail("max_num_batched_tokens must be >= 1 (0: by the device), got ", max_num_batched_tokens);
+}
+
+void EngineConfig::apply_device_defaults(size_t device_bytes) {
+    // vLLM's rule (its defaults for H100 / H200-class GPUs); a smaller GPU or the CPU keeps the
+    // step small, where a bigger batch buys little and costs memory and latency.
+    const bool big = device_bytes >= (size_t{70} << 30);
+    if (max_num_seqs == 0) max_num_seqs = big ? 1024 : 256;
+    if (max_num_batched_tokens == 0) max_num_batched_tokens = big ? 8192 : 2048;
 }
 
 }  // namespace peregrine

@@ -30,7 +30,7 @@ std::unique_ptr<Backend> make_backend(const EngineConfig& c, int device_index) {
         CudaOptions co;
         co.graphs = !c.enforce_eager;
         co.batch_invariant = c.batch_invariant;
-        co.max_graph_batch = std::min(c.max_num_seqs, 256);
+        co.max_graph_batch = c.max_num_seqs > 0 ? std::min(c.max_num_seqs, 256) : 256;
         // cuda:K picks the GPU of a replica alone; a model-parallel rank gets its place's.
         co.device = device_index > 0 ? device_index : std::max(0, cuda_device_index(c.device));
         return std::make_unique<CudaBackend>(co);
@@ -95,6 +95,7 @@ Worker::Worker(const EngineConfig& config, const WorkerPlace& place)
 Worker::Worker(Backend& backend, Model& model, int num_blocks, int block_size, DeviceSampler* sampler)
     : backend_(&backend), model_(&model), sampler_(sampler), device_logits_(std::make_unique<Tensor>()) {
     config_.block_size = block_size;
+    config_.apply_device_defaults(0);
     init_kv_cache(num_blocks);
 }
 
@@ -109,7 +110,8 @@ void Worker::init_device() {
     own_backend_ = make_backend(config_, place_.device_index);
     backend_ = own_backend_.get();
     size_t total = 0;
-    if (!backend_->memory_info(free_at_init_, total)) free_at_init_ = 0;
+    if (!backend_->memory_info(free_at_init_, total)) free_at_init_ = total = 0;
+    config_.apply_device_defaults(total);
 }
 
 void Worker::load_model() {
@@ -188,6 +190,9 @@ void Worker::init_kv_cache(int num_blocks) {
                      shape.block_size, num_blocks * static_cast<double>(shape.bytes_per_block()) / (1 << 20),
                      std::string(dtype_name(shape.dtype)).c_str(),
                      static_cast<long long>(num_blocks) * shape.block_size);
+    if (own_model_ && place_.verbose)
+        std::fprintf(stderr, "  scheduler: at most %d sequences and %d tokens a step\n", config_.max_num_seqs,
+                     config_.max_num_batched_tokens);
     if (own_model_ && !sampler_) {  // a borrowed model samples with the sampler it was given, if any
         own_sampler_ = backend_->make_sampler(config_.max_num_seqs, model_->config().vocab_size);
         sampler_ = own_sampler_.get();

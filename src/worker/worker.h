@@ -69,6 +69,8 @@ class Worker {
     void warm_up();
 
     const ModelConfig& model_config() const { return model_->config(); }
+    // The configuration this worker runs, device defaults applied (after init_device).
+    const EngineConfig& config() const { return config_; }
     const LoadedModel& loaded() const;  // after load_model (not for a borrowed model)
     Backend& backend() { return *backend_; }
     int num_kv_blocks() const;
