@@ -9,11 +9,8 @@
 #      pool limited (the live histories need several times what it holds), host tier on vs off.
 # usage: scripts/device-kvtier.sh BUNDLE_DIR
 set -uo pipefail
-mkdir -p /tmp/kt && tar -C /tmp/kt -xJf "$1/bundle.tar.xz"
-pg=/tmp/kt/pg
-export LD_LIBRARY_PATH=$pg/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-logs=${OUT:-/tmp/kt}/kt && mkdir -p "$logs"
 source scripts/device-lib.sh
+unpack_bundle "$1" kt
 cat > /tmp/kt/client.py <<'PY'
 import json, sys, urllib.request
 url, out = sys.argv[1], sys.argv[2]

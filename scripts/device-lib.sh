@@ -24,3 +24,13 @@ wait_ready() {
         sleep 0.5
     done
 }
+
+# unpack_bundle BUNDLE_DIR NAME: the bundle of scripts/pack-device.sh unpacked into /tmp/NAME;
+# sets pg (its binaries), logs ($OUT/NAME, else /tmp/NAME/NAME) and the library path.
+unpack_bundle() {
+    mkdir -p "/tmp/$2" && tar -C "/tmp/$2" -xJf "$1/bundle.tar.xz"
+    pg=/tmp/$2/pg
+    export LD_LIBRARY_PATH=$pg/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+    logs=${OUT:-/tmp/$2}/$2
+    mkdir -p "$logs"
+}

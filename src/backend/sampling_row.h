@@ -57,16 +57,22 @@ struct SampleRow {
     bool mask_end = false;
     // Structured output: only the tokens whose bit is set in `allowed` ([ceil(vocab / 32)]
     // words; ids past it are not allowed) may be chosen. `constrained` marks the row before the
-    // mask is filled.
+    // mask is filled. Device samplers apply the mask too, except on a row that wants logprobs
+    // (reported from the raw logits, which a device sampler masks in place).
     bool constrained = false;
     std::span<const uint32_t> allowed;
 
     constexpr bool greedy() const { return is_greedy(temperature, top_k); }
     constexpr bool penalised() const { return is_penalised(repetition_penalty, presence_penalty, frequency_penalty); }
     // Whether the draw needs the host-only fields (a device sampler cannot take it).
-    constexpr bool needs_host() const { return !logit_bias.empty() || mask_end || constrained; }
+    constexpr bool needs_host() const { return !logit_bias.empty() || mask_end || (constrained && num_logprobs >= 0); }
     // Whether the draw reads more than the raw logits row.
-    constexpr bool processes_logits() const { return needs_host() || penalised(); }
+    constexpr bool processes_logits() const { return needs_host() || penalised() || constrained; }
+    // Whether the step after this draw's may be queued before the draw is back (async
+    // scheduling): not when the host must see the token first to build the next draw's inputs
+    // (host-only processing, penalty lists). A grammar's mask is built after the token is back
+    // (EngineCore::start_sampling), so it does not stop the overlap.
+    constexpr bool allows_overlap() const { return !needs_host() && !penalised(); }
 };
 
 }  // namespace peregrine

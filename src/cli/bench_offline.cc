@@ -17,6 +17,8 @@
 #include "core/error.h"
 #include "engine/engine_core.h"
 #include "engine/engine_loop.h"
+#include "engine/structured_output.h"
+#include "tokenizer/tokenizer.h"
 #include "worker/parallel_executor.h"
 
 namespace peregrine::cli {
@@ -38,6 +40,7 @@ struct OfflineArgs {
     bool ignore_eos = true;
     std::string batching = "continuous";
     std::string json_path;
+    std::string schema_path;  // every request constrained by this JSON schema
 };
 
 // One round's requests. Every round draws new token ids (so no round hits the prefix cache of
@@ -79,15 +82,32 @@ struct RunResult {
 };
 
 // The core is stepped on this thread (no engine thread in the measurement), without text.
+// With --json-schema every request carries the schema's grammar (compiled once, before the
+// clock starts), so the measurement includes each step's masks and grammar advances.
 struct Bench {
     std::unique_ptr<ModelExecutor> executor;
     CoreConfig core;
+    StructuredOutput structured;
+    std::shared_ptr<const grammar::TokenizedGrammar> grammar;  // of `structured`
 };
 
-Bench make_bench(const EngineConfig& config) {
+Bench make_bench(const EngineConfig& config, const std::string& schema_path = "") {
     Bench b;
     BuiltExecutor built = create_executor(config);
-    b.core = core_config(config, built.worker->model_config().eos_token_ids);
+    b.core = core_config(built.worker->config(), built.worker->model_config().eos_token_ids);
+    if (!schema_path.empty()) {
+        std::ifstream in(schema_path);
+        if (!in) fail("bench: cannot read --json-schema ", schema_path);
+        StructuredOutput so;
+        so.kind = StructuredOutput::Kind::JsonSchema;
+        so.field = "--json-schema";
+        so.spec.assign(std::istreambuf_iterator<char>(in), {});
+        const LoadedModel& m = built.worker->loaded();
+        const Tokenizer tokenizer = m.gguf ? Tokenizer::from_gguf(*m.gguf) : Tokenizer::load(m.model_dir);
+        GrammarCache cache(tokenizer, b.core.eos_token_ids);
+        b.grammar = cache.get(so);  // self-contained: holds its own copy of the vocabulary index
+        b.structured = std::move(so);
+    }
     b.executor = std::move(built.executor);
     return b;
 }
@@ -106,8 +126,11 @@ RunResult run_all(Bench& s, const std::vector<Request>& reqs, bool static_batchi
     std::vector<char> seen(reqs.size(), 0);
     while (next < reqs.size() || core.has_unfinished()) {
         if (!core.has_unfinished())
-            for (const size_t until = std::min(reqs.size(), next + group); next < until;)
-                core.add_request(reqs[next++]);
+            for (const size_t until = std::min(reqs.size(), next + group); next < until;) {
+                Request r = reqs[next++];
+                if (s.grammar) r.sampling.structured = s.structured;
+                core.add_request(std::move(r), s.grammar);
+            }
         for (const RequestOutput& o : core.step()) {
             res.output_tokens += o.token_ids.size();
             const size_t idx = std::stoul(o.request_id.substr(o.request_id.find('-') + 1));
@@ -131,7 +154,7 @@ void write_json(const std::string& path, const nlohmann::json& j) {
 }
 
 int run_throughput(OfflineArgs& a) {
-    Bench s = make_bench(a.engine);
+    Bench s = make_bench(a.engine, a.schema_path);
     const int vocab = s.executor->vocab_size();
     const bool stat = a.batching == "static";
     for (int w = 0; w < a.warmup; ++w) run_all(s, make_requests(a.num_prompts, a, vocab, -1 - w), stat);
@@ -181,6 +204,7 @@ int run_throughput(OfflineArgs& a) {
                              {"seed", a.seed},
                              {"ignore_eos", a.ignore_eos},
                              {"batching", a.batching},
+                             {"json_schema", a.schema_path},
                              {"max_num_seqs", s.core.scheduler.max_num_seqs},
                              {"max_num_batched_tokens", s.core.scheduler.max_num_batched_tokens},
                              {"runs", runs}});
@@ -254,6 +278,9 @@ std::function<int()> add_bench_offline(CLI::App* group) {
                    "continuous (every request submitted at once, admitted as slots free) | static (max-num-seqs "
                    "requests at a time, the next group when the whole group has ended) (default continuous)")
         ->check(CLI::IsMember({"continuous", "static"}));
+    tp->add_option("--json-schema", a->schema_path,
+                   "Constrain every request's output by this JSON schema file (structured output; needs the "
+                   "model's tokenizer). A request whose grammar completes ends there, before --output-len");
     auto b = std::make_shared<OfflineArgs>();
     CLI::App* lat = group->add_subcommand(
         "latency", "One batch of requests start to end: time to first token and decode speed (like benchmark_latency)");

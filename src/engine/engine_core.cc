@@ -206,9 +206,8 @@ bool EngineCore::can_overlap(const Launch& l) const {
         return false;
     for (const auto& [id, r] : requests_)
         for (const auto& s : r->seqs)
-            // A draw that processes its logits needs the host to know the previous token
-            // (CPU-only features, penalty lists built on the host).
-            if (s->status != SeqStatus::Finished && sample_row(*s, 0, false).processes_logits()) return false;
+            if (s->status != SeqStatus::Finished && !sample_row(*s, 0, r->req.sampling.logprobs >= 0).allows_overlap())
+                return false;
     return true;
 }
 
@@ -244,11 +243,14 @@ std::optional<EngineCore::Launch> EngineCore::launch(bool overlapped) {
     }
     build_batch(l.sched, executor_.block_size(), batch_);
     // Sampling happens on the device when the executor can and no sequence needs what only
-    // the CPU sampler does (logit_bias, min_tokens masking); then only token ids come back.
-    // (An overlapped launch was allowed only when every live sequence qualifies.)
+    // the CPU sampler does (logit_bias, min_tokens masking, logprobs of a constrained draw);
+    // then only token ids come back. (An overlapped launch was allowed only when every live
+    // sequence qualifies.)
     l.on_device = executor_.samples_on_device();
     for (size_t i = 0; l.on_device && i < l.sched.seqs.size(); ++i) {
-        l.on_device = !l.sched.seqs[i].sample || !sample_row(*l.sched.seqs[i].seq, 0, false).needs_host();
+        const ScheduledSeq& s = l.sched.seqs[i];
+        l.on_device = !s.sample ||
+                      !sample_row(*s.seq, 0, requests_.at(s.seq->request_id)->req.sampling.logprobs >= 0).needs_host();
     }
     PG_CHECK(l.on_device || !overlapped, "an overlapped step must sample on the device");
     const Clock::time_point t1 = Clock::now();

@@ -10,7 +10,9 @@
 #include "core/error.h"
 #include "engine/engine_core.h"
 #include "engine/engine_loop.h"
+#include "engine/structured_output.h"
 #include "engine/tokenizer_text.h"
+#include "support/fake_executor.h"
 #include "support/golden_util.h"
 #include "worker/local_executor.h"
 
@@ -151,6 +153,58 @@ TEST_F(StructuredOutputTest, BadGrammarIsRefusedAtSubmitNamingTheField) {
     // The engine goes on serving.
     const Generated ok = run(request(StructuredOutput::Kind::Choice, R"(["a", "b"])", 0, 1));
     EXPECT_TRUE(ok.text == "a" || ok.text == "b");
+}
+
+// A device sampler applies the masks (GPU: token_mask.cu), so constrained draws keep async
+// scheduling: on the fake executor's device mode the next step is queued before the draws are
+// back (tokens fed from the "device"), the masks are filled once they are, and the tokens equal
+// those of host sampling. A constrained draw that wants logprobs goes back to the host.
+TEST(StructuredOutputAsync, MasksDoNotStopTheOverlap) {
+    const Tokenizer tok = Tokenizer::load(models_dir() + "/stories260K");
+    GrammarCache grammars(tok, {2});
+    StructuredOutput so;
+    so.kind = StructuredOutput::Kind::Regex;
+    so.spec = "[a-z]{3,8}( [a-z]{2,8}){2,6}\\.";
+    const auto grammar = grammars.get(so);
+    auto run = [&](bool device, bool logprobs, size_t& fed, size_t& host_steps) {
+        FakeExecutor ex(256, 4, 512);
+        if (device) ex.enable_device_sampling(64);
+        CoreConfig cfg;
+        cfg.eos_token_ids = {2};
+        cfg.scheduler.max_num_seqs = 16;
+        EngineCore core(cfg, ex);
+        for (int i = 0; i < 12; ++i) {
+            Request r;
+            r.id = "r" + std::to_string(i);
+            r.prompt_ids = {1, 403, 407, static_cast<int32_t>(261 + i)};
+            r.sampling.temperature = i % 2 ? 1.0f : 0.0f;
+            r.sampling.seed = 100 + i;
+            r.sampling.max_tokens = 40;
+            r.sampling.logprobs = logprobs && i == 5 ? 2 : -1;
+            r.sampling.structured = so;
+            core.add_request(r, grammar);
+        }
+        std::map<std::string, std::vector<int32_t>> out;
+        while (core.has_unfinished())
+            for (const RequestOutput& o : core.step())
+                out[o.request_id].insert(out[o.request_id].end(), o.token_ids.begin(), o.token_ids.end());
+        fed = ex.fed_;
+        host_steps = core.stats().steps;
+        return out;
+    };
+    size_t fed_host = 0, fed_device = 0, fed_lp = 0, steps = 0;
+    const auto host = run(false, false, fed_host, steps);
+    const auto device = run(true, false, fed_device, steps);
+    EXPECT_EQ(device, host);
+    EXPECT_EQ(fed_host, 0u);
+    EXPECT_GT(fed_device, 100u);  // nearly every decode token came from the in-flight draws
+    for (const auto& [id, ids] : device) {
+        const std::string text = tok.decode(ids);
+        EXPECT_TRUE(std::regex_match(text, std::regex("[a-z]{3,8}( [a-z]{2,8}){2,6}\\."))) << id << ": " << text;
+    }
+    const auto with_lp = run(true, true, fed_lp, steps);
+    EXPECT_EQ(with_lp, host);
+    EXPECT_LT(fed_lp, fed_device / 2);  // the logprobs request holds steps on the host while it lives
 }
 
 }  // namespace

@@ -265,5 +265,9 @@ void sample(float* logits, int n, int vocab, const SamplingRow* rows, const Pena
 // too, written by the kernel itself (no copy to wait for after it).
 void greedy_argmax(const float* logits, int n, int vocab, int32_t* out_tokens, int32_t* out_host, void* workspace,
                    cudaStream_t stream);
+// Structured output: for each of m constrained rows, logits[rows[i], t] = -inf where bit t of
+// masks[i] ([m, words] u32, bit t of word t / 32) is clear; ids past words * 32 too.
+void apply_token_masks(float* logits, int vocab, const uint32_t* masks, const int32_t* rows, int m, int words,
+                       cudaStream_t stream);
 
 }  // namespace peregrine::cuda

@@ -45,6 +45,10 @@ struct CudaSampler::Buffers {
     int32_t* top_ids_host = nullptr;
     float* top_lp_host = nullptr;
     void* workspace = nullptr;
+    // Structured output, allocated at the first constrained draw: the masks of a launch's
+    // constrained rows [max_rows, words] and, after them, the row each applies to [max_rows].
+    uint32_t* mask_dev = nullptr;
+    uint32_t* mask_host = nullptr;
     cudaEvent_t done = nullptr;  // after the last launch's copies back
 };
 
@@ -69,13 +73,15 @@ CudaSampler::CudaSampler(CudaBackend& backend, int max_rows, int vocab)
 }
 
 CudaSampler::~CudaSampler() {
-    for (void* p : {static_cast<void*>(b_->gathered), static_cast<void*>(b_->rows_dev), static_cast<void*>(b_->pen_dev),
-                    static_cast<void*>(b_->tok_dev), static_cast<void*>(b_->lp_dev),
-                    static_cast<void*>(b_->top_ids_dev), static_cast<void*>(b_->top_lp_dev), b_->workspace})
+    for (void* p :
+         {static_cast<void*>(b_->gathered), static_cast<void*>(b_->rows_dev), static_cast<void*>(b_->pen_dev),
+          static_cast<void*>(b_->tok_dev), static_cast<void*>(b_->lp_dev), static_cast<void*>(b_->top_ids_dev),
+          static_cast<void*>(b_->top_lp_dev), b_->workspace, static_cast<void*>(b_->mask_dev)})
         if (p) cudaFree(p);
     for (void* p :
          {static_cast<void*>(b_->rows_host), static_cast<void*>(b_->pen_host), static_cast<void*>(b_->tok_host),
-          static_cast<void*>(b_->lp_host), static_cast<void*>(b_->top_ids_host), static_cast<void*>(b_->top_lp_host)})
+          static_cast<void*>(b_->lp_host), static_cast<void*>(b_->top_ids_host), static_cast<void*>(b_->top_lp_host),
+          static_cast<void*>(b_->mask_host)})
         if (p) cudaFreeHost(p);
     if (b_->done) cudaEventDestroy(b_->done);
 }
@@ -186,6 +192,7 @@ void CudaSampler::enqueue(const Tensor& logits, const std::vector<SampleRow>& dr
         }
         offsets.push_back(static_cast<int32_t>(pen_tokens.size()));
     }
+    upload_masks(rows, draws);
     // Greedy rows without penalties or logprobs take the argmax fast path (no parameters to send).
     bool all_greedy = !any_penalty && !any_logprobs;
     for (int i = 0; all_greedy && i < n; ++i) all_greedy = b_->rows_host[i].greedy();
@@ -229,6 +236,37 @@ void CudaSampler::enqueue(const Tensor& logits, const std::vector<SampleRow>& dr
             cudaMemcpyAsync(b_->top_lp_host, b_->top_lp_dev, n * k * sizeof(float), cudaMemcpyDeviceToHost, stream));
     }
     PG_CUDA_CHECK(cudaEventRecord(b_->done, stream));
+}
+
+// The constrained draws' masks, packed, to the device, then applied to their rows in place.
+void CudaSampler::upload_masks(float* rows, const std::vector<SampleRow>& draws) {
+    const int n = static_cast<int>(draws.size());
+    const size_t words = (static_cast<size_t>(vocab_) + 31) / 32;
+    int m = 0;
+    for (int i = 0; i < n; ++i) {
+        const SampleRow& d = draws[i];
+        if (!d.constrained) continue;
+        if (!b_->mask_host) {
+            const size_t total = static_cast<size_t>(max_rows_) * (words + 1);
+            b_->mask_dev = device_alloc<uint32_t>(total);
+            b_->mask_host = host_alloc<uint32_t>(total);
+        }
+        uint32_t* dst = b_->mask_host + static_cast<size_t>(m) * words;
+        const size_t have = std::min(words, d.allowed.size());
+        std::memcpy(dst, d.allowed.data(), have * sizeof(uint32_t));
+        std::memset(dst + have, 0, (words - have) * sizeof(uint32_t));
+        b_->mask_host[static_cast<size_t>(max_rows_) * words + m] = static_cast<uint32_t>(i);
+        ++m;
+    }
+    if (m == 0) return;
+    cudaStream_t stream = backend_.stream();
+    const size_t index_at = static_cast<size_t>(max_rows_) * words;
+    PG_CUDA_CHECK(cudaMemcpyAsync(b_->mask_dev, b_->mask_host, static_cast<size_t>(m) * words * sizeof(uint32_t),
+                                  cudaMemcpyHostToDevice, stream));
+    PG_CUDA_CHECK(cudaMemcpyAsync(b_->mask_dev + index_at, b_->mask_host + index_at, m * sizeof(uint32_t),
+                                  cudaMemcpyHostToDevice, stream));
+    cuda::apply_token_masks(rows, vocab_, b_->mask_dev, reinterpret_cast<const int32_t*>(b_->mask_dev + index_at), m,
+                            static_cast<int>(words), stream);
 }
 
 }  // namespace peregrine

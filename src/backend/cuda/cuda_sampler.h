@@ -29,6 +29,9 @@ class CudaSampler final : public DeviceSampler {
     struct Buffers;
     // Queues at most max_rows_ draws; the results land in the pinned buffers when done_ fires.
     void enqueue(const Tensor& logits, const std::vector<SampleRow>& rows);
+    // Structured output: masks the constrained draws' rows of `rows` ([draws, vocab], draw i at
+    // row i) on the stream, before the sampling kernels read them.
+    void upload_masks(float* rows, const std::vector<SampleRow>& draws);
     CudaBackend& backend_;
     int max_rows_, vocab_;
     std::unique_ptr<Buffers> b_;

@@ -10,8 +10,10 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_sampler.h"
 #include "engine/engine_core.h"
+#include "engine/structured_output.h"
 #include "support/engine_runs.h"
 #include "support/golden_util.h"
+#include "tokenizer/tokenizer.h"
 #include "worker/executor.h"
 #include "worker/local_executor.h"
 
@@ -188,6 +190,51 @@ TEST(GpuEngine, AsyncSchedulingMatchesWaiting) {
         }
         for (const Request& r : reqs) EXPECT_EQ(got[1].at(r.id), got[0].at(r.id)) << r.id << (graphs ? " graphs" : "");
     }
+}
+
+// Structured output on the GPU (issue #22): constrained draws masked by the CUDA sampler
+// (token_mask.cu) with async scheduling on give the same greedy tokens as the host sampler
+// applying the same masks to downloaded logits, for a JSON schema and a regex, beside
+// unconstrained requests in the same batches.
+TEST(GpuEngine, ConstrainedDrawsOnTheDeviceMatchTheHost) {
+    SKIP_WITHOUT_GPU();
+    GpuModel g(models_dir() + "/stories260K", true, true);
+    const Tokenizer tok = Tokenizer::load(models_dir() + "/stories260K");
+    GrammarCache grammars(tok, g.loaded->config.eos_token_ids);
+    StructuredOutput schema, regex;
+    schema.kind = StructuredOutput::Kind::JsonSchema;
+    schema.spec = R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+        "n": {"type": "integer"}}, "required": ["name", "n"]})";
+    regex.kind = StructuredOutput::Kind::Regex;
+    regex.spec = "(yes|no|maybe), [a-z ]{4,30}\\.";
+    std::vector<Request> reqs = random_greedy_requests(24, 11);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+        reqs[i].sampling.max_tokens = 48;
+        if (i % 3 == 0) reqs[i].sampling.structured = schema;
+        if (i % 3 == 1) reqs[i].sampling.structured = regex;
+    }
+    CudaSampler sampler(g.cuda(), 64, g.vocab());
+    TokensById got[2];
+    for (int device : {0, 1}) {
+        auto ex = LocalExecutor::over(*g.backend, *g.model, 512, 16, device ? &sampler : nullptr);
+        CoreConfig cfg;
+        cfg.async_scheduling = true;
+        cfg.scheduler.max_num_seqs = 64;
+        cfg.eos_token_ids = g.loaded->config.eos_token_ids;
+        EngineCore core(cfg, *ex);
+        for (const Request& r : reqs)
+            core.add_request(r, r.sampling.structured.kind == StructuredOutput::Kind::None
+                                    ? nullptr
+                                    : grammars.get(r.sampling.structured));
+        while (core.has_unfinished())
+            for (const RequestOutput& o : core.step())
+                got[device][o.request_id].insert(got[device][o.request_id].end(), o.token_ids.begin(),
+                                                 o.token_ids.end());
+        if (device) EXPECT_GT(core.stats().steps, 0u);
+    }
+    for (const Request& r : reqs) EXPECT_EQ(got[1].at(r.id), got[0].at(r.id)) << r.id;
+    const std::string text = tok.decode(got[1].at(reqs[0].id));
+    EXPECT_EQ(text.front(), '{') << text;
 }
 
 }  // namespace
