@@ -16,7 +16,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 tp() {
     local name=$1
     shift
-    timeout 240 "$pg/peregrine" bench throughput --load-format dummy --warmup 1 --iters 2 --json "$logs/$name.json" "$@" \
+    timeout 240 "$pg/peregrine" bench throughput --load-format dummy --warmup 1 --iters ${ITERS:-2} --json "$logs/$name.json" "$@" \
         > "$logs/$name.txt" 2>&1 || echo "$name: exit $?"
     grep -E "scheduler:|throughput \(best" "$logs/$name.txt" | sed "s/^/$name: /"
 }

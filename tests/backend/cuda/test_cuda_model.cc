@@ -207,19 +207,19 @@ TEST(GpuEngine, ConstrainedDrawsOnTheDeviceMatchTheHost) {
         "n": {"type": "integer"}}, "required": ["name", "n"]})";
     regex.kind = StructuredOutput::Kind::Regex;
     regex.spec = "(yes|no|maybe), [a-z ]{4,30}\\.";
-    std::vector<Request> reqs = random_greedy_requests(24, 11);
+    std::vector<Request> reqs = random_greedy_requests(96, 11);
     for (size_t i = 0; i < reqs.size(); ++i) {
         reqs[i].sampling.max_tokens = 48;
         if (i % 3 == 0) reqs[i].sampling.structured = schema;
         if (i % 3 == 1) reqs[i].sampling.structured = regex;
     }
-    CudaSampler sampler(g.cuda(), 64, g.vocab());
+    CudaSampler sampler(g.cuda(), 128, g.vocab());
     TokensById got[2];
     for (int device : {0, 1}) {
         auto ex = LocalExecutor::over(*g.backend, *g.model, 512, 16, device ? &sampler : nullptr);
         CoreConfig cfg;
         cfg.async_scheduling = true;
-        cfg.scheduler.max_num_seqs = 64;
+        cfg.scheduler.max_num_seqs = 128;
         cfg.eos_token_ids = g.loaded->config.eos_token_ids;
         EngineCore core(cfg, *ex);
         for (const Request& r : reqs)
