@@ -58,16 +58,22 @@ struct GenerationDefaults {
     std::optional<int> top_k;
 };
 
+// Sets the fields of `p` that `d` recommends, leaving the others: what a front end does before it
+// applies what the request (or a flag) gave. A negative top_k means no limit (0).
+void apply_generation_defaults(const GenerationDefaults& d, SamplingParams& p);
+// "temperature=0.6 top_p=0.95 top_k=20" for the load log; "none" when nothing is set.
+std::string describe(const GenerationDefaults& d);
+
 // What the loaded model is, for front ends (limits, tokenizer and chat-template sources).
 struct ModelInfo {
     std::string path;    // as given, or the embedded model's folder
     std::string format;  // "safetensors" | "gguf"
     int vocab_size = 0;
-    int max_model_len = 0;  // the model's context, tokens
+    int max_model_len = 0;  // tokens of one sequence at most: the context, or less (EngineConfig::max_model_len)
     std::vector<int> eos_token_ids;
-    GenerationDefaults generation_defaults;
-    std::string model_dir;           // folder of tokenizer files and chat template (HF); empty for GGUF
-    std::shared_ptr<GgufFile> gguf;  // the open GGUF file (tokenizer and template inside); null for HF
+    GenerationDefaults generation_defaults;  // as EngineConfig::generation_config chose
+    std::string model_dir;                   // folder of tokenizer files and chat template (HF); empty for GGUF
+    std::shared_ptr<GgufFile> gguf;          // the open GGUF file (tokenizer and template inside); null for HF
 };
 
 class Engine {

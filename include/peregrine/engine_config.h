@@ -17,6 +17,17 @@ struct EngineConfig {
     std::string model;                 // a folder (config.json + safetensors) or a .gguf; empty: the embedded model
     std::string load_format = "auto";  // auto (read the weights) | dummy (random weights of the model's shape)
     uint64_t dummy_seed = 0;           // seed of dummy weights
+    // Tokens of one sequence (prompt + completion) at most. 0: the model's context
+    // (max_position_embeddings), lowered with a warning to what the KV cache holds for one
+    // sequence. Set explicitly, it must fit both, or Engine::create throws naming the numbers.
+    int max_model_len = 0;
+    // Where the tokenizer comes from: a folder with tokenizer.json, a tokenizer.json, or a GGUF
+    // whose vocabulary is used. Empty: the model's own. Checked before the weights load.
+    std::string tokenizer;
+    // Sampling defaults of requests that leave them out: "auto" (the model's
+    // generation_config.json), "vllm" (none: the built-in defaults) or a folder holding a
+    // generation_config.json.
+    std::string generation_config = "auto";
     // Called with (bytes done, bytes total) while weights are paged in; may be empty.
     std::function<void(size_t, size_t)> load_progress;
 
@@ -46,6 +57,9 @@ struct EngineConfig {
     int max_num_batched_tokens = 0;
     // With device sampling, queue step N+1 before step N's tokens come back.
     bool async_scheduling = true;
+    // Seed of the requests that give none: request k (in submission order) draws from a seed
+    // derived from (seed, k), so one run's requests reproduce in another. -1: random per request.
+    int64_t seed = -1;
 
     // --- prefix-cache events (vLLM's KV events): called on the engine's thread after each step
     // that changed the prefix cache, with that step's events in order. Must return at once (queue

@@ -91,7 +91,12 @@ void EngineCore::add_request(Request request, std::shared_ptr<const grammar::Tok
     r->req = std::move(request);
     r->arrived = Clock::now();
     const SamplingParams& p = r->req.sampling;
-    r->base_seed = p.seed ? *p.seed : std::random_device{}() * 0x100000001ull + std::random_device{}();
+    if (p.seed)
+        r->base_seed = *p.seed;
+    else if (config_.seed >= 0)  // the run's k-th unseeded request: the same in every run
+        r->base_seed = choice_seed(static_cast<uint64_t>(config_.seed), static_cast<int>(unseeded_requests_++));
+    else
+        r->base_seed = std::random_device{}() * 0x100000001ull + std::random_device{}();
     r->finished.assign(p.n, false);
     auto seq = std::make_unique<Sequence>();
     seq->seq_id = next_seq_id_++;

@@ -32,6 +32,7 @@ struct CoreConfig {
     bool async_scheduling = true;
     // Prefix-cache events of each step (EngineConfig::kv_events); empty: none recorded.
     std::function<void(std::vector<KvCacheEvent>)> kv_events;
+    int64_t seed = -1;  // EngineConfig::seed: the default seed of requests without one; -1 random
 };
 
 class EngineCore {
@@ -103,6 +104,7 @@ class EngineCore {
     std::vector<RequestOutput> pending_;  // abort outputs not yet returned
     uint64_t next_seq_id_ = 1;
     uint64_t next_arrival_ = 1;
+    uint64_t unseeded_requests_ = 0;  // requests given the default seed (CoreConfig::seed) so far
     BatchInput batch_;
     std::vector<float> logits_;
     std::vector<int32_t> sampled_;

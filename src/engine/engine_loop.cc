@@ -146,6 +146,7 @@ CoreConfig core_config(const EngineConfig& config, const std::vector<int>& eos_t
     core.prefix_caching = c.prefix_caching;
     core.async_scheduling = c.async_scheduling;
     core.kv_events = c.kv_events;
+    core.seed = c.seed;
     core.eos_token_ids.assign(eos_token_ids.begin(), eos_token_ids.end());
     return core;
 }

@@ -14,7 +14,11 @@ class Choice final : public ChoiceText {
         detok_.prime(prompt);  // the continuation keeps its leading space
     }
 
-    std::string push(int32_t token, std::string* stop) override { return filter(detok_.push(token), stop); }
+    // A token past the tokenizer's vocabulary (the model's is padded, or --tokenizer is another
+    // model's) has no text, as in vLLM.
+    std::string push(int32_t token, std::string* stop) override {
+        return filter(tok_->valid_id(token) ? detok_.push(token) : std::string(), stop);
+    }
 
     std::string flush() override {
         std::string stop;

@@ -154,6 +154,17 @@ void read_layer_types(const HfConfig& r, ModelConfig& cfg) {
         fail(r.file(), ": 'layer_types' has sliding layers but 'sliding_window' is not set");
 }
 
+ModelConfig::GenerationDefaults generation_defaults_of(const json& g, const std::string& file) {
+    const HfConfig gr{g, file};
+    ModelConfig::GenerationDefaults d;
+    if (gr.has("temperature")) d.temperature = static_cast<float>(gr.get_num("temperature"));
+    if (gr.has("top_p")) d.top_p = static_cast<float>(gr.get_num("top_p"));
+    if (gr.has("min_p")) d.min_p = static_cast<float>(gr.get_num("min_p"));
+    if (gr.has("repetition_penalty")) d.repetition_penalty = static_cast<float>(gr.get_num("repetition_penalty"));
+    if (gr.has("top_k")) d.top_k = gr.get_int("top_k");
+    return d;
+}
+
 void read_generation_config(const fs::path& gen, ModelConfig& cfg) {
     const json g = read_json(gen);
     if (g.contains("eos_token_id")) {
@@ -161,16 +172,14 @@ void read_generation_config(const fs::path& gen, ModelConfig& cfg) {
         if (!ids.empty()) cfg.eos_token_ids = ids;
     }
     if (g.contains("bos_token_id") && g["bos_token_id"].is_number_integer()) cfg.bos_token_id = g["bos_token_id"];
-    const HfConfig gr{g, gen.string()};
-    auto& d = cfg.generation_defaults;
-    if (gr.has("temperature")) d.temperature = static_cast<float>(gr.get_num("temperature"));
-    if (gr.has("top_p")) d.top_p = static_cast<float>(gr.get_num("top_p"));
-    if (gr.has("min_p")) d.min_p = static_cast<float>(gr.get_num("min_p"));
-    if (gr.has("repetition_penalty")) d.repetition_penalty = static_cast<float>(gr.get_num("repetition_penalty"));
-    if (gr.has("top_k")) d.top_k = gr.get_int("top_k");
+    cfg.generation_defaults = generation_defaults_of(g, gen.string());
 }
 
 }  // namespace
+
+ModelConfig::GenerationDefaults read_generation_defaults(const std::string& file) {
+    return generation_defaults_of(read_json(file), file);
+}
 
 ModelConfig read_hf_config(const std::string& dir) {
     const fs::path path = fs::path(dir) / "config.json";

@@ -13,6 +13,10 @@ namespace peregrine {
 // `dir` is a model folder. Throws Error naming the file and key on anything missing or unknown.
 ModelConfig read_hf_config(const std::string& dir);
 
+// The sampling defaults of a generation_config.json (temperature, top_p, top_k, min_p,
+// repetition_penalty; unset where absent). Throws Error naming the file and key.
+ModelConfig::GenerationDefaults read_generation_defaults(const std::string& file);
+
 // Typed access to a JSON object that names the file and key on failure, e.g.
 // "<dir>/config.json: missing key 'hidden_size'".
 class HfConfig {

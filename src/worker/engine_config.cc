@@ -28,8 +28,8 @@ void EngineConfig::validate() const {
     if (!one_of(load_format, {"auto", "dummy"})) fail("load_format must be auto or dummy, got '", load_format, "'");
     if (!one_of(device, {"auto", "cuda", "cpu"}) && cuda_device_index(device) < 0)
         fail("device must be auto, cuda, cuda:K (a GPU index) or cpu, got '", device, "'");
-    if (!one_of(dtype, {"auto", "float32", "bfloat16"}))
-        fail("dtype must be auto, float32 or bfloat16, got '", dtype, "'");
+    if (!one_of(dtype, {"auto", "float32", "bfloat16", "float16", "half"}))
+        fail("dtype must be auto, float32, bfloat16 or float16 (half), got '", dtype, "'");
     if (!one_of(kv_eviction, {"lru", "lfu", "fifo"}))
         fail("kv_eviction must be lru, lfu or fifo, got '", kv_eviction, "'");
     if (threads < 0) fail("threads must be >= 0 (0 = one per core), got ", threads);
@@ -54,6 +54,9 @@ void EngineConfig::validate() const {
         fail("pipeline_parallel_size must be in [1, 64], got ", pipeline_parallel_size);
     if (nnodes < 0) fail("nnodes must be >= 1 (0: from the environment), got ", nnodes);
     if (master_port < 0 || master_port > 65535) fail("master_port must be in [1, 65535] (0: 29500), got ", master_port);
+    if (generation_config.empty())
+        fail("generation_config must be auto, vllm or a folder with generation_config.json, got ''");
+    if (max_model_len < 0) fail("max_model_len must be >= 0 (0 = the model's context), got ", max_model_len);
     if (max_num_batched_tokens < 0)
         fail("max_num_batched_tokens must be >= 1 (0: by the device), got ", max_num_batched_tokens);
 }

@@ -45,7 +45,7 @@ int LocalExecutor::vocab_size() const {
 }
 
 int LocalExecutor::max_model_len() const {
-    return worker_->model_config().max_position_embeddings;
+    return worker_->max_model_len();
 }
 
 int LocalExecutor::num_kv_blocks() const {

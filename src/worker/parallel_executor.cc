@@ -150,7 +150,7 @@ int ParallelExecutor::vocab_size() const {
 }
 
 int ParallelExecutor::max_model_len() const {
-    return worker_->model_config().max_position_embeddings;
+    return worker_->max_model_len();
 }
 
 int ParallelExecutor::num_kv_blocks() const {

@@ -25,8 +25,14 @@ double seconds_since(Clock::time_point t0) {
 
 // The backend `device` names: cuda when built with CUDA and a GPU is present for "auto".
 std::unique_ptr<Backend> make_backend(const EngineConfig& c, int device_index) {
+    // Accepted as vLLM spells it, refused before any weight is read: no backend computes in f16 yet.
+    const bool f16 = c.dtype == "float16" || c.dtype == "half";
 #ifdef PG_WITH_CUDA
     if (worker_uses_cuda(c)) {
+        if (f16)
+            fail("--dtype ", c.dtype,
+                 ": the CUDA backend has no float16 path (it runs bf16 and f32 weights as they are stored); "
+                 "use --dtype auto");
         CudaOptions co;
         co.graphs = !c.enforce_eager;
         co.batch_invariant = c.batch_invariant;
@@ -40,6 +46,9 @@ std::unique_ptr<Backend> make_backend(const EngineConfig& c, int device_index) {
     if (cuda_device_index(c.device) >= 0)
         fail("device ", c.device, ": this build has no CUDA backend (nvcc was not found at build time)");
 #endif
+    if (f16)
+        fail("--dtype ", c.dtype,
+             ": the CPU backend has no float16 activation path; use --dtype float32, bfloat16 or auto");
     return std::make_unique<CpuBackend>(c.threads, cpu_precision_from_name(c.dtype));
 }
 
@@ -138,6 +147,31 @@ void Worker::load_model() {
         std::fprintf(stderr, "  batch-invariant kernels (--batch-invariant)\n");
 }
 
+int settle_max_model_len(int requested, int model_len, int64_t kv_tokens, size_t bytes_per_token, bool verbose) {
+    auto mib = [&](int64_t tokens) {  // "12.50 MiB"
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(tokens) * bytes_per_token / (1 << 20));
+        return std::string(buf);
+    };
+    if (requested > model_len)
+        fail("--max-model-len ", requested, " is longer than the model's context (", model_len,
+             " tokens, max_position_embeddings); use at most ", model_len);
+    if (requested > kv_tokens)
+        fail("To serve at least one request with --max-model-len ", requested, ", ", mib(requested),
+             " of KV cache is needed, which is larger than the KV cache's ", mib(kv_tokens), " (", kv_tokens,
+             " tokens). Based on the available memory, the largest max model length is ", kv_tokens,
+             ". Increase --kv-cache-memory (on a GPU: --gpu-memory-utilization) or decrease --max-model-len.");
+    if (requested > 0) return requested;
+    if (kv_tokens >= model_len) return model_len;
+    if (verbose)
+        std::fprintf(stderr,
+                     "  warning: the KV cache holds %lld tokens, less than the model's context of %d: max_model_len "
+                     "lowered to %lld (longer requests get 400). Increase --kv-cache-memory (on a GPU: "
+                     "--gpu-memory-utilization) for more, or set --max-model-len.\n",
+                     static_cast<long long>(kv_tokens), model_len, static_cast<long long>(kv_tokens));
+    return static_cast<int>(kv_tokens);
+}
+
 int Worker::determine_kv_blocks() {
     PG_CHECK(model_, "determine_kv_blocks: call load_model first");
     const int block_size = config_.block_size;
@@ -167,8 +201,9 @@ int Worker::determine_kv_blocks() {
         }
     }
     if (bytes == 0) {
-        const int64_t want = static_cast<int64_t>(config_.max_num_seqs) * model_->config().max_position_embeddings /
-                             block_size * per_block;
+        const int len = config_.max_model_len > 0 ? config_.max_model_len : model_->config().max_position_embeddings;
+        const int64_t want =
+            static_cast<int64_t>(config_.max_num_seqs) * ((len + block_size - 1) / block_size) * per_block;
         bytes = std::min<int64_t>(want, int64_t{4} << 30);
     }
     const int blocks = static_cast<int>(std::min<int64_t>(bytes / per_block, 1 << 30));
@@ -193,6 +228,10 @@ void Worker::init_kv_cache(int num_blocks) {
     if (own_model_ && place_.verbose)
         std::fprintf(stderr, "  scheduler: at most %d sequences and %d tokens a step\n", config_.max_num_seqs,
                      config_.max_num_batched_tokens);
+    if (own_model_)
+        max_model_len_ = settle_max_model_len(config_.max_model_len, model_->config().max_position_embeddings,
+                                              static_cast<int64_t>(num_blocks) * shape.block_size,
+                                              shape.bytes_per_block() / shape.block_size, place_.verbose);
     if (own_model_ && !sampler_) {  // a borrowed model samples with the sampler it was given, if any
         own_sampler_ = backend_->make_sampler(config_.max_num_seqs, model_->config().vocab_size);
         sampler_ = own_sampler_.get();

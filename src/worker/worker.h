@@ -45,6 +45,12 @@ struct WorkerPlace {
     bool verbose = true;   // prints the load summary (rank 0 of a group)
 };
 
+// The longest sequence (tokens) an engine serves: `requested` (EngineConfig::max_model_len) when
+// it fits the model's context and the KV cache's `kv_tokens`, else Error naming the numbers and
+// the flags to change; 0 asks for the model's context, lowered to kv_tokens (warning on stderr
+// when `verbose`). bytes_per_token: one token's K and V, every layer.
+int settle_max_model_len(int requested, int model_len, int64_t kv_tokens, size_t bytes_per_token, bool verbose);
+
 class Worker {
   public:
     explicit Worker(const EngineConfig& config, const WorkerPlace& place = {});
@@ -61,6 +67,9 @@ class Worker {
     // KV blocks that fit: on CUDA what the utilisation target leaves after a profiling step of
     // the largest batch; else config.kv_cache_memory, or max_num_seqs full contexts (<= 4 GiB).
     int determine_kv_blocks();
+    // Allocates the pool; a worker built from an EngineConfig then settles max_model_len()
+    // (EngineConfig::max_model_len against the model's context and the pool; throws when an
+    // explicit length does not fit).
     void init_kv_cache(int num_blocks);
     // The host tier of the KV cache: as many whole blocks as `bytes` holds, in host memory
     // from the backend (pinned on CUDA). 0: none. Throws Error when bytes is negative or less
@@ -71,6 +80,8 @@ class Worker {
     const ModelConfig& model_config() const { return model_->config(); }
     // The configuration this worker runs, device defaults applied (after init_device).
     const EngineConfig& config() const { return config_; }
+    // Tokens of one sequence at most: the model's context, or less (init_kv_cache).
+    int max_model_len() const { return max_model_len_ > 0 ? max_model_len_ : model_->config().max_position_embeddings; }
     const LoadedModel& loaded() const;  // after load_model (not for a borrowed model)
     Backend& backend() { return *backend_; }
     int num_kv_blocks() const;
@@ -108,6 +119,7 @@ class Worker {
     int host_blocks_ = 0;
     std::unique_ptr<Tensor> device_logits_;  // the last execute_on_device's logits
     size_t free_at_init_ = 0;                // device memory free once the backend existed (0: none)
+    int max_model_len_ = 0;                  // 0: the model's context
 };
 
 }  // namespace peregrine
