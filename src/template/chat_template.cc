@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 #include "core/error.h"
@@ -96,6 +97,28 @@ ChatTemplate ChatTemplate::from_file(const std::string& path) {
             return from_tokenizer_config_json(j, path);
     }
     return ChatTemplate(std::move(text), path);
+}
+
+ChatTemplate ChatTemplate::from_flag(const std::string& file_or_source, const std::string& bos_token,
+                                     const std::string& eos_token) {
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(file_or_source, ec)) {
+        ChatTemplate t = from_file(file_or_source);
+        if (t.bos_token_.empty()) t.bos_token_ = bos_token;
+        if (t.eos_token_.empty()) t.eos_token_ = eos_token;
+        return t;
+    }
+    if (file_or_source.find('{') == std::string::npos)
+        fail("--chat-template ", file_or_source, ": no such file, and not a template (it has no '{')");
+    return ChatTemplate(file_or_source, "--chat-template", bos_token, eos_token);
+}
+
+std::string ChatTemplate::content_format() const {
+    // `for part in message['content']` / `message.content`: the parts are iterated. A plain
+    // `{{ message['content'] }}` reads a string.
+    static const std::regex loop(
+        R"(\{%-?\s*for\s+\w+\s+in\s+\w+\s*(\[\s*['"]content['"]\s*\]|\.content)\s*(\|[^%]*)?-?%\})");
+    return std::regex_search(template_.source(), loop) ? "openai" : "string";
 }
 
 ChatTemplate ChatTemplate::from_model(const std::string& path) {

@@ -43,6 +43,14 @@ class ChatTemplate {
     static ChatTemplate from_file(const std::string& path);
     // A model folder (its tokenizer_config.json, or chat_template.jinja beside it) or a .gguf file.
     static ChatTemplate from_model(const std::string& path);
+    // vLLM's --chat-template: a file (as from_file) when one is there, else the template itself
+    // (it must then look like one: contain '{'). bos/eos: the defaults when the source sets none.
+    static ChatTemplate from_flag(const std::string& file_or_source, const std::string& bos_token,
+                                  const std::string& eos_token);
+
+    // How the template reads message content (vLLM's --chat-template-content-format auto):
+    // "openai" when it loops over a message's content (a list of parts), else "string".
+    std::string content_format() const;
 
     // messages (+ tools, extra) -> prompt. Errors: Error naming the template, line and column;
     // raise_exception gives jinja::RaisedError with the template's message.
