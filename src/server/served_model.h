@@ -16,6 +16,13 @@ struct ServedModel {
     std::shared_ptr<const Tokenizer> tokenizer;
     std::shared_ptr<const ChatTemplate> chat_template;  // null when the model has none
     std::string chat_template_error;                    // why it is null
+    // How message content reaches a template: "string" (text parts joined) or "openai" (a list
+    // of {"type": "text", "text": ...} parts), as --chat-template-content-format resolved it.
+    std::string chat_template_content_format = "string";
+    // bos_token / eos_token of a request's own chat_template: the model template's, else the tokenizer's.
+    std::string bos_token, eos_token;
+    // Where the sampling fields of a request start (the model's generation_config.json).
+    SamplingParams request_defaults;
     std::unique_ptr<Engine> engine;
     int max_model_len = 0;
     int vocab_size = 0;

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import net from 'node:net';
 import { after, before, describe, test } from 'node:test';
 
-import { APIError, http, startServer } from './harness.mjs';
+import { apiError, http, startServer } from './harness.mjs';
 
 let server, client;
 before(async () => {
@@ -12,17 +12,6 @@ before(async () => {
     client = server.client();
 });
 after(async () => server && (await server.stop()));
-
-// Runs `fn` (a client call) and returns the APIError it must throw.
-async function apiError(fn) {
-    try {
-        await fn();
-    } catch (e) {
-        assert.ok(e instanceof APIError, `expected an APIError, got ${e}`);
-        return e;
-    }
-    assert.fail('the call succeeded');
-}
 
 function assertErrorBody(body, { type = 'invalid_request_error', param, code } = {}) {
     assert.ok(body && body.error, `no error object in ${JSON.stringify(body)}`);
@@ -152,11 +141,16 @@ describe('client errors', () => {
         assert.match(tools.message, /'auto'/);
     });
 
-    test('unknown fields are ignored', async () => {
+    test('unknown fields are refused by name, known ones accepted', async () => {
         const r = await http(`${server.url}/v1/completions`, {
             body: { prompt: 'Hi', max_tokens: 2, foo: 1, user: 'u1', priority: 3, cache_salt: 'tenant-a', bar: { x: [] } },
         });
-        assert.equal(r.status, 200);
+        assert.equal(r.status, 400);
+        assertErrorBody(r.json, { param: 'foo' });
+        const ok = await http(`${server.url}/v1/completions`, {
+            body: { prompt: 'Hi', max_tokens: 2, user: 'u1', priority: 3, cache_salt: 'tenant-a' },
+        });
+        assert.equal(ok.status, 200);
     });
 
     test('unknown routes 404, wrong methods 405', async () => {

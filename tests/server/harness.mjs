@@ -68,6 +68,17 @@ export async function http(url, { method = 'POST', body, headers = {} } = {}) {
     return { status: res.status, headers: res.headers, text, json };
 }
 
+// Runs `fn` (a client call) and returns the APIError it must throw.
+export async function apiError(fn) {
+    try {
+        await fn();
+    } catch (e) {
+        if (!(e instanceof APIError)) throw new Error(`expected an APIError, got ${e}`);
+        return e;
+    }
+    throw new Error('the call succeeded');
+}
+
 // Polls `fn` until it returns truthy or `ms` pass; returns the last value.
 export async function waitFor(fn, ms, step = 10) {
     const end = Date.now() + ms;

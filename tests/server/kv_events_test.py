@@ -176,7 +176,7 @@ def main():
                 check(values["vllm:" + name] == values["peregrine:" + name], name)
 
         long_req = threading.Thread(target=post, args=(base + "/v1/completions",
-                                                       {"prompt": "Once upon a time", "max_tokens": 450,
+                                                       {"prompt": "Once upon a time", "max_tokens": 360,
                                                         "temperature": 1, "ignore_eos": True}))
         long_req.start()
         seen_running = False

@@ -31,6 +31,32 @@ std::string rejected_param(const char* json, Endpoint ep = Endpoint::Completions
     return "";
 }
 
+// A field the server does not honour is refused by name (issue #25), never accepted and ignored.
+TEST(OpenAiProtocol, FieldsNotHonouredAreRefused) {
+    EXPECT_EQ(rejected_param(R"({"prompt": "Hi", "unknown": {"a": 1}})"), "unknown");
+    EXPECT_EQ(rejected_param(R"({"prompt": "Hi", "messages": []})"), "messages");
+    EXPECT_EQ(
+        rejected_param(R"({"messages": [{"role": "user", "content": "x"}], "echo": true})", Endpoint::ChatCompletions),
+        "echo");
+    EXPECT_EQ(rejected_param(R"({"prompt": "Hi", "store": true})"), "store");
+    EXPECT_EQ(rejected_param(R"({"prompt": "Hi", "service_tier": "flex"})"), "service_tier");
+    EXPECT_EQ(rejected_param(R"({"prompt": "Hi", "chat_template": "x"})"), "chat_template");
+    const CompletionParams p = parse(R"({"messages": [{"role": "user", "content": "x"}], "store": false,
+        "metadata": {"k": "v"}, "service_tier": "auto", "safety_identifier": "u", "chat_template": "{{ 1 }}"})",
+                                     Endpoint::ChatCompletions);
+    EXPECT_EQ(p.chat_template, "{{ 1 }}");
+}
+
+TEST(OpenAiProtocol, RequestsStartFromTheModelDefaults) {
+    SamplingParams defaults;
+    defaults.temperature = 0.6f;
+    defaults.top_k = 20;
+    const CompletionParams p =
+        parse_completion_params(Json::parse(R"({"prompt": "Hi", "top_k": 5})"), Endpoint::Completions, {}, defaults);
+    EXPECT_FLOAT_EQ(p.sampling.temperature, 0.6f);
+    EXPECT_EQ(p.sampling.top_k, 5);
+}
+
 TEST(OpenAiProtocol, CompletionDefaultsAndFields) {
     CompletionParams p = parse(R"({"prompt": "Hi"})");
     ASSERT_EQ(p.prompts.size(), 1u);
@@ -45,7 +71,7 @@ TEST(OpenAiProtocol, CompletionDefaultsAndFields) {
                   "repetition_penalty": 1.2, "logit_bias": {"7": 2.5}, "seed": 3, "n": 2, "stop": "x",
                   "stop_token_ids": [9], "ignore_eos": true, "min_tokens": 1, "stream": true,
                   "stream_options": {"include_usage": true}, "echo": true, "logprobs": 2, "priority": -1,
-                  "cache_salt": "s", "user": "u", "unknown": {"a": 1}})");
+                  "cache_salt": "s", "user": "u"})");
     EXPECT_EQ(p.model, "m");
     ASSERT_EQ(p.prompts.size(), 2u);
     EXPECT_EQ(p.prompts[0].ids, (std::vector<int32_t>{1, 2}));

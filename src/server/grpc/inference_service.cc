@@ -51,7 +51,8 @@ grpc::ServerWriteReactor<pb::GenerateResponse>* InferenceService::Generate(grpc:
     return start_generate(service_, peer, [&](Ticket* ticket) {
         service_.check_caller(caller);
         // The typed request the HTTP API parses from JSON, read from the proto; then the one path.
-        CompletionParams params = completion_params_from_proto(*req, service_.sampling_limits());
+        CompletionParams params =
+            completion_params_from_proto(*req, service_.sampling_limits(), service_.request_defaults());
         const bool chat = params.chat();
         AdmittedCompletion admitted = service_.admit(caller, std::move(params), str_cat("grpc-", random_hex_id()));
         std::shared_ptr<RequestStream> stream = service_.submit(admitted.requests, chat).front();  // one prompt

@@ -28,11 +28,13 @@ std::string status_message(std::string m) {
 
 }  // namespace
 
-CompletionParams completion_params_from_proto(const pb::GenerateRequest& req, const SamplingLimits& limits) {
+CompletionParams completion_params_from_proto(const pb::GenerateRequest& req, const SamplingLimits& limits,
+                                              const SamplingParams& defaults) {
     const bool chat = req.messages_size() > 0;
     const int given = (chat ? 1 : 0) + (req.prompt_ids_size() > 0 ? 1 : 0) + (req.prompt().empty() ? 0 : 1);
     if (given != 1) bad_param("prompt", "exactly one of 'prompt', 'prompt_ids' or 'messages' is required");
     CompletionParams c;
+    c.sampling = defaults;
     c.endpoint = chat ? Endpoint::ChatCompletions : Endpoint::Completions;
     c.model = req.model();
     c.stream = true;  // Generate always streams
@@ -60,7 +62,7 @@ CompletionParams completion_params_from_proto(const pb::GenerateRequest& req, co
         s.max_tokens = chat ? std::numeric_limits<int>::max() : 16;  // the engine clamps
     if (req.has_temperature()) s.temperature = req.temperature();
     if (req.has_top_p()) s.top_p = req.top_p();
-    s.top_k = saturate_int(req.top_k());  // 0: no limit
+    if (req.top_k() != 0) s.top_k = saturate_int(req.top_k());  // 0 (unset): the default, none unless the model's
     if (req.has_seed()) s.seed = req.seed();
     s.ignore_eos = req.ignore_eos();
     s.stop.assign(req.stop().begin(), req.stop().end());

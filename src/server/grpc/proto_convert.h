@@ -13,9 +13,10 @@
 namespace peregrine::server {
 
 // Exactly one of prompt, prompt_ids or messages; the sampling fields as the HTTP API takes them
-// (0 / absent: its defaults), checked by check_sampling(limits). Throws ApiError(400).
-CompletionParams completion_params_from_proto(const ::peregrine::v1::GenerateRequest& req,
-                                              const SamplingLimits& limits);
+// (0 / absent: `defaults`, the model's generation_config.json), checked by check_sampling(limits). Throws
+// ApiError(400).
+CompletionParams completion_params_from_proto(const ::peregrine::v1::GenerateRequest& req, const SamplingLimits& limits,
+                                              const SamplingParams& defaults = {});
 
 // Chat messages as the chat template takes them: [{role, content}].
 Json chat_messages_json(const google::protobuf::RepeatedPtrField<::peregrine::v1::ChatMessage>& messages);

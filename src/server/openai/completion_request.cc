@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <span>
+#include <string_view>
 
 #include "server/api_error.h"
 #include "server/openai/json_fields.h"
@@ -87,11 +89,71 @@ int non_negative(const char* key, int64_t v) {
     return saturate_int(v);
 }
 
-// Features not implemented yet: a clear 400 rather than silently ignoring them.
+// Every field the server reads for the endpoint; any other is refused with a 400 naming it
+// (OpenAI's wording), never accepted and ignored. Sorted within each list.
+constexpr std::string_view kCommonFields[] = {"cache_salt",
+                                              "frequency_penalty",
+                                              "guided_choice",
+                                              "guided_grammar",
+                                              "guided_json",
+                                              "guided_regex",
+                                              "ignore_eos",
+                                              "logit_bias",
+                                              "max_completion_tokens",
+                                              "max_tokens",
+                                              "metadata",
+                                              "min_p",
+                                              "min_tokens",
+                                              "model",
+                                              "n",
+                                              "parallel_tool_calls",
+                                              "presence_penalty",
+                                              "priority",
+                                              "prompt_cache_key",
+                                              "repetition_penalty",
+                                              "response_format",
+                                              "safety_identifier",
+                                              "seed",
+                                              "service_tier",
+                                              "stop",
+                                              "stop_token_ids",
+                                              "store",
+                                              "stream",
+                                              "stream_options",
+                                              "structured_outputs",
+                                              "temperature",
+                                              "tool_choice",
+                                              "tools",
+                                              "top_k",
+                                              "top_p",
+                                              "user"};
+constexpr std::string_view kChatFields[] = {
+    "add_generation_prompt",  "add_special_tokens", "chat_template", "chat_template_kwargs",
+    "continue_final_message", "logprobs",           "messages",      "top_logprobs"};
+constexpr std::string_view kCompletionFields[] = {"add_special_tokens", "best_of", "echo",
+                                                  "logprobs",           "prompt",  "suffix"};
+
+bool listed(std::span<const std::string_view> fields, const std::string& key) {
+    for (std::string_view f : fields)
+        if (f == key) return true;
+    return false;
+}
+
+// Fields the server knows but honours only in part: a clear 400 rather than silently ignoring them.
 void refuse_unsupported(const Json& body, Endpoint endpoint) {
-    if (const Json* fns = json_field(body, "functions")) {
-        if (!fns->is_array() || !fns->empty()) bad_param("functions", "'functions' is not supported yet");
+    for (const auto& [key, v] : body.items()) {
+        const std::span<const std::string_view> own =
+            endpoint == Endpoint::ChatCompletions ? std::span<const std::string_view>(kChatFields) : kCompletionFields;
+        if (listed(kCommonFields, key) || listed(own, key)) continue;
+        if (key == "functions" && v.is_array() && v.empty()) continue;  // legacy clients send an empty list
+        const char* where = endpoint == Endpoint::ChatCompletions ? "/v1/chat/completions" : "/v1/completions";
+        bad_param(key, "Unrecognized request argument supplied: ", key, " (not supported by ", where, " here)");
     }
+    // Accepted only with the value that asks for nothing this server does not do.
+    if (auto store = get_bool(body, "store"); store && *store)
+        bad_param("store", "'store': true is not supported (this server keeps no completions)");
+    if (auto tier = get_string(body, "service_tier"); tier && *tier != "auto" && *tier != "default")
+        bad_param("service_tier", "'service_tier' '", *tier, "' is not supported; use 'auto' or 'default'");
     if (endpoint == Endpoint::Completions) {
         if (auto suffix = get_string(body, "suffix"); suffix && !suffix->empty())
             bad_param("suffix", "'suffix' is not supported");
@@ -307,12 +369,13 @@ void parse_tools(const Json& body, CompletionParams& c) {
 
 }  // namespace
 
-CompletionParams parse_completion_params(const Json& body, Endpoint endpoint, const SamplingLimits& limits) {
+CompletionParams parse_completion_params(const Json& body, Endpoint endpoint, const SamplingLimits& limits,
+                                         const SamplingParams& defaults) {
     if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
     CompletionParams c;
     c.endpoint = endpoint;
+    c.sampling = defaults;
     const bool chat = c.chat();
-    refuse_unsupported(body, endpoint);
     c.model = get_string(body, "model").value_or("");
     if (chat) {
         const Json* m = json_field(body, "messages");
@@ -321,6 +384,7 @@ CompletionParams parse_completion_params(const Json& body, Endpoint endpoint, co
     } else {
         c.prompts = parse_prompts(body);
     }
+    refuse_unsupported(body, endpoint);  // after the required field: a missing one is the first thing to say
 
     SamplingParams& s = c.sampling;
     // max_completion_tokens (chat's newer name) wins over max_tokens.
@@ -371,6 +435,10 @@ CompletionParams parse_completion_params(const Json& body, Endpoint endpoint, co
             bad_param("continue_final_message",
                       "'continue_final_message' and 'add_generation_prompt' exclude each other");
         if (c.continue_final_message) c.add_generation_prompt = false;
+        if (auto t = get_string(body, "chat_template")) {
+            if (t->empty()) bad_param("chat_template", "'chat_template' must not be empty");
+            c.chat_template = std::move(*t);
+        }
         if (const Json* k = json_field(body, "chat_template_kwargs")) {
             if (!k->is_object()) bad_param("chat_template_kwargs", "'chat_template_kwargs' must be an object");
             c.chat_template_kwargs = *k;
@@ -386,7 +454,11 @@ CompletionParams parse_completion_params(const Json& body, Endpoint endpoint, co
     c.priority = static_cast<int>(std::clamp<int64_t>(get_int(body, "priority").value_or(0), -1'000'000, 1'000'000));
     c.cache_salt = get_string(body, "cache_salt").value_or("");
     c.user = get_string(body, "user").value_or("");
+    // Routing, abuse and bookkeeping hints for OpenAI's service; they change no answer here.
+    if (const Json* md = json_field(body, "metadata"); md && !md->is_object())
+        bad_param("metadata", "'metadata' must be an object");
     (void)get_string(body, "prompt_cache_key");
+    (void)get_string(body, "safety_identifier");
     check_sampling(c, limits);
     return c;
 }

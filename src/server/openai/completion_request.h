@@ -41,6 +41,7 @@ struct CompletionParams {
     bool add_generation_prompt = true;    // chat
     bool continue_final_message = false;  // chat
     Json chat_template_kwargs = Json::object();
+    std::string chat_template;  // chat: a Jinja template for this request instead of the model's; "" none
     // chat `tools` (rendered through the template) and, with tool_choice "required" or a named
     // function, the answer is forced into calls (sampling.structured holds their grammar) and
     // returned as message.tool_calls with finish_reason "tool_calls".
@@ -51,8 +52,11 @@ struct CompletionParams {
 };
 
 // Parses a completions or chat request body (already a JSON object): JSON types here, then
-// check_sampling(limits). Unknown fields are ignored. Throws ApiError(400) naming the field.
-CompletionParams parse_completion_params(const Json& body, Endpoint endpoint, const SamplingLimits& limits = {});
+// check_sampling(limits). Sampling fields the body leaves out keep their value in `defaults`
+// (the model's generation_config.json). A field the server does not honour (unknown, or known
+// and not supported) is refused. Throws ApiError(400) naming the field.
+CompletionParams parse_completion_params(const Json& body, Endpoint endpoint, const SamplingLimits& limits = {},
+                                         const SamplingParams& defaults = {});
 
 // The sampling parameters through validate(); the first error as ApiError(400) naming the field
 // as this request spelled it (max_completion_tokens; top_logprobs for chat). An echo request may

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "core/error.h"
 #include "server/api_error.h"
@@ -102,21 +103,42 @@ SamplingLimits CompletionService::sampling_limits() const {
 
 std::vector<int32_t> CompletionService::render_chat(const CompletionParams& p) const {
     const ServedModel& m = *model_;
-    if (!m.chat_template)
-        throw ApiError(400, str_cat("this model has no chat template (", m.chat_template_error, ")"), "messages",
-                       "no_chat_template");
     ChatInputs in;
+    const ChatTemplate* tmpl = m.chat_template.get();
+    std::optional<ChatTemplate> own;  // the request's chat_template, compiled for this request only
+    const char* template_param = "messages";
+    if (!p.chat_template.empty()) {
+        try {
+            own.emplace(p.chat_template, "chat_template");
+        } catch (const Error& e) {
+            throw ApiError(400, str_cat("'chat_template' is not a valid template: ", e.what()), "chat_template",
+                           "chat_template_error");
+        }
+        tmpl = &*own;
+        template_param = "chat_template";
+        in.bos_token = m.bos_token;
+        in.eos_token = m.eos_token;
+    }
+    if (!tmpl)
+        throw ApiError(400,
+                       str_cat("this model has no chat template (", m.chat_template_error,
+                               "); start the server with --chat-template or send 'chat_template'"),
+                       "messages", "no_chat_template");
     in.messages = p.messages;
+    if (m.chat_template_content_format == "openai")
+        for (auto& msg : in.messages)
+            if (msg["content"].is_string())
+                msg["content"] = Json::array({{{"type", "text"}, {"text", msg["content"].get<std::string>()}}});
     in.add_generation_prompt = p.add_generation_prompt;
     in.extra = p.chat_template_kwargs;
     if (!p.tools.is_null()) in.tools = nlohmann::ordered_json::parse(p.tools.dump());
     std::string prompt;
     try {
-        prompt = m.chat_template->render(in, template_functions_);
+        prompt = tmpl->render(in, template_functions_);
     } catch (const jinja::RaisedError& e) {
-        throw ApiError(400, e.what(), "messages", "chat_template_error");
+        throw ApiError(400, e.what(), template_param, "chat_template_error");
     } catch (const Error& e) {
-        throw ApiError(400, str_cat("the chat template failed on these messages: ", e.what()), "messages",
+        throw ApiError(400, str_cat("the chat template failed on these messages: ", e.what()), template_param,
                        "chat_template_error");
     }
     if (p.continue_final_message) {
@@ -174,18 +196,22 @@ AdmittedCompletion CompletionService::admit(const Caller& caller, CompletionPara
     for (const auto& ids : prompts) {
         const int len = static_cast<int>(ids.size());
         if (len == 0) bad_param(prompt_param, "the prompt is empty");
+        // vLLM's checks and wording. Without max_tokens a chat completion may fill the context;
+        // a completion's default max_tokens (16) counts as asked for, as in vLLM.
         if (len >= m.max_model_len)
             throw ApiError(
                 400,
-                str_cat("This model's maximum context length is ", m.max_model_len, " tokens, but the prompt has ", len,
-                        " tokens, which leaves no room for the completion"),
+                str_cat("This model's maximum context length is ", m.max_model_len, " tokens. However, you requested ",
+                        len, " tokens in the messages, Please reduce the length of the messages."),
                 prompt_param, "context_length_exceeded");
-        if (p.max_tokens_given && static_cast<int64_t>(len) + p.sampling.max_tokens > m.max_model_len)
+        if ((p.max_tokens_given || !p.chat()) && static_cast<int64_t>(len) + p.sampling.max_tokens > m.max_model_len)
             throw ApiError(
                 400,
-                str_cat("This model's maximum context length is ", m.max_model_len, " tokens, but ", len,
-                        " prompt tokens plus ", p.max_tokens_param, " ", p.sampling.max_tokens, " exceed it"),
-                p.max_tokens_param, "context_length_exceeded");
+                str_cat("This model's maximum context length is ", m.max_model_len, " tokens. However, you requested ",
+                        static_cast<int64_t>(len) + p.sampling.max_tokens, " tokens (", len, " in the messages, ",
+                        p.sampling.max_tokens,
+                        " in the completion). Please reduce the length of the messages or completion."),
+                p.max_tokens_given ? p.max_tokens_param : std::string(prompt_param), "context_length_exceeded");
         // Each prompt once (its choices share it), plus the most each choice may generate.
         cost.sequences += p.sampling.n;
         cost.tokens += len + std::min<int64_t>(p.sampling.max_tokens, m.max_model_len - len) * p.sampling.n;

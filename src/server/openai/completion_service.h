@@ -82,6 +82,8 @@ class CompletionService {
     void check_model(const std::string& name) const;
     // What validate() checks a request's sampling against here (the engine adds max_num_seqs).
     SamplingLimits sampling_limits() const;
+    // Where a request's sampling fields start: the model's recommended defaults (ServedModel).
+    SamplingParams request_defaults() const { return ready() ? model_->request_defaults : SamplingParams{}; }
 
     // Chat messages through the model's template into prompt ids; throws ApiError(400).
     std::vector<int32_t> render_chat(const CompletionParams& p) const;

@@ -10,6 +10,10 @@ namespace peregrine::server {
 
 // GET /health: 200 {"status": "ok", engine and server figures}; 503 while loading or draining.
 void handle_health(CompletionService& service, ApiCall& call);
+// GET /ping (vLLM, SageMaker): 200 with an empty body once serving; 503 while loading or draining.
+void handle_ping(CompletionService& service, ApiCall& call);
+// GET /version: {"version": "..."}, as vLLM.
+void handle_version(CompletionService& service, ApiCall& call);
 // GET /metrics: the Prometheus exposition.
 void handle_metrics(CompletionService& service, ApiCall& call);
 // GET /v1/models (call.arg empty: the list) and /v1/models/{id}.

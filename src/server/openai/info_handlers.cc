@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <fstream>
 
+#include "peregrine/version.h"
 #include "server/openai/handlers.h"
 
 namespace peregrine::server {
@@ -60,6 +61,14 @@ void handle_health(CompletionService& service, ApiCall& call) {
     j["generation_tokens"] = s.generation_tokens;
     j["memory_rss_bytes"] = rss_bytes();
     call.ex->respond(200, dump(j));
+}
+
+void handle_ping(CompletionService& service, ApiCall& call) {
+    call.ex->respond(service.ready() && !service.draining() ? 200 : 503, "", "text/plain");
+}
+
+void handle_version(CompletionService&, ApiCall& call) {
+    call.ex->respond(200, dump(Json{{"version", version()}}));
 }
 
 void handle_metrics(CompletionService& service, ApiCall& call) {

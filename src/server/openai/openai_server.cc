@@ -46,6 +46,8 @@ OpenAiServer::OpenAiServer(OpenAiServerOptions options)
     //           method  path                    prefix access      ws_type       handler
     routes_.add({"GET",  "/health",              false, Open,       "",           handler(handle_health)});
     routes_.add({"GET",  "/metrics",             false, Open,       "",           handler(handle_metrics)});
+    routes_.add({"GET",  "/ping",                false, Open,       "",           handler(handle_ping)});
+    routes_.add({"GET",  "/version",             false, Open,       "",           handler(handle_version)});
     routes_.add({"POST", "/v1/completions",      false, Completion, "completion", complete(Endpoint::Completions)});
     routes_.add({"POST", "/v1/chat/completions", false, Completion, "chat",       complete(Endpoint::ChatCompletions)});
     routes_.add({"GET",  "/v1/models",           false, Api,        "",           handler(handle_models)});
