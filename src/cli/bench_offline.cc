@@ -286,7 +286,16 @@ std::function<int()> add_bench_offline(CLI::App* group) {
         "latency", "One batch of requests start to end: time to first token and decode speed (like benchmark_latency)");
     add_common(lat, *b);
     lat->add_option("--batch-size", b->batch_size, "Requests in the batch (default 1)")->check(CLI::PositiveNumber);
-    return [a, b, tp, lat]() -> int {
+    // The engine options these runs cannot honour: random token ids, greedy, no text.
+    auto refuse_unused = [](const OfflineArgs& x) {
+        if (!x.engine.tokenizer.empty())
+            fail("--tokenizer: bench throughput and latency send random token ids and read no tokenizer");
+        if (x.engine.generation_config != "auto")
+            fail("--generation-config: bench throughput and latency sample greedily and read no sampling defaults");
+    };
+    return [a, b, tp, lat, refuse_unused]() -> int {
+        if (tp->parsed()) refuse_unused(*a);
+        if (lat->parsed()) refuse_unused(*b);
         if (tp->parsed()) return run_throughput(*a);
         if (lat->parsed()) return run_latency(*b);
         return -1;

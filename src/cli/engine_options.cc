@@ -28,11 +28,23 @@ void add_engine_options(CLI::App* cmd, EngineConfig& o) {
     o.load_progress = progress_printer();
     cmd->add_option("--model", o.model,
                     "Model folder (config.json + safetensors) or GGUF file; default: the embedded stories260K");
+    cmd->add_option("--tokenizer", o.tokenizer,
+                    "Tokenizer: a folder with tokenizer.json, a tokenizer.json file, or a GGUF whose vocabulary is "
+                    "used, e.g. for a --load-format dummy model of any shape (default: the model's own)");
+    cmd->add_option("--max-model-len", o.max_model_len,
+                    "Tokens of one sequence (prompt + completion) at most; refused at start when one sequence does "
+                    "not fit the KV cache (default: the model's context, lowered with a warning to what the KV "
+                    "cache holds)")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--generation-config", o.generation_config,
+                    "Sampling defaults of requests that leave them out: auto (the model's generation_config.json), "
+                    "vllm (built-in defaults) or a folder with a generation_config.json (default auto)");
     cmd->add_option("--threads", o.threads, "CPU threads (default: one per core)");
     cmd->add_option("--dtype", o.dtype,
                     "Activation precision: float32 (reference), bfloat16 (bf16 matmul inputs for bf16 weights), "
-                    "auto (float32 for now)")
-        ->check(CLI::IsMember({"auto", "float32", "bfloat16"}));
+                    "auto (float32 for now), float16 | half (accepted; no backend has an f16 path yet, so it is "
+                    "refused with a message) (default auto)")
+        ->check(CLI::IsMember({"auto", "float32", "bfloat16", "float16", "half"}));
     cmd->add_option("--block-size", o.block_size, "Tokens per KV-cache block (default 16)")->check(CLI::Range(1, 1024));
     cmd->add_option("--kv-cache-memory", o.kv_cache_memory,
                     "KV-cache bytes (default: room for max-num-seqs full contexts, at most 4 GiB)")

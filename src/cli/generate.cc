@@ -86,13 +86,17 @@ int run(const GenerateArgs& a) {
         if (req.prompt_ids.empty()) fail("--prompt: the text has no tokens");
     }
     SamplingParams& p = req.sampling;
-    const GenerationDefaults& d = info.generation_defaults;
+    // Ours, then the model's generation_config.json, then the flags given.
     p.max_tokens = a.max_tokens;
-    p.temperature = a.temperature_opt->count() == 0 && d.temperature ? *d.temperature : a.temperature;
-    p.top_p = a.top_p_opt->count() == 0 && d.top_p ? *d.top_p : a.top_p;
-    p.top_k = a.top_k_opt->count() == 0 && d.top_k ? std::max(0, *d.top_k) : a.top_k;
-    p.min_p = a.min_p_opt->count() == 0 && d.min_p ? *d.min_p : a.min_p;
-    if (d.repetition_penalty) p.repetition_penalty = *d.repetition_penalty;
+    p.temperature = a.temperature;
+    p.top_p = a.top_p;
+    p.top_k = a.top_k;
+    p.min_p = a.min_p;
+    apply_generation_defaults(info.generation_defaults, p);
+    if (a.temperature_opt->count() > 0) p.temperature = a.temperature;
+    if (a.top_p_opt->count() > 0) p.top_p = a.top_p;
+    if (a.top_k_opt->count() > 0) p.top_k = a.top_k;
+    if (a.min_p_opt->count() > 0) p.min_p = a.min_p;
     p.stop = a.stop;
     p.ignore_eos = a.ignore_eos;
     if (a.seed >= 0) p.seed = static_cast<uint64_t>(a.seed);

@@ -53,6 +53,8 @@ struct ServeArgs {
     double shutdown_timeout_s = 10;
     server::KvEventOptions kv_events;  // endpoint empty: no events
     int data_parallel_size = 1;
+    std::string chat_template;                          // --chat-template: a file or the template itself
+    std::string chat_template_content_format = "auto";  // auto | string | openai
 };
 
 // Connections are descriptors: take the hard limit (as nginx and Go do) before sizing the cap.
@@ -85,25 +87,47 @@ std::string default_model_name(const std::string& path) {
     return name.empty() ? "peregrine" : name;
 }
 
-std::unique_ptr<server::ServedModel> load(const EngineConfig& config) {
+// The text of token `id`, or "" when the tokenizer has none.
+std::string token_text(const Tokenizer& t, int32_t id) {
+    return t.valid_id(id) ? t.token(id) : std::string();
+}
+
+std::unique_ptr<server::ServedModel> load(const ServeArgs& a) {
     auto m = std::make_unique<server::ServedModel>();
-    m->engine = Engine::create(config);
+    m->engine = Engine::create(a.engine);
     const ModelInfo& info = m->engine->model();
     m->path = info.path;
     m->max_model_len = info.max_model_len;
     m->vocab_size = info.vocab_size;
     m->tokenizer = m->engine->tokenizer();
+    m->bos_token = token_text(*m->tokenizer, m->tokenizer->bos_id());
+    m->eos_token = token_text(*m->tokenizer, m->tokenizer->eos_id());
+    apply_generation_defaults(info.generation_defaults, m->request_defaults);
     try {
-        m->chat_template = std::make_shared<const ChatTemplate>(info.gguf ? ChatTemplate::from_gguf(*info.gguf)
-                                                                          : ChatTemplate::from_model(info.model_dir));
+        m->chat_template = std::make_shared<const ChatTemplate>(
+            !a.chat_template.empty() ? ChatTemplate::from_flag(a.chat_template, m->bos_token, m->eos_token)
+            : info.gguf              ? ChatTemplate::from_gguf(*info.gguf)
+                                     : ChatTemplate::from_model(info.model_dir));
+        if (!m->chat_template->bos_token().empty()) m->bos_token = m->chat_template->bos_token();
+        if (!m->chat_template->eos_token().empty()) m->eos_token = m->chat_template->eos_token();
     } catch (const Error& e) {
+        if (!a.chat_template.empty()) throw;  // the user's template: a clear error, not a server without chat
         m->chat_template_error = e.what();
         std::fprintf(stderr, "  chat template: none (%s); /v1/chat/completions will answer 400\n", e.what());
     }
+    m->chat_template_content_format = a.chat_template_content_format;
+    if (m->chat_template_content_format == "auto")
+        m->chat_template_content_format = m->chat_template ? m->chat_template->content_format() : "string";
+    if (m->chat_template)
+        std::fprintf(stderr, "  chat template: %s, message content as %s\n",
+                     a.chat_template.empty() ? "the model's" : "--chat-template",
+                     m->chat_template_content_format == "openai" ? "a list of parts (openai)" : "a string");
     return m;
 }
 
 int run(ServeArgs& a) {
+    // A bad --chat-template fails now, not after the weights load.
+    if (!a.chat_template.empty()) (void)ChatTemplate::from_flag(a.chat_template, "", "");
     if (a.data_parallel_size > 1) {
         if (a.engine.parallel_size() > 1)
             fail("--data-parallel-size with --tensor-parallel-size / --pipeline-parallel-size is not supported yet");
@@ -176,14 +200,15 @@ int run(ServeArgs& a) {
         std::fprintf(stderr, "KV events: %s%s%s\n", a.kv_events.endpoint.c_str(),
                      a.kv_events.replay_endpoint.empty() ? "" : ", replay at ", a.kv_events.replay_endpoint.c_str());
     }
-    app->set_model(load(a.engine));
+    app->set_model(load(a));
     if (grpc) grpc->set_serving(true);
     std::fprintf(stderr, "ready: serving '%s' at %s/v1 (%zu API key%s)\n", app->model_name().c_str(), url.c_str(),
                  sopts.api_keys.size(), sopts.api_keys.size() == 1 ? "" : "s");
     std::fprintf(stderr,
                  "try: curl -s %s/v1/completions -H 'Content-Type: application/json'%s -d '{\"model\": \"%s\", "
                  "\"prompt\": \"Once upon a time\", \"max_tokens\": 40, \"temperature\": 0}'\n",
-                 url.c_str(), sopts.api_keys.empty() ? "" : " -H 'Authorization: Bearer $PEREGRINE_API_KEY'",
+                 // Double quotes: a shell expands the key's variable where this line is pasted.
+                 url.c_str(), sopts.api_keys.empty() ? "" : " -H \"Authorization: Bearer $PEREGRINE_API_KEY\"",
                  app->model_name().c_str());
     std::fflush(stderr);
 
@@ -217,6 +242,19 @@ std::function<int()> add_serve(CLI::App& app) {
     auto args = std::make_shared<ServeArgs>();
     CLI::App* cmd = app.add_subcommand("serve", "Serve the OpenAI-compatible HTTP API");
     add_engine_options(cmd, args->engine);
+    cmd->add_option("model", args->engine.model, "The model, as --model (positional, as in `vllm serve MODEL`)")
+        ->excludes(cmd->get_option("--model"));
+    cmd->add_option("--seed", args->engine.seed,
+                    "Seed of requests that give none: the k-th such request of a run samples the same tokens in "
+                    "every run (default: random)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--chat-template", args->chat_template,
+                    "Chat template: a .jinja file, a JSON file with chat_template, or the template itself; a model "
+                    "without one can then chat (default: the model's)");
+    cmd->add_option("--chat-template-content-format", args->chat_template_content_format,
+                    "Message content as the template gets it: string (text parts joined), openai (a list of "
+                    "{type, text} parts) or auto (openai when the template loops over content) (default auto)")
+        ->check(CLI::IsMember({"auto", "string", "openai"}));
     cmd->add_option("--host", args->host, "Address to listen on (default 127.0.0.1)");
     cmd->add_option("--port", args->port, "Port to listen on; 0 = any free port (default 8000)")
         ->check(CLI::Range(0, 65535));
