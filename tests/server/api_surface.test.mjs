@@ -153,6 +153,11 @@ describe('chat templates and request fields (defect 3, flags)', () => {
             const one = await ask(1);
             const ten = await ask(10);
             assert.ok(ten.usage.prompt_tokens >= one.usage.prompt_tokens + 9, `${one.usage.prompt_tokens} ${ten.usage.prompt_tokens}`);
+            const tok = await http(`${server.url}/tokenize`, {
+                body: { messages: [{ role: 'user', content: 'Once' }], chat_template: "{{ ' upon' * n }}", chat_template_kwargs: { n: 4 } },
+            });
+            assert.equal(tok.status, 200, tok.text);
+            assert.ok(tok.json.count >= 4, tok.text);
             const bad = await apiError(() =>
                 client.chat.completions.create({ messages: [{ role: 'user', content: 'x' }], chat_template: '{% for %}' }),
             );

@@ -23,6 +23,11 @@ void handle_tokenize(CompletionService& service, ApiCall& call) {
         p.add_generation_prompt = flag("add_generation_prompt", true);
         p.add_special_tokens = flag("add_special_tokens", false);
         if (auto k = body.find("chat_template_kwargs"); k != body.end() && k->is_object()) p.chat_template_kwargs = *k;
+        if (auto t = body.find("chat_template"); t != body.end() && !t->is_null()) {  // as on /v1/chat/completions
+            if (!t->is_string() || t->get<std::string>().empty())
+                bad_param("chat_template", "'chat_template' must be a non-empty string");
+            p.chat_template = t->get<std::string>();
+        }
         ids = service.render_chat(p);
     } else {
         auto it = body.find("prompt");
