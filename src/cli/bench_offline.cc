@@ -103,7 +103,9 @@ Bench make_bench(const EngineConfig& config, const std::string& schema_path = ""
         so.field = "--json-schema";
         so.spec.assign(std::istreambuf_iterator<char>(in), {});
         const LoadedModel& m = built.worker->loaded();
-        const Tokenizer tokenizer = m.gguf ? Tokenizer::from_gguf(*m.gguf) : Tokenizer::load(m.model_dir);
+        const Tokenizer tokenizer = !config.tokenizer.empty() ? Tokenizer::load(config.tokenizer)
+                                    : m.gguf                  ? Tokenizer::from_gguf(*m.gguf)
+                                                              : Tokenizer::load(m.model_dir);
         GrammarCache cache(tokenizer, b.core.eos_token_ids);
         b.grammar = cache.get(so);  // self-contained: holds its own copy of the vocabulary index
         b.structured = std::move(so);
@@ -288,8 +290,10 @@ std::function<int()> add_bench_offline(CLI::App* group) {
     lat->add_option("--batch-size", b->batch_size, "Requests in the batch (default 1)")->check(CLI::PositiveNumber);
     // The engine options these runs cannot honour: random token ids, greedy, no text.
     auto refuse_unused = [](const OfflineArgs& x) {
-        if (!x.engine.tokenizer.empty())
-            fail("--tokenizer: bench throughput and latency send random token ids and read no tokenizer");
+        if (!x.engine.tokenizer.empty() && x.schema_path.empty())
+            fail(
+                "--tokenizer: bench throughput and latency send random token ids and read no tokenizer (but "
+                "for --json-schema)");
         if (x.engine.generation_config != "auto")
             fail("--generation-config: bench throughput and latency sample greedily and read no sampling defaults");
     };
