@@ -55,6 +55,7 @@ struct ServeArgs {
     int data_parallel_size = 1;
     std::string chat_template;                          // --chat-template: a file or the template itself
     std::string chat_template_content_format = "auto";  // auto | string | openai
+    std::string tool_call_parser = "auto";              // or a ToolCallFormat's name
 };
 
 // Connections are descriptors: take the hard limit (as nginx and Go do) before sizing the cap.
@@ -122,6 +123,12 @@ std::unique_ptr<server::ServedModel> load(const ServeArgs& a) {
         std::fprintf(stderr, "  chat template: %s, message content as %s\n",
                      a.chat_template.empty() ? "the model's" : "--chat-template",
                      m->chat_template_content_format == "openai" ? "a list of parts (openai)" : "a string");
+    if (a.tool_call_parser != "auto")
+        m->tool_call_format = server::tool_call_format_named(a.tool_call_parser).value_or(server::ToolCallFormat::None);
+    else if (m->chat_template)
+        m->tool_call_format = server::detect_tool_call_format(m->chat_template->tmpl().source());
+    std::fprintf(stderr, "  tool calls (tool_choice auto): %s%s\n", server::tool_call_format_name(m->tool_call_format),
+                 a.tool_call_parser == "auto" ? " (from the chat template)" : "");
     return m;
 }
 
@@ -322,6 +329,10 @@ std::function<int()> add_serve(CLI::App& app) {
     cmd->add_option("--read-timeout", args->read_timeout_s,
                     "Seconds a request body may take to arrive after its header; slower gets 408 (default 60)")
         ->check(CLI::Range(1, 86400));
+    cmd->add_option("--tool-call-parser", args->tool_call_parser,
+                    "How tool_choice auto finds tool calls in the answer: auto (from the chat template), hermes, "
+                    "llama3_json, mistral or none (default auto)")
+        ->check(CLI::IsMember({"auto", "hermes", "llama3_json", "mistral", "none"}));
     cmd->add_option("--shutdown-timeout", args->shutdown_timeout_s,
                     "On SIGTERM, seconds in-flight requests may take to finish before they are aborted (default 10)")
         ->check(CLI::NonNegativeNumber);

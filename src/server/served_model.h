@@ -7,6 +7,7 @@
 #include <string>
 
 #include "peregrine/engine.h"
+#include "server/openai/tool_parsers.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -27,6 +28,9 @@ struct ServedModel {
     int max_model_len = 0;
     int vocab_size = 0;
     size_t max_token_bytes = 0;  // the longest token's text (set_model): bytes per token at most
+    // How tool_choice "auto" finds calls in the answer (serve --tool-call-parser, by default from
+    // the chat template); None: the answer is content.
+    ToolCallFormat tool_call_format = ToolCallFormat::None;
     std::string path;
 };
 

@@ -202,10 +202,11 @@ describe('structured output', () => {
             assert.equal(calls.length, 1);
             check(calls, `streamed, seed ${seed}`);
         }
-        // tool_choice auto is refused, saying so; none renders the tools and answers text.
-        const auto = await http(`${server.url}/v1/chat/completions`, { body: { model: 'stories260K', messages, tools } });
-        assert.equal(auto.status, 400);
-        assert.equal(auto.json.error.param, 'tool_choice');
+        // tool_choice auto (the default) on a model whose template has no tool-call format: its
+        // answer is text; none renders the tools and answers text.
+        const auto = await client.chat.completions.create({ model: 'stories260K', messages, tools, max_tokens: 5 });
+        assert.equal(typeof auto.choices[0].message.content, 'string');
+        assert.equal(auto.choices[0].message.tool_calls, undefined);
         const none = await client.chat.completions.create({
             model: 'stories260K', messages, tools, tool_choice: 'none', max_tokens: 5 });
         assert.equal(typeof none.choices[0].message.content, 'string');
@@ -233,5 +234,81 @@ describe('structured output', () => {
         // Still serving.
         const ok = await client.chat.completions.create({ ...base, guided_choice: ['fine'] });
         assert.equal(ok.choices[0].message.content, 'fine');
+    });
+});
+
+// tool_choice auto: the model's own call format parsed out of its answer. The embedded model
+// writes no calls by itself, so a regex (a real structured output; auto allows one) makes it
+// write a Hermes call after some text; `--tool-call-parser hermes` since its template has none.
+describe('tool_choice auto (hermes)', () => {
+    let hermes, hc;
+    before(async () => {
+        hermes = await startServer(['--tool-call-parser', 'hermes']);
+        hc = hermes.client();
+    });
+    after(async () => hermes && (await hermes.stop()));
+    const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather in a city',
+        parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+    const call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>';
+    const escape = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+    const base = { model: 'stories260K', messages: [{ role: 'user', content: 'Weather in Paris?' }], tools,
+        temperature: 0, max_tokens: 320 };
+
+    test('the call comes back as tool_calls, text before it as content; streamed as tool-call deltas', async () => {
+        const regex = `Let me check\\. ${escape(call)}`;
+        const r = await hc.chat.completions.create({ ...base, tool_choice: 'auto', structured_outputs: { regex } });
+        assert.equal(r.choices[0].finish_reason, 'tool_calls', JSON.stringify(r.choices[0]));
+        assert.equal(r.choices[0].message.content, 'Let me check.');
+        const [tc] = r.choices[0].message.tool_calls;
+        assert.equal(r.choices[0].message.tool_calls.length, 1);
+        assert.match(tc.id, /^call_[0-9a-f]+$/);
+        assert.equal(tc.type, 'function');
+        assert.equal(tc.function.name, 'get_weather');
+        assert.deepEqual(JSON.parse(tc.function.arguments), { city: 'Paris' });
+
+        // Two calls, streamed: content deltas first, then per call its id/name and its arguments.
+        const two = `${call}\n${call.replace('Paris', 'Oslo')}`;
+        const stream = await hc.chat.completions.create({ ...base, guided_regex: `Sure\\. ${escape(two)}`, stream: true });
+        let content = '';
+        const calls = [];
+        let finish = null;
+        const deltas = [];
+        for await (const chunk of stream) {
+            const d = chunk.choices[0]?.delta;
+            content += d?.content ?? '';
+            for (const t of d?.tool_calls ?? []) {
+                deltas.push(t);
+                calls[t.index] ??= { id: t.id, name: t.function?.name, arguments: '' };
+                calls[t.index].arguments += t.function?.arguments ?? '';
+            }
+            finish = chunk.choices[0]?.finish_reason ?? finish;
+        }
+        assert.equal(finish, 'tool_calls');
+        assert.equal(content, 'Sure.');
+        assert.equal(calls.length, 2);
+        assert.deepEqual(calls.map((c) => [c.name, JSON.parse(c.arguments)]),
+            [['get_weather', { city: 'Paris' }], ['get_weather', { city: 'Oslo' }]]);
+        assert.ok(deltas.every((t) => Number.isInteger(t.index)));
+        assert.ok(calls.every((c) => /^call_/.test(c.id)));
+
+        // A call to a tool that is not offered, or a broken one, stays content: no text is lost.
+        for (const text of [call.replace('get_weather', 'launch'), call.replace('}}', '}')]) {
+            const t = await hc.chat.completions.create({ ...base, guided_regex: escape(text) });
+            assert.equal(t.choices[0].finish_reason, 'stop');
+            assert.equal(t.choices[0].message.content, text);
+            assert.equal(t.choices[0].message.tool_calls, undefined);
+        }
+    });
+
+    test('a tool round trip (assistant tool_calls, a tool message) renders through the template', async () => {
+        const messages = [
+            { role: 'user', content: 'Weather in Paris?' },
+            { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function',
+                function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
+            { role: 'tool', tool_call_id: 'call_1', content: 'Sunny, 18 C.' },
+        ];
+        const r = await hc.chat.completions.create({ ...base, messages, max_tokens: 5 });
+        assert.equal(typeof r.choices[0].message.content, 'string');
+        assert.ok(r.usage.prompt_tokens > 5);  // the tool's answer reached the prompt
     });
 });

@@ -2,11 +2,13 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <unordered_map>
 
 #include "core/error.h"
 #include "server/api_error.h"
 #include "server/openai/response_json.h"
+#include "server/openai/tool_parsers.h"
 
 namespace peregrine::server {
 
@@ -43,6 +45,9 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
                 for (int c = 0; c < n; ++c) choices_[i * n + c].finish = FinishReason::Length;
             }
         }
+        if (p_.parse_tool_calls && model_.tool_call_format != ToolCallFormat::None)
+            for (Choice& c : choices_)
+                c.tools = std::make_unique<ToolCallParser>(model_.tool_call_format, p_.tool_names);
         engine_ids_.reserve(streams.size());
         for (const auto& s : streams) engine_ids_.push_back(s->id());
 
@@ -72,7 +77,20 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
         FinishReason finish = FinishReason::None;
         std::string stop_reason;
         int offset = 0;  // legacy logprobs: bytes of text so far
+        // tool_choice auto with a served tool-call format: content and calls out of the text
+        std::unique_ptr<ToolCallParser> tools;
+        int calls_sent = 0;  // streamed tool calls (the next one's index)
     };
+
+    // One call as OpenAI writes it; `index` (streaming) -1: none.
+    static Json tool_call_json(const Json& name, std::string arguments, int index = -1) {
+        Json tc;
+        if (index >= 0) tc["index"] = index;
+        tc["id"] = "call_" + random_hex_id();
+        tc["type"] = "function";
+        tc["function"] = {{"name", name}, {"arguments", std::move(arguments)}};
+        return tc;
+    }
 
     // Forced tool calls: the choice's text (a JSON array of {"name", "arguments"}, the grammar
     // saw to that) as OpenAI's tool_calls; null when the text is not a complete array (the
@@ -84,11 +102,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
         Json out = Json::array();
         for (const Json& call : calls) {
             if (!call.is_object() || !call.contains("name") || !call.contains("arguments")) return nullptr;
-            Json tc = {{"id", "call_" + random_hex_id()},
-                       {"type", "function"},
-                       {"function", {{"name", call["name"]}, {"arguments", call["arguments"].dump()}}}};
-            if (with_index) tc["index"] = out.size();
-            out.push_back(std::move(tc));
+            out.push_back(tool_call_json(call["name"], dump(call["arguments"]), with_index ? int(out.size()) : -1));
         }
         return out;
     }
@@ -208,49 +222,66 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
         ex_->send_event(dump(chunk));
     }
 
+    // One chat.completion.chunk of choice `ci`.
+    void send_chat_chunk(int ci, Json delta, Json logprobs = nullptr, Json finish = nullptr, Json stop = nullptr) {
+        const bool last = !finish.is_null();  // the choice's last chunk also carries its stop_reason
+        Json chunk = chunk_base();
+        Json choice;
+        choice["index"] = ci;
+        choice["delta"] = std::move(delta);
+        choice["logprobs"] = std::move(logprobs);
+        choice["finish_reason"] = std::move(finish);
+        if (last) choice["stop_reason"] = std::move(stop);
+        chunk["choices"] = Json::array({std::move(choice)});
+        if (p_.include_usage) chunk["usage"] = nullptr;
+        ex_->send_event(dump(chunk));
+    }
+
+    // tool_choice auto: the text through the choice's parser; content as usual, each call once
+    // complete as OpenAI's deltas (its id, type and name, then its arguments).
+    void send_parsed_delta(int ci, const RequestOutput& out, Json logprobs) {
+        Choice& c = choices_[ci];
+        ToolCallDelta d = c.tools->feed(out.text);
+        if (out.finish != FinishReason::None) {
+            ToolCallDelta rest = c.tools->finish();
+            d.content += rest.content;
+            for (ParsedToolCall& call : rest.calls) d.calls.push_back(std::move(call));
+        }
+        if (!d.content.empty() || !logprobs.is_null()) send_chat_chunk(ci, {{"content", d.content}}, logprobs);
+        for (ParsedToolCall& call : d.calls) {
+            const int index = c.calls_sent++;
+            Json first = tool_call_json(call.name, "", index);
+            send_chat_chunk(ci, {{"tool_calls", Json::array({std::move(first)})}});
+            send_chat_chunk(
+                ci, {{"tool_calls", Json::array({{{"index", index}, {"function", {{"arguments", call.arguments}}}}})}});
+        }
+    }
+
     void send_delta(int ci, const RequestOutput& out) {
         Choice& c = choices_[ci];
         const bool has_logprobs = p_.sampling.logprobs >= 0 && !out.logprobs.empty();
         const bool finished = out.finish != FinishReason::None;
         if (chat_) {
-            if (p_.forced_tool_calls) c.text += out.text;  // sent as tool calls once complete
-            if ((!out.text.empty() && !p_.forced_tool_calls) || has_logprobs) {
-                Json chunk = chunk_base();
-                Json choice;
-                choice["index"] = ci;
-                choice["delta"] = {{"content", p_.forced_tool_calls ? std::string() : out.text}};
-                choice["logprobs"] =
-                    has_logprobs ? Json{{"content",
-                                         chat_logprobs_content(*model_.tokenizer, out.logprobs, p_.sampling.logprobs)}}
-                                 : Json(nullptr);
-                choice["finish_reason"] = nullptr;
-                chunk["choices"] = Json::array({choice});
-                if (p_.include_usage) chunk["usage"] = nullptr;
-                ex_->send_event(dump(chunk));
+            Json logprobs =
+                has_logprobs
+                    ? Json{{"content", chat_logprobs_content(*model_.tokenizer, out.logprobs, p_.sampling.logprobs)}}
+                    : Json(nullptr);
+            if (c.tools) {
+                send_parsed_delta(ci, out, std::move(logprobs));
+            } else if (p_.forced_tool_calls) {
+                c.text += out.text;  // sent as tool calls once complete
+                if (has_logprobs) send_chat_chunk(ci, {{"content", ""}}, std::move(logprobs));
+            } else if (!out.text.empty() || has_logprobs) {
+                send_chat_chunk(ci, {{"content", out.text}}, std::move(logprobs));
             }
             if (finished) {
                 Json calls = tool_calls_of(c, true);
-                if (p_.forced_tool_calls) {  // the calls, or (cut short) the text, in one delta
-                    Json chunk = chunk_base();
-                    Json choice;
-                    choice["index"] = ci;
-                    choice["delta"] = calls.is_null() ? Json{{"content", c.text}} : Json{{"tool_calls", calls}};
-                    choice["logprobs"] = nullptr;
-                    choice["finish_reason"] = nullptr;
-                    chunk["choices"] = Json::array({choice});
-                    if (p_.include_usage) chunk["usage"] = nullptr;
-                    ex_->send_event(dump(chunk));
-                }
-                Json chunk = chunk_base();
-                Json choice;
-                choice["index"] = ci;
-                choice["delta"] = Json::object();
-                choice["logprobs"] = nullptr;
-                choice["finish_reason"] = calls.is_null() ? finish_json(c) : Json("tool_calls");
-                choice["stop_reason"] = stop_reason_json(c.stop_reason, p_.sampling);
-                chunk["choices"] = Json::array({choice});
-                if (p_.include_usage) chunk["usage"] = nullptr;
-                ex_->send_event(dump(chunk));
+                // Forced calls: the calls, or (cut short) the text, in one delta.
+                if (p_.forced_tool_calls)
+                    send_chat_chunk(ci, calls.is_null() ? Json{{"content", c.text}} : Json{{"tool_calls", calls}});
+                const bool called = !calls.is_null() || c.calls_sent > 0;
+                send_chat_chunk(ci, Json::object(), nullptr, called ? Json("tool_calls") : finish_json(c),
+                                stop_reason_json(c.stop_reason, p_.sampling));
             }
             return;
         }
@@ -292,11 +323,20 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
             Json choice;
             choice["index"] = ci;
             Json calls = chat_ ? tool_calls_of(c, false) : Json(nullptr);
+            Json content = calls.is_null() ? c.text : std::string();  // forced calls: no content
+            if (c.tools) {  // tool_choice auto: calls in the model's format, the rest is content
+                ToolCallDelta d = parse_tool_calls(model_.tool_call_format, c.text, p_.tool_names);
+                if (!d.calls.empty()) {
+                    calls = Json::array();
+                    for (ParsedToolCall& call : d.calls) calls.push_back(tool_call_json(call.name, call.arguments));
+                    content = d.content;
+                }
+            }
             const bool called = !calls.is_null();
             if (chat_) {
-                choice["message"] = {{"role", "assistant"}, {"content", c.text}};
-                if (!calls.is_null()) {
-                    choice["message"]["content"] = nullptr;
+                choice["message"] = {{"role", "assistant"}, {"content", content}};
+                if (called) {
+                    if (content.get<std::string>().empty()) choice["message"]["content"] = nullptr;
                     choice["message"]["tool_calls"] = std::move(calls);
                 }
                 choice["logprobs"] =

@@ -203,9 +203,48 @@ Json normalize_messages(const Json& messages) {
         } else if (!content->is_string()) {
             bad_param("messages", where, ".content must be a string or a list of text parts");
         }
+        // An assistant's earlier calls: OpenAI sends each call's arguments as JSON text; templates
+        // write them with `| tojson` (Qwen, Llama 3.1) and need the object.
+        if (auto calls = copy.find("tool_calls"); calls != copy.end() && calls->is_array()) {
+            for (Json& call : *calls) {
+                Json* fn = call.is_object() && call.contains("function") ? &call["function"] : &call;
+                if (!fn->is_object() || !fn->contains("arguments") || !(*fn)["arguments"].is_string()) continue;
+                Json args = Json::parse((*fn)["arguments"].get<std::string>(), nullptr, false);
+                if (args.is_object()) (*fn)["arguments"] = std::move(args);
+            }
+        }
         out.push_back(std::move(copy));
     }
     return out;
+}
+
+StructuredOutput structured_output_of(const std::string& key, const Json& v, const std::string& field) {
+    using Kind = StructuredOutput::Kind;
+    const char* f = field.c_str();
+    auto non_empty_string = [&] {
+        if (!v.is_string() || v.get<std::string>().empty()) bad_param(f, "'", f, "' must be a non-empty string");
+        return v.get<std::string>();
+    };
+    if (key == "json") {
+        if (v.is_string()) {
+            const Json parsed = Json::parse(v.get<std::string>(), nullptr, false);
+            if (parsed.is_discarded()) bad_param(f, "'", f, "' is not valid JSON");
+            return {Kind::JsonSchema, v.get<std::string>(), field};
+        }
+        if (!v.is_object() && !v.is_boolean()) bad_param(f, "'", f, "' must be a JSON schema (an object)");
+        return {Kind::JsonSchema, v.dump(), field};
+    }
+    if (key == "regex") return {Kind::Regex, non_empty_string(), field};
+    if (key == "grammar") return {Kind::Grammar, non_empty_string(), field};
+    if (key == "choice") {
+        bool strings = v.is_array() && !v.empty();
+        for (const Json& c : v) strings = strings && c.is_string();
+        if (!strings) bad_param(f, "'", f, "' must be a non-empty list of strings");
+        return {Kind::Choice, v.dump(), field};
+    }
+    if (key == "json_object" && v.is_boolean())
+        return v.get<bool>() ? StructuredOutput{Kind::JsonObject, "", field} : StructuredOutput{};
+    bad_param(f, "'", f, "' field '", key, "' is not supported; use json, regex, choice, grammar or json_object");
 }
 
 namespace {
@@ -216,26 +255,7 @@ namespace {
 StructuredOutput parse_structured_output(const Json& body) {
     using Kind = StructuredOutput::Kind;
     std::vector<StructuredOutput> asked;
-    auto schema_text = [](const Json& v, const char* field) {
-        if (v.is_string()) {
-            const Json parsed = Json::parse(v.get<std::string>(), nullptr, false);
-            if (parsed.is_discarded()) bad_param(field, "'", field, "' is not valid JSON");
-            return v.get<std::string>();
-        }
-        if (!v.is_object() && !v.is_boolean()) bad_param(field, "'", field, "' must be a JSON schema (an object)");
-        return v.dump();
-    };
-    auto string_of = [](const Json& v, const char* field) {
-        if (!v.is_string() || v.get<std::string>().empty())
-            bad_param(field, "'", field, "' must be a non-empty string");
-        return v.get<std::string>();
-    };
-    auto choices_of = [](const Json& v, const char* field) {
-        if (!v.is_array() || v.empty()) bad_param(field, "'", field, "' must be a non-empty list of strings");
-        for (const Json& c : v)
-            if (!c.is_string()) bad_param(field, "'", field, "' must be a non-empty list of strings");
-        return v.dump();
-    };
+    auto schema_text = [](const Json& v, const char* field) { return structured_output_of("json", v, field).spec; };
     if (const Json* rf = json_field(body, "response_format")) {
         if (!rf->is_object()) bad_param("response_format", "'response_format' must be an object");
         auto t = rf->find("type");
@@ -255,30 +275,15 @@ StructuredOutput parse_structured_output(const Json& body) {
                       "' is not supported; use 'text', 'json_object' or 'json_schema'");
         }
     }
-    if (const Json* v = json_field(body, "guided_json"))
-        asked.push_back({Kind::JsonSchema, schema_text(*v, "guided_json"), "guided_json"});
-    if (const Json* v = json_field(body, "guided_regex"))
-        asked.push_back({Kind::Regex, string_of(*v, "guided_regex"), "guided_regex"});
-    if (const Json* v = json_field(body, "guided_choice"))
-        asked.push_back({Kind::Choice, choices_of(*v, "guided_choice"), "guided_choice"});
-    if (const Json* v = json_field(body, "guided_grammar"))
-        asked.push_back({Kind::Grammar, string_of(*v, "guided_grammar"), "guided_grammar"});
+    for (const char* key : {"json", "regex", "choice", "grammar"}) {
+        const std::string field = str_cat("guided_", key);
+        if (const Json* v = json_field(body, field.c_str())) asked.push_back(structured_output_of(key, *v, field));
+    }
     if (const Json* so = json_field(body, "structured_outputs")) {
         if (!so->is_object()) bad_param("structured_outputs", "'structured_outputs' must be an object");
         for (const auto& [key, v] : so->items()) {
-            if (key == "json")
-                asked.push_back({Kind::JsonSchema, schema_text(v, "structured_outputs"), "structured_outputs"});
-            else if (key == "regex")
-                asked.push_back({Kind::Regex, string_of(v, "structured_outputs"), "structured_outputs"});
-            else if (key == "choice")
-                asked.push_back({Kind::Choice, choices_of(v, "structured_outputs"), "structured_outputs"});
-            else if (key == "grammar")
-                asked.push_back({Kind::Grammar, string_of(v, "structured_outputs"), "structured_outputs"});
-            else if (key == "json_object" && v.is_boolean())
-                v.get<bool>() ? asked.push_back({Kind::JsonObject, "", "structured_outputs"}) : void();
-            else
-                bad_param("structured_outputs", "'structured_outputs' field '", key,
-                          "' is not supported; use json, regex, choice, grammar or json_object");
+            StructuredOutput one = structured_output_of(key, v, "structured_outputs");
+            if (one.kind != Kind::None) asked.push_back(std::move(one));
         }
     }
     if (asked.size() > 1)
@@ -290,8 +295,8 @@ StructuredOutput parse_structured_output(const Json& body) {
 // Chat `tools`, `tool_choice`, `parallel_tool_calls`. "required" or a named function: the
 // answer must be calls, a JSON array of {"name", "arguments"} whose arguments follow each tool's
 // parameters schema (one call without parallel_tool_calls); "none": the tools are only shown to
-// the template; "auto" (the default with tools) needs the model's own call format parsed: not
-// supported yet.
+// the template; "auto" (the default with tools): the model's own call format is parsed out of the
+// answer (tool_parsers.h), which a structured output may still constrain.
 void parse_tools(const Json& body, CompletionParams& c) {
     const Json* tools = json_field(body, "tools");
     const Json* choice = json_field(body, "tool_choice");
@@ -347,16 +352,16 @@ void parse_tools(const Json& body, CompletionParams& c) {
                       "\"function\": {\"name\": ...}}");
         }
     }
-    if (mode == "auto")
-        bad_param("tool_choice",
-                  "tool_choice 'auto' (parsing the model's own tool-call format) is not supported yet; "
-                  "use 'required', a named function, or 'none'");
-    if (mode == "none") return;
     bool parallel = true;
     if (const Json* p = json_field(body, "parallel_tool_calls")) {
         if (!p->is_boolean()) bad_param("parallel_tool_calls", "'parallel_tool_calls' must be true or false");
         parallel = p->get<bool>() && mode != "named";
     }
+    if (mode == "auto") {
+        c.tool_names = std::move(names);
+        c.parse_tool_calls = true;
+    }
+    if (mode == "auto" || mode == "none") return;
     if (mode == "named") parallel = false;
     Json schema = {
         {"type", "array"}, {"minItems", 1}, {"items", forced.size() == 1 ? forced[0] : Json{{"anyOf", forced}}}};

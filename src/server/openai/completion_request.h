@@ -47,6 +47,10 @@ struct CompletionParams {
     // returned as message.tool_calls with finish_reason "tool_calls".
     Json tools;  // null: none
     bool forced_tool_calls = false;
+    // tool_choice "auto": calls in the model's own format (the served model's --tool-call-parser)
+    // are parsed out of the answer; a call to a name not in `tool_names` stays text.
+    bool parse_tool_calls = false;
+    std::vector<std::string> tool_names;
 
     bool chat() const { return endpoint == Endpoint::ChatCompletions; }
 };
@@ -62,6 +66,11 @@ CompletionParams parse_completion_params(const Json& body, Endpoint endpoint, co
 // as this request spelled it (max_completion_tokens; top_logprobs for chat). An echo request may
 // ask for max_tokens 0 (the prompt only); min_tokens may pass the default max_tokens it never gave.
 void check_sampling(const CompletionParams& params, const SamplingLimits& limits);
+
+// One structured output as vLLM's structured_outputs writes it: `key` json (a schema object or its
+// JSON text), regex, choice (a list of strings), grammar (GBNF) or json_object (true; false: none).
+// Throws ApiError(400) naming `field`.
+StructuredOutput structured_output_of(const std::string& key, const Json& value, const std::string& field);
 
 // Chat messages as a template wants them: `content` a string (text parts joined), other
 // fields kept. Throws ApiError(400) for anything else.
