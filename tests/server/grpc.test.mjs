@@ -116,3 +116,33 @@ test('gRPC calls are in the access log, like HTTP requests', async () => {
         await s.stop();
     }
 });
+
+test('structured output: a JSON schema, a regex, a choice list and a grammar are honoured', async () => {
+    const schema = { type: 'object', properties: { n: { type: 'integer', minimum: 0, maximum: 9 }, ok: { type: 'boolean' } },
+        required: ['n', 'ok'], additionalProperties: false };
+    const s = await generate({ prompt, temperature: 0, max_tokens: 200, json_schema: JSON.stringify(schema) });
+    assert.equal(s.error, undefined);
+    assert.equal(s.messages.at(-1).finish_reason, 'stop', s.text);
+    const value = JSON.parse(s.text);
+    assert.deepEqual(Object.keys(value).sort(), ['n', 'ok']);
+    assert.ok(Number.isInteger(value.n) && value.n >= 0 && value.n <= 9 && typeof value.ok === 'boolean');
+
+    const r = await generate({ prompt, temperature: 1, seed: 4, max_tokens: 32, regex: '[a-c]{3}-[0-9]{2}' });
+    assert.match(r.text, /^[a-c]{3}-[0-9]{2}$/);
+    const c = await generate({ prompt, temperature: 1, seed: 5, max_tokens: 32, choice: { choices: ['red', 'green'] } });
+    assert.ok(['red', 'green'].includes(c.text), c.text);
+    const g = await generate({ prompt, temperature: 1, seed: 6, max_tokens: 32, grammar: 'root ::= "yes" | "no"' });
+    assert.ok(['yes', 'no'].includes(g.text), g.text);
+    // Chat too: the same fields with messages.
+    const chat = await generate({ messages: [{ role: 'user', content: 'Hi' }], temperature: 0, max_tokens: 32,
+        choice: { choices: ['alpha', 'beta'] } });
+    assert.ok(['alpha', 'beta'].includes(chat.text), chat.text);
+
+    // Bad ones: INVALID_ARGUMENT naming the field.
+    for (const [req, field] of [[{ json_schema: '{not json' }, 'json_schema'], [{ regex: '' }, undefined],
+        [{ choice: { choices: [] } }, 'choice'], [{ grammar: 'root ::= undefined_rule' }, 'grammar']]) {
+        const bad = await generate({ prompt, max_tokens: 8, ...req });
+        assert.equal(bad.error?.code, grpc.status.INVALID_ARGUMENT, JSON.stringify(req));
+        if (field) assert.match(bad.error.details, new RegExp(field), bad.error.details);
+    }
+});

@@ -72,6 +72,27 @@ CompletionParams completion_params_from_proto(const pb::GenerateRequest& req, co
         c.chat_logprobs = chat;
     }
     c.priority = std::clamp(req.priority(), -1'000'000, 1'000'000);
+    switch (req.structured_case()) {
+        case pb::GenerateRequest::kJsonSchema:
+            s.structured = structured_output_of("json", Json(req.json_schema()), "json_schema");
+            break;
+        case pb::GenerateRequest::kRegex:
+            s.structured = structured_output_of("regex", Json(req.regex()), "regex");
+            break;
+        case pb::GenerateRequest::kChoice:
+            s.structured = structured_output_of(
+                "choice", Json(std::vector<std::string>(req.choice().choices().begin(), req.choice().choices().end())),
+                "choice");
+            break;
+        case pb::GenerateRequest::kGrammar:
+            s.structured = structured_output_of("grammar", Json(req.grammar()), "grammar");
+            break;
+        case pb::GenerateRequest::kJsonObject:
+            s.structured = structured_output_of("json_object", Json(req.json_object()), "json_object");
+            break;
+        case pb::GenerateRequest::STRUCTURED_NOT_SET:
+            break;
+    }
     check_sampling(c, limits);
     return c;
 }
