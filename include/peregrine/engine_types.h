@@ -39,6 +39,9 @@ struct SamplingParams {
     std::vector<std::string> stop;                      // stop strings, never included in the output
     std::vector<int32_t> stop_token_ids;
     bool ignore_eos = false;
+    // The output text leaves special tokens out (vLLM's field). Tool-call parsing turns it off
+    // where the format's markers are special tokens ([TOOL_CALLS], <|python_tag|>).
+    bool skip_special_tokens = true;
     int min_tokens = 0;   // EOS and stop tokens are masked until this many are generated
     int max_tokens = 16;  // clamped to the context left
     int logprobs = -1;    // -1: none; k >= 0: the sampled token's logprob and the top k (k <= kMaxLogprobs)

@@ -5,14 +5,17 @@
 namespace peregrine {
 
 RequestText::RequestText(const TextProcessor& text, const Request& request)
-    : processor_(text), prompt_(request.prompt_ids), stops_(request.sampling.stop) {
+    : processor_(text),
+      prompt_(request.prompt_ids),
+      stops_(request.sampling.stop),
+      skip_special_(request.sampling.skip_special_tokens) {
     choices_.resize(static_cast<size_t>(std::max(1, request.sampling.n)));
 }
 
 RequestText::Choice& RequestText::choice(int index) {
     if (static_cast<size_t>(index) >= choices_.size()) choices_.resize(static_cast<size_t>(index) + 1);
     Choice& c = choices_[static_cast<size_t>(index)];
-    if (!c.text && !c.done) c.text = processor_.start(prompt_, stops_);
+    if (!c.text && !c.done) c.text = processor_.start(prompt_, stops_, skip_special_);
     return c;
 }
 

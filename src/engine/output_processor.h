@@ -39,6 +39,7 @@ class RequestText {
     const TextProcessor& processor_;
     std::vector<int32_t> prompt_;
     std::vector<std::string> stops_;
+    bool skip_special_;
     std::vector<Choice> choices_;  // by choice index, created on first output
 };
 

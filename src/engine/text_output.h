@@ -23,9 +23,10 @@ class ChoiceText {
 class TextProcessor {
   public:
     virtual ~TextProcessor() = default;
-    // `prompt` lets the detokenizer continue the prompt's text (leading-space rules).
-    virtual std::unique_ptr<ChoiceText> start(const std::vector<int32_t>& prompt,
-                                              const std::vector<std::string>& stops) const = 0;
+    // `prompt` lets the detokenizer continue the prompt's text (leading-space rules);
+    // `skip_special`: special tokens add no text.
+    virtual std::unique_ptr<ChoiceText> start(const std::vector<int32_t>& prompt, const std::vector<std::string>& stops,
+                                              bool skip_special) const = 0;
 };
 
 }  // namespace peregrine

@@ -9,8 +9,8 @@ namespace {
 class Choice final : public ChoiceText {
   public:
     Choice(std::shared_ptr<const Tokenizer> tok, const std::vector<int32_t>& prompt,
-           const std::vector<std::string>& stops)
-        : tok_(std::move(tok)), detok_(*tok_), stops_(stops), stop_strings_(stops) {
+           const std::vector<std::string>& stops, bool skip_special)
+        : tok_(std::move(tok)), detok_(*tok_, skip_special), stops_(stops), stop_strings_(stops) {
         detok_.prime(prompt);  // the continuation keeps its leading space
     }
 
@@ -44,8 +44,8 @@ class Choice final : public ChoiceText {
 }  // namespace
 
 std::unique_ptr<ChoiceText> TokenizerText::start(const std::vector<int32_t>& prompt,
-                                                 const std::vector<std::string>& stops) const {
-    return std::make_unique<Choice>(tokenizer_, prompt, stops);
+                                                 const std::vector<std::string>& stops, bool skip_special) const {
+    return std::make_unique<Choice>(tokenizer_, prompt, stops, skip_special);
 }
 
 }  // namespace peregrine

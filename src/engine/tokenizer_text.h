@@ -12,8 +12,8 @@ namespace peregrine {
 class TokenizerText final : public TextProcessor {
   public:
     explicit TokenizerText(std::shared_ptr<const Tokenizer> tokenizer) : tokenizer_(std::move(tokenizer)) {}
-    std::unique_ptr<ChoiceText> start(const std::vector<int32_t>& prompt,
-                                      const std::vector<std::string>& stops) const override;
+    std::unique_ptr<ChoiceText> start(const std::vector<int32_t>& prompt, const std::vector<std::string>& stops,
+                                      bool skip_special) const override;
 
   private:
     std::shared_ptr<const Tokenizer> tokenizer_;

@@ -130,5 +130,26 @@ TEST(EngineText, StopStringEndsOnlyItsChoice) {
     EXPECT_EQ(completion, ids[0] + ids[1] + ids[2]);
 }
 
+// skip_special_tokens off keeps a special token's text (tool-call markers such as Llama 3.1's
+// <|python_tag|> are special tokens; this Llama 3 vocabulary's <|start_header_id|> stands in).
+TEST(EngineText, SkipSpecialTokensChoosesWhetherSpecialTokensAreText) {
+    const auto tok = std::make_shared<const Tokenizer>(
+        Tokenizer::from_tokenizer_json(std::string(PG_TOKENIZER_DATA_DIR) + "/llama3/tokenizer.json"));
+    const std::vector<int32_t> tag = tok->encode("<|start_header_id|>", false, /*parse_special=*/true);
+    ASSERT_EQ(tag.size(), 1u);
+    ASSERT_TRUE(tok->is_special(tag[0]));
+    const std::vector<int32_t> body = tok->encode("{\"name\": \"f\"}", false);
+    const TokenizerText text(tok);
+    for (const bool skip : {true, false}) {
+        auto choice = text.start({}, {}, skip);
+        std::string out;
+        std::string stop;
+        out += choice->push(tag[0], &stop);
+        for (int32_t id : body) out += choice->push(id, &stop);
+        out += choice->flush();
+        EXPECT_EQ(out, skip ? "{\"name\": \"f\"}" : "<|start_header_id|>{\"name\": \"f\"}");
+    }
+}
+
 }  // namespace
 }  // namespace peregrine::testing

@@ -420,6 +420,7 @@ CompletionParams parse_completion_params(const Json& body, Endpoint endpoint, co
         s.stop_token_ids = get_token_ids(*v, "stop_token_ids");
     }
     s.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
+    s.skip_special_tokens = get_bool(body, "skip_special_tokens").value_or(true);
     if (auto v = get_int(body, "min_tokens")) s.min_tokens = saturate_int(*v);
 
     c.stream = get_bool(body, "stream").value_or(false);

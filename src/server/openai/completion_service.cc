@@ -223,6 +223,10 @@ AdmittedCompletion CompletionService::admit(const Caller& caller, CompletionPara
         r.id = prompts.size() == 1 ? id : str_cat(id, "-", i);
         r.prompt_ids = std::move(prompts[i]);
         r.sampling = p.sampling;
+        // Formats whose call marker is a special token need it in the text to find the call.
+        if (p.parse_tool_calls &&
+            (m.tool_call_format == ToolCallFormat::Mistral || m.tool_call_format == ToolCallFormat::Llama3Json))
+            r.sampling.skip_special_tokens = false;
         r.priority = p.priority;
         r.cache_salt = p.cache_salt;
         r.group = id;  // the prompts of one call share one fair share of the running slots
