@@ -291,6 +291,22 @@ describe('tool_choice auto (hermes)', () => {
         assert.ok(deltas.every((t) => Number.isInteger(t.index)));
         assert.ok(calls.every((c) => /^call_/.test(c.id)));
 
+        // Cut short after a complete call: the call is there, finish_reason says "length".
+        for (const stream of [false, true]) {
+            const cut = await hc.chat.completions.create({ ...base, max_tokens: 80, stream,
+                guided_regex: `${escape(call)} and then [a-z]{300}` });
+            let finish = cut.choices?.[0].finish_reason, calls = cut.choices?.[0].message.tool_calls ?? [];
+            if (stream) {
+                for await (const chunk of cut) {
+                    for (const t of chunk.choices[0]?.delta?.tool_calls ?? []) if (t.id) calls.push(t);
+                    finish = chunk.choices[0]?.finish_reason ?? finish;
+                }
+            }
+            assert.equal(finish, 'length');
+            assert.equal(calls.length, 1);
+            assert.equal(calls[0].function.name, 'get_weather');
+        }
+
         // A call to a tool that is not offered, or a broken one, stays content: no text is lost.
         for (const text of [call.replace('get_weather', 'launch'), call.replace('}}', '}')]) {
             const t = await hc.chat.completions.create({ ...base, guided_regex: escape(text) });

@@ -279,7 +279,8 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
                 // Forced calls: the calls, or (cut short) the text, in one delta.
                 if (p_.forced_tool_calls)
                     send_chat_chunk(ci, calls.is_null() ? Json{{"content", c.text}} : Json{{"tool_calls", calls}});
-                const bool called = !calls.is_null() || c.calls_sent > 0;
+                // An answer cut short (length, abort) says so even after complete calls.
+                const bool called = (!calls.is_null() || c.calls_sent > 0) && c.finish == FinishReason::Stop;
                 send_chat_chunk(ci, Json::object(), nullptr, called ? Json("tool_calls") : finish_json(c),
                                 stop_reason_json(c.stop_reason, p_.sampling));
             }
@@ -353,7 +354,8 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
                     choice["logprobs"] = nullptr;
                 }
             }
-            choice["finish_reason"] = called ? Json("tool_calls") : finish_json(c);
+            // An answer cut short (length, abort) says so even after complete calls.
+            choice["finish_reason"] = called && c.finish == FinishReason::Stop ? Json("tool_calls") : finish_json(c);
             choice["stop_reason"] = stop_reason_json(c.stop_reason, p_.sampling);
             choices.push_back(std::move(choice));
         }
