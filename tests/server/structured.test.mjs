@@ -290,6 +290,11 @@ describe('tool_choice auto (hermes)', () => {
             [['get_weather', { city: 'Paris' }], ['get_weather', { city: 'Oslo' }]]);
         assert.ok(deltas.every((t) => Number.isInteger(t.index)));
         assert.ok(calls.every((c) => /^call_/.test(c.id)));
+        // parallel_tool_calls false: the first call; the rest of the answer is text.
+        const one = await hc.chat.completions.create({ ...base, guided_regex: escape(two), parallel_tool_calls: false });
+        assert.equal(one.choices[0].finish_reason, 'tool_calls');
+        assert.equal(one.choices[0].message.tool_calls.length, 1);
+        assert.equal(one.choices[0].message.content, `\n${call.replace('Paris', 'Oslo')}`);
 
         // Cut short after a complete call: the call is there, finish_reason says "length".
         for (const stream of [false, true]) {

@@ -24,8 +24,8 @@ std::string calls_text(const std::vector<ParsedToolCall>& calls) {
 
 // Feeds `text` cut at `cuts`, then finish(): the content and calls it streamed, joined.
 ToolCallDelta streamed(F f, const std::string& text, const std::vector<size_t>& cuts,
-                       std::vector<std::string> names = {}) {
-    ToolCallParser p(f, std::move(names));
+                       std::vector<std::string> names = {}, bool one_call = false) {
+    ToolCallParser p(f, std::move(names), one_call);
     ToolCallDelta all;
     size_t from = 0;
     auto take = [&](ToolCallDelta d) {
@@ -42,16 +42,16 @@ ToolCallDelta streamed(F f, const std::string& text, const std::vector<size_t>& 
 }
 
 // Every two-piece split and the byte-by-byte feed give the whole parse's content and calls.
-void expect_stream_agrees(F f, const std::string& text, std::vector<std::string> names = {}) {
-    const ToolCallDelta whole = parse_tool_calls(f, text, names);
+void expect_stream_agrees(F f, const std::string& text, std::vector<std::string> names = {}, bool one_call = false) {
+    const ToolCallDelta whole = parse_tool_calls(f, text, names, one_call);
     for (size_t cut = 0; cut <= text.size(); ++cut) {
-        const ToolCallDelta s = streamed(f, text, {cut}, names);
+        const ToolCallDelta s = streamed(f, text, {cut}, names, one_call);
         EXPECT_EQ(s.content, whole.content) << "cut at " << cut << " of " << text;
         EXPECT_EQ(calls_text(s.calls), calls_text(whole.calls)) << "cut at " << cut << " of " << text;
     }
     std::vector<size_t> every;
     for (size_t i = 1; i < text.size(); ++i) every.push_back(i);
-    const ToolCallDelta bytes = streamed(f, text, every, names);
+    const ToolCallDelta bytes = streamed(f, text, every, names, one_call);
     EXPECT_EQ(bytes.content, whole.content) << text;
     EXPECT_EQ(calls_text(bytes.calls), calls_text(whole.calls)) << text;
 }
@@ -133,6 +133,27 @@ TEST(ToolParsers, CallsToUnknownToolsStayText) {
     EXPECT_EQ(parse_tool_calls(F::Hermes, text, {"get_weather"}).content, text);
     EXPECT_EQ(calls_text(parse_tool_calls(F::Hermes, text, {"rm_rf"}).calls), "rm_rf:{};");
     expect_stream_agrees(F::Hermes, text, {"get_weather"});
+}
+
+// parallel_tool_calls false: the first call only; what follows it (more calls included) is text,
+// and a block of several calls is text as a whole.
+TEST(ToolParsers, OneCallWithoutParallelToolCalls) {
+    const std::string a = "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>";
+    const std::string b = "<tool_call>{\"name\": \"b\", \"arguments\": {}}</tool_call>";
+    ToolCallDelta d = parse_tool_calls(F::Hermes, a + "\n" + b, {}, /*one_call=*/true);
+    EXPECT_EQ(calls_text(d.calls), "a:{};");
+    EXPECT_EQ(d.content, "\n" + b);
+    expect_stream_agrees(F::Hermes, a + "\n" + b, {}, true);
+    const std::string two = "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}}, {\"name\": \"b\", \"arguments\": {}}]";
+    d = parse_tool_calls(F::Mistral, two, {}, true);
+    EXPECT_TRUE(d.calls.empty());
+    EXPECT_EQ(d.content, two);
+    expect_stream_agrees(F::Mistral, two, {}, true);
+    const std::string llama = "{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {}}";
+    d = parse_tool_calls(F::Llama3Json, llama, {}, true);
+    EXPECT_EQ(calls_text(d.calls), "a:{};");
+    EXPECT_EQ(d.content, "; {\"name\": \"b\", \"parameters\": {}}");
+    expect_stream_agrees(F::Llama3Json, llama, {}, true);
 }
 
 // Content goes out as soon as it cannot begin a marker; only a possible marker start is held.

@@ -47,7 +47,8 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
         }
         if (p_.parse_tool_calls && model_.tool_call_format != ToolCallFormat::None)
             for (Choice& c : choices_)
-                c.tools = std::make_unique<ToolCallParser>(model_.tool_call_format, p_.tool_names);
+                c.tools =
+                    std::make_unique<ToolCallParser>(model_.tool_call_format, p_.tool_names, !p_.parallel_tool_calls);
         engine_ids_.reserve(streams.size());
         for (const auto& s : streams) engine_ids_.push_back(s->id());
 
@@ -326,7 +327,8 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
             Json calls = chat_ ? tool_calls_of(c, false) : Json(nullptr);
             Json content = calls.is_null() ? c.text : std::string();  // forced calls: no content
             if (c.tools) {  // tool_choice auto: calls in the model's format, the rest is content
-                ToolCallDelta d = parse_tool_calls(model_.tool_call_format, c.text, p_.tool_names);
+                ToolCallDelta d =
+                    parse_tool_calls(model_.tool_call_format, c.text, p_.tool_names, !p_.parallel_tool_calls);
                 if (!d.calls.empty()) {
                     calls = Json::array();
                     for (ParsedToolCall& call : d.calls) calls.push_back(tool_call_json(call.name, call.arguments));

@@ -360,6 +360,7 @@ void parse_tools(const Json& body, CompletionParams& c) {
     if (mode == "auto") {
         c.tool_names = std::move(names);
         c.parse_tool_calls = true;
+        c.parallel_tool_calls = parallel;
     }
     if (mode == "auto" || mode == "none") return;
     if (mode == "named") parallel = false;

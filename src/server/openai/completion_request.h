@@ -51,6 +51,7 @@ struct CompletionParams {
     // are parsed out of the answer; a call to a name not in `tool_names` stays text.
     bool parse_tool_calls = false;
     std::vector<std::string> tool_names;
+    bool parallel_tool_calls = true;  // false: the first call only (the rest of the answer is text)
 
     bool chat() const { return endpoint == Endpoint::ChatCompletions; }
 };

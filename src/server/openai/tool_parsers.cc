@@ -94,8 +94,8 @@ ToolCallFormat detect_tool_call_format(std::string_view t) {
     return ToolCallFormat::None;
 }
 
-ToolCallParser::ToolCallParser(ToolCallFormat format, std::vector<std::string> tool_names)
-    : format_(format), names_(std::move(tool_names)) {}
+ToolCallParser::ToolCallParser(ToolCallFormat format, std::vector<std::string> tool_names, bool one_call)
+    : format_(format), names_(std::move(tool_names)), one_call_(one_call) {}
 
 ToolCallDelta ToolCallParser::feed(std::string_view text) {
     ToolCallDelta out;
@@ -116,9 +116,9 @@ void ToolCallParser::step(bool final, ToolCallDelta& out) {
     while (pos_ < buf_.size()) {
         std::string_view rest(buf_);
         rest.remove_prefix(pos_);
-        const std::optional<Marker> m = format_ == ToolCallFormat::None ? std::nullopt : find_marker(rest);
+        const std::optional<Marker> m = searching() ? find_marker(rest) : std::nullopt;
         if (!m) {
-            const size_t n = final || format_ == ToolCallFormat::None ? rest.size() : rest.size() - held_back(rest);
+            const size_t n = final || !searching() ? rest.size() : rest.size() - held_back(rest);
             emit(rest.substr(0, n), out);
             pos_ += n;
             return;
@@ -128,6 +128,7 @@ void ToolCallParser::step(bool final, ToolCallDelta& out) {
         rest.remove_prefix(m->at);
         Block b = parse_block(rest, *m, final);
         if (b.status == Status::NeedMore) return;  // never when final
+        if (one_call_ && b.calls.size() > 1) b.status = Status::Invalid;
         if (b.status == Status::Invalid) {
             // The marker is text after all (a bare call: its bracket too, which ends bare calls).
             const size_t n = m->len + (m->bare ? 1 : 0);
@@ -305,8 +306,9 @@ void ToolCallParser::emit(std::string_view text, ToolCallDelta& out) {
     after_call_ = false;
 }
 
-ToolCallDelta parse_tool_calls(ToolCallFormat format, std::string_view text, std::vector<std::string> tool_names) {
-    ToolCallParser p(format, std::move(tool_names));
+ToolCallDelta parse_tool_calls(ToolCallFormat format, std::string_view text, std::vector<std::string> tool_names,
+                               bool one_call) {
+    ToolCallParser p(format, std::move(tool_names), one_call);
     ToolCallDelta out = p.feed(text);
     ToolCallDelta rest = p.finish();
     out.content += rest.content;

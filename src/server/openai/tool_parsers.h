@@ -45,7 +45,9 @@ struct ToolCallDelta {
 class ToolCallParser {
   public:
     // `tool_names`: the request's tools; a call naming another one stays text. Empty: any name.
-    explicit ToolCallParser(ToolCallFormat format, std::vector<std::string> tool_names = {});
+    // `one_call` (parallel_tool_calls false): after the first call everything is text, and a
+    // block of several calls (a mistral array) is text too.
+    explicit ToolCallParser(ToolCallFormat format, std::vector<std::string> tool_names = {}, bool one_call = false);
 
     ToolCallDelta feed(std::string_view text);
     // The end of the answer: what was held back, as calls or content.
@@ -75,10 +77,12 @@ class ToolCallParser {
     std::optional<ParsedToolCall> call_of(std::string_view json) const;
     void emit(std::string_view text, ToolCallDelta& out);
     // Bare calls: at the start of the answer; llama3_json also right after a call (`{...}; {...}`).
+    bool searching() const { return format_ != ToolCallFormat::None && !(one_call_ && called_); }
     bool bare_allowed() const { return !wrote_text_ || (format_ == ToolCallFormat::Llama3Json && after_call_); }
 
     ToolCallFormat format_;
     std::vector<std::string> names_;
+    bool one_call_;
     std::string buf_;
     size_t pos_ = 0;           // buf_ before it is decided (content sent or calls parsed)
     std::string pending_ws_;   // whitespace held until text follows (it is dropped before a call)
@@ -88,6 +92,7 @@ class ToolCallParser {
 };
 
 // The whole answer at once.
-ToolCallDelta parse_tool_calls(ToolCallFormat format, std::string_view text, std::vector<std::string> tool_names = {});
+ToolCallDelta parse_tool_calls(ToolCallFormat format, std::string_view text, std::vector<std::string> tool_names = {},
+                               bool one_call = false);
 
 }  // namespace peregrine::server
