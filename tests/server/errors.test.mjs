@@ -78,6 +78,7 @@ describe('client errors', () => {
             [{ messages: 'Hi' }, 'messages'],
             [{ messages: [{ content: 'Hi' }] }, 'messages'],
             [{ messages: [{ role: 'user', content: 5 }] }, 'messages'],
+            [{ messages: [{ role: 'wizard', content: 'Hi' }] }, 'messages'],
             [{ messages: [{ role: 'user', content: 'Hi' }], top_logprobs: 2 }, 'top_logprobs'],
         ];
         for (const [body, param] of chat) {

@@ -185,6 +185,10 @@ Json normalize_messages(const Json& messages) {
         if (!m.is_object()) bad_param("messages", where, " must be an object");
         auto role = m.find("role");
         if (role == m.end() || !role->is_string()) bad_param("messages", where, " needs a 'role' string");
+        const std::string r = role->get<std::string>();
+        if (r != "system" && r != "developer" && r != "user" && r != "assistant" && r != "tool" && r != "function")
+            bad_param("messages", where, ".role '", r,
+                      "' is not one of 'system', 'developer', 'user', 'assistant', 'tool' and 'function'");
         Json copy = m;
         auto content = m.find("content");
         if (content == m.end() || content->is_null()) {
