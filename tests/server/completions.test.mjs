@@ -135,6 +135,14 @@ describe('completions', () => {
         assert.equal(only.choices[0].text, prompt);
         assert.equal(only.usage.completion_tokens, 0);
         assert.equal(only.choices[0].logprobs.token_logprobs[0], null);
+        // The echoed tokens are the text's (no "<s>", no SentencePiece space before the first),
+        // so they join into it and text_offset points at each.
+        const elp = only.choices[0].logprobs;
+        assert.notEqual(elp.tokens[0], '<s>');
+        assert.equal(elp.tokens.join(''), prompt);
+        elp.tokens.forEach((t, i) => assert.equal(prompt.slice(elp.text_offset[i], elp.text_offset[i] + t.length), t));
+        const both = await client.completions.create({ prompt, max_tokens: 5, temperature: 0, echo: true, logprobs: 1 });
+        assert.equal(both.choices[0].logprobs.tokens.join(''), both.choices[0].text);
         const chunks = await collect(
             await client.completions.create({ prompt, max_tokens: 5, temperature: 0, echo: true, stream: true }),
         );

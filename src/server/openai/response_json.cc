@@ -34,8 +34,14 @@ Json completion_logprobs_json(const Tokenizer& tok, const std::vector<int32_t>& 
                               const std::vector<TokenLogprob>& lps, int* offset) {
     Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array(),
          text_offset = Json::array();
+    bool first = true;
     for (int32_t id : prompt_ids) {
-        const std::string& piece = tok.valid_id(id) ? tok.piece(id) : std::string();
+        // The echoed text is the prompt as given: without the special tokens the tokenizer added
+        // (BOS) and, from SentencePiece, without the space its first piece starts with.
+        if (!tok.valid_id(id) || tok.is_special(id)) continue;
+        std::string piece = tok.piece(id);
+        if (first && tok.strips_leading_space() && piece.starts_with(' ')) piece.erase(0, 1);
+        first = false;
         tokens.push_back(piece);
         token_logprobs.push_back(nullptr);
         top_logprobs.push_back(nullptr);

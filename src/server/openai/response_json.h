@@ -21,7 +21,9 @@ Json usage_json(const Usage& u);
 
 // Legacy /v1/completions logprobs {tokens, token_logprobs, top_logprobs, text_offset} for
 // `lps` whose text starts at byte `offset` of the choice's text (advanced past them).
-// `prompt_ids` (echo) come first with null logprobs.
+// `prompt_ids` (echo) come first with null logprobs (the engine computes none for prompt
+// tokens), as the echoed text has them: special tokens left out, SentencePiece's leading space
+// dropped, so the tokens join into the text and text_offset points into it.
 Json completion_logprobs_json(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
                               const std::vector<TokenLogprob>& lps, int* offset);
 // Chat logprobs content entries [{token, logprob, bytes, top_logprobs: [...]}] for `lps`.
