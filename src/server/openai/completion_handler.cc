@@ -2,6 +2,8 @@
 #include "server/openai/completion_job.h"
 #include "server/openai/handlers.h"
 #include "server/openai/response_json.h"
+#include "server/openai/responses_exchange.h"
+#include "server/openai/responses_request.h"
 
 namespace peregrine::server {
 
@@ -11,6 +13,28 @@ void handle_completion(CompletionService& service, ApiCall& call, Endpoint endpo
     std::string id = str_cat(params.chat() ? "chatcmpl-" : "cmpl-", random_hex_id());
     AdmittedCompletion admitted = service.admit(call.caller, std::move(params), id);
     start_completion(service, std::move(admitted), std::move(id), call.ex);
+}
+
+void handle_response(CompletionService& service, ApiCall& call) {
+    try {
+        ResponsesRequest r = parse_responses_request(call.body);
+        CompletionParams params = parse_completion_params(r.chat_body, Endpoint::ChatCompletions,
+                                                          service.sampling_limits(), service.request_defaults());
+        std::string id = str_cat("resp_", random_hex_id());
+        std::string model = params.model.empty() ? service.model_name() : params.model;
+        AdmittedCompletion admitted = service.admit(call.caller, std::move(params), id);
+        start_completion(service, std::move(admitted), id,
+                         make_responses_exchange(call.ex, id, std::move(model), std::move(r.echoed)));
+    } catch (const ApiError& e) {
+        throw responses_error(e);
+    }
+}
+
+void handle_stored_response(CompletionService& /*service*/, ApiCall& call) {
+    throw ApiError(404,
+                   str_cat("no response '", call.arg,
+                           "': this server keeps no responses (every response is answered with store false)"),
+                   "response_id", "not_found");
 }
 
 }  // namespace peregrine::server

@@ -24,5 +24,10 @@ void handle_detokenize(CompletionService& service, ApiCall& call);
 // POST /v1/completions and /v1/chat/completions (and their /v1/ws messages): the body parsed
 // into a CompletionParams, admitted, and answered by a completion job.
 void handle_completion(CompletionService& service, ApiCall& call, Endpoint endpoint);
+// POST /v1/responses: the body read as a chat request (responses_request.h), admitted like one,
+// answered through a ResponsesExchange (responses_exchange.h).
+void handle_response(CompletionService& service, ApiCall& call);
+// GET /v1/responses/{id}: 404, as nothing is stored.
+void handle_stored_response(CompletionService& service, ApiCall& call);
 
 }  // namespace peregrine::server

@@ -50,6 +50,8 @@ OpenAiServer::OpenAiServer(OpenAiServerOptions options)
     routes_.add({"GET",  "/version",             false, Open,       "",           handler(handle_version)});
     routes_.add({"POST", "/v1/completions",      false, Completion, "completion", complete(Endpoint::Completions)});
     routes_.add({"POST", "/v1/chat/completions", false, Completion, "chat",       complete(Endpoint::ChatCompletions)});
+    routes_.add({"POST", "/v1/responses",        false, Completion, "response",   handler(handle_response)});
+    routes_.add({"GET",  "/v1/responses/",       true,  Api,        "",           handler(handle_stored_response)});
     routes_.add({"GET",  "/v1/models",           false, Api,        "",           handler(handle_models)});
     routes_.add({"GET",  "/v1/models/",          true,  Api,        "",           handler(handle_models)});
     routes_.add({"POST", "/tokenize",            false, Api,        "",           handler(handle_tokenize)});
