@@ -230,7 +230,9 @@ TEST(GpuEngine, ConstrainedDrawsOnTheDeviceMatchTheHost) {
             for (const RequestOutput& o : core.step())
                 got[device][o.request_id].insert(got[device][o.request_id].end(), o.token_ids.begin(),
                                                  o.token_ids.end());
-        if (device) EXPECT_GT(core.stats().steps, 0u);
+        if (device) {
+            EXPECT_GT(core.stats().steps, 0u);
+        }
     }
     for (const Request& r : reqs) EXPECT_EQ(got[1].at(r.id), got[0].at(r.id)) << r.id;
     const std::string text = tok.decode(got[1].at(reqs[0].id));
