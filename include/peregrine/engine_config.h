@@ -48,6 +48,10 @@ struct EngineConfig {
     // Bytes of host memory (pinned on CUDA) for the prefix cache's host tier: committed blocks
     // evicted from the KV pool are copied there and copied back on a prefix hit. 0 = none.
     int64_t kv_offload_memory = 0;
+    // What a preempted sequence loses: "swap" (its blocks go to the host tier and come back when it
+    // resumes; needs kv_offload_memory) or "recompute" (freed; its prompt and output run again).
+    // Empty: swap with a host tier, else recompute.
+    std::string preemption_mode;
 
     // --- the scheduler
     // Sequences and tokens in one step at most; 0 = by the device (apply_device_defaults): on a
@@ -102,6 +106,9 @@ struct EngineStats {
     uint64_t prefix_hits = 0;     // tokens
     uint64_t evictions = 0;       // device-pool blocks evicted from the prefix cache
     uint64_t preemptions = 0;
+    uint64_t swap_preemptions = 0;       // of those, by swapping to the host tier (the rest recompute)
+    uint64_t kv_swapped_out_blocks = 0;  // device -> host copies of preempted sequences (in kv_offloaded_blocks)
+    uint64_t kv_swapped_in_blocks = 0;   // host -> device copies of resumed ones (in kv_onloaded_blocks)
     // The host tier of the prefix cache (EngineConfig::kv_offload_memory; zeros without one).
     int num_host_kv_blocks = 0;
     int num_host_kv_blocks_used = 0;

@@ -82,6 +82,9 @@ struct Request {
     SamplingParams sampling;
     int priority = 0;        // lower runs first (as vLLM)
     std::string cache_salt;  // isolates prefix-cache entries between tenants
+    // Names the conversation the request belongs to (OpenAI's prompt_cache_key): its KV blocks are
+    // evicted from the prefix cache only after every anonymous block. Empty: anonymous.
+    std::string prompt_cache_key;
     // Requests of one client call (the prompts of one /v1/completions request) share one fair
     // share of the running slots; empty: the request is its own group.
     std::string group;

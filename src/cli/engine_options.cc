@@ -55,6 +55,11 @@ void add_engine_options(CLI::App* cmd, EngineConfig& o) {
                     "Host-memory bytes (pinned on CUDA) for the prefix cache's host tier: blocks evicted from the "
                     "KV cache are copied there and copied back on a prefix hit (default 0: none)")
         ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--preemption-mode", o.preemption_mode,
+                    "What a sequence preempted for memory loses: swap (its KV blocks go to the host tier and come "
+                    "back when it resumes; needs --kv-offload-memory) | recompute (default: swap with a host tier, "
+                    "else recompute)")
+        ->check(CLI::IsMember({"swap", "recompute"}));
     cmd->add_flag_callback(
         "--no-prefix-caching", [&o] { o.prefix_caching = false; }, "Do not reuse KV blocks across requests");
     cmd->add_option("--max-num-batched-tokens", o.max_num_batched_tokens,

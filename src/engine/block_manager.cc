@@ -96,6 +96,7 @@ void BlockManager::allocate(Sequence& seq, int num_new, const std::vector<Prefix
             const int32_t b = hits[i].block;
             add_ref(b);
             blocks_[b].uses++;
+            blocks_[b].keyed |= seq.keyed;
             seq.block_table[i] = b;
         }
         for (size_t i = 0; i < hits.size(); ++i) {
@@ -108,6 +109,7 @@ void BlockManager::allocate(Sequence& seq, int num_new, const std::vector<Prefix
             blk.parent = host_->parent(slot);
             blk.tokens = host_->tokens(slot);
             blk.uses = host_->uses(slot) + 1;
+            blk.keyed = host_->keyed(slot) || seq.keyed;
             blk.cached_at = ++clock_;
             // Findable at once: the onload is issued before any step that reads it.
             if (cached_.emplace(blk.hash, b).second) {
@@ -142,6 +144,7 @@ void BlockManager::commit(Sequence& seq, int num_computed) {
     if (!prefix_caching_) return;
     for (int i = old_full; i < new_full; ++i) {
         Block& blk = blocks_[seq.block_table[i]];
+        blk.keyed |= seq.keyed;
         if (blk.hashed) continue;  // adopted from the cache, or shared with a forked sibling
         const uint64_t parent = i == 0 ? 0 : blocks_[seq.block_table[i - 1]].hash;
         const int32_t* toks = seq.tokens.data() + i * block_size_;
@@ -169,11 +172,77 @@ void BlockManager::release(Sequence& seq) {
     for (auto it = seq.block_table.rbegin(); it != seq.block_table.rend(); ++it) drop_ref(*it);
     seq.block_table.clear();
     seq.num_computed = 0;
+    if (const auto it = swapped_.find(seq.seq_id); it != swapped_.end()) {
+        for (const Swapped& sw : it->second) host_->release(sw.slot);
+        swapped_.erase(it);
+    }
+}
+
+bool BlockManager::swap_out(Sequence& seq) {
+    const int n = (seq.num_computed + block_size_ - 1) / block_size_;
+    if (!host_ || n == 0 || n > host_->num_reservable()) return false;
+    PG_CHECK(!is_swapped(seq) && n <= static_cast<int>(seq.block_table.size()));
+    std::vector<Swapped> out;
+    for (int i = 0; i < n; ++i) {
+        const HostBlockPool::Stored st = host_->reserve();
+        PG_CHECK(st.slot >= 0, "host slot count changed while swapping out");
+        forget_host_victim(st);
+        const int32_t b = seq.block_table[i];
+        const Block& blk = blocks_[b];
+        out.push_back({st.slot, blk.hashed, blk.keyed, blk.hash, blk.uses, blk.parent, blk.tokens});
+        pending_.offloads.emplace_back(b, st.slot);
+    }
+    const int computed = seq.num_computed;
+    release(seq);  // before registering the slots, which release would free
+    seq.num_computed = computed;
+    swapped_.emplace(seq.seq_id, std::move(out));
+    ++stats_.swap_outs;
+    stats_.swapped_out_blocks += n;
+    return true;
+}
+
+bool BlockManager::can_swap_in(const Sequence& seq, int num_new) const {
+    return (seq.num_computed + num_new + block_size_ - 1) / block_size_ <= num_available();
+}
+
+void BlockManager::swap_in(Sequence& seq) {
+    const auto it = swapped_.find(seq.seq_id);
+    PG_CHECK(it != swapped_.end() && seq.block_table.empty(), "swapping in a sequence that is not swapped out");
+    std::vector<Swapped> parts = std::move(it->second);
+    swapped_.erase(it);
+    for (Swapped& sw : parts) {
+        const int32_t b = take_block();
+        Block& blk = blocks_[b];
+        blk.keyed = sw.keyed;
+        blk.uses = sw.uses;
+        if (sw.hashed) {  // commit() skips hashed blocks; the next block's parent is read from it
+            blk.hashed = true;
+            blk.hash = sw.hash;
+            blk.parent = sw.parent;
+            blk.tokens = std::move(sw.tokens);
+            blk.cached_at = ++clock_;
+            if (cached_.emplace(blk.hash, b).second) {
+                blk.cached = true;
+                if (recording_) record_stored(blk.hash, blk.parent, blk.tokens, KvCacheEvent::Medium::Gpu);
+            }
+        }
+        pending_.onloads.emplace_back(sw.slot, b);
+        swapped_in_slots_.push_back(sw.slot);
+        seq.block_table.push_back(b);
+    }
+    stats_.swapped_in_blocks += parts.size();
+}
+
+void BlockManager::forget_host_victim(const HostBlockPool::Stored& st) {
+    if (!st.evicted) return;
+    // An offload of this batch into the same slot is superseded (no onload reads it: pinned).
+    std::erase_if(pending_.offloads, [&](const std::pair<int32_t, int32_t>& o) { return o.second == st.slot; });
+    if (recording_) record_removed(*st.evicted, KvCacheEvent::Medium::Cpu);
 }
 
 EvictionKey BlockManager::eviction_key(int32_t b) const {
     const Block& blk = blocks_[b];
-    return peregrine::eviction_key(policy_, blk.last_used, blk.uses, blk.cached_at, b);
+    return peregrine::eviction_key(policy_, blk.last_used, blk.uses, blk.cached_at, b, blk.keyed);
 }
 
 void BlockManager::add_ref(int32_t b) {
@@ -230,13 +299,9 @@ void BlockManager::record_removed(uint64_t hash, KvCacheEvent::Medium medium) {
 
 void BlockManager::offload(int32_t b) {
     const Block& blk = blocks_[b];
-    const HostBlockPool::Stored st = host_->store(blk.hash, blk.parent, blk.tokens.data(), blk.uses);
+    const HostBlockPool::Stored st = host_->store(blk.hash, blk.parent, blk.tokens.data(), blk.uses, blk.keyed);
     if (st.slot < 0) return;  // held there already, or every slot is being read this step
-    if (st.evicted) {
-        // An offload of this batch into the same slot is superseded (no onload reads it: pinned).
-        std::erase_if(pending_.offloads, [&](const std::pair<int32_t, int32_t>& o) { return o.second == st.slot; });
-        if (recording_) record_removed(*st.evicted, KvCacheEvent::Medium::Cpu);
-    }
+    forget_host_victim(st);
     pending_.offloads.emplace_back(b, st.slot);
     if (recording_) record_stored(blk.hash, blk.parent, blk.tokens, KvCacheEvent::Medium::Cpu);
 }
@@ -244,6 +309,8 @@ void BlockManager::offload(int32_t b) {
 BlockTransfers BlockManager::take_transfers() {
     BlockTransfers t = std::exchange(pending_, {});
     if (host_) host_->unpin_all();
+    for (int32_t slot : swapped_in_slots_) host_->release(slot);
+    swapped_in_slots_.clear();
     stats_.offloaded_blocks += t.offloads.size();
     stats_.onloaded_blocks += t.onloads.size();
     return t;

@@ -15,6 +15,15 @@
 // copy-on-write copies and its compute: all offloads (so a reused device block is read before
 // anything writes it), then all onloads. Host slots read by this schedule's onloads are pinned
 // until take_transfers, so no offload of the same batch overwrites them.
+//
+// Swap preemption (swap_out / swap_in): a preempted sequence's computed blocks, full and
+// partial, are copied to reserved host slots (outside the cache) and its device blocks
+// released; on resumption fresh device blocks are onloaded from those slots and the sequence
+// goes on from the same num_computed. The copies ride in the same BlockTransfers. A swap-in's
+// slots are released at take_transfers, after the onloads that read them were handed out.
+//
+// Conversations: a block committed or adopted by a sequence with `keyed` set (the request's
+// prompt_cache_key) is evicted, in both tiers, only after every anonymous block.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +49,10 @@ struct BlockStats {
     uint64_t host_queries = 0;      // prompt tokens looked up in the host tier (those the device missed)
     uint64_t host_hits = 0;         // of those, tokens found there
     uint64_t offloaded_blocks = 0;  // device -> host copies issued
-    uint64_t onloaded_blocks = 0;   // host -> device copies issued
+    uint64_t onloaded_blocks = 0;   // host -> device copies issued (swap-ins included)
+    uint64_t swap_outs = 0;         // preempted sequences whose blocks went to the host tier
+    uint64_t swapped_out_blocks = 0;
+    uint64_t swapped_in_blocks = 0;
 };
 
 // One block of a prefix hit: in the device pool (`block`), or only in the host tier
@@ -105,6 +117,16 @@ class BlockManager {
     void allocate(Sequence& seq, int num_new, const std::vector<PrefixHit>& hits,
                   std::vector<std::pair<int32_t, int32_t>>& copies);
 
+    // Swap preemption. swap_out copies the sequence's computed blocks to reserved host slots and
+    // releases its device blocks, keeping num_computed; false (nothing done) when there is no
+    // host tier, nothing computed, or too few slots: the caller releases it for recomputation.
+    bool swap_out(Sequence& seq);
+    bool is_swapped(const Sequence& seq) const { return swapped_.count(seq.seq_id) > 0; }
+    // Whether a swapped-out sequence can come back with room for `num_new` more tokens.
+    bool can_swap_in(const Sequence& seq, int num_new) const;
+    // Gives it fresh device blocks and queues their onloads; then allocate as a running one.
+    void swap_in(Sequence& seq);
+
     // The tier copies decided since the last call (in issue order), unpinning the host slots
     // they read: call once per schedule, and issue them before anything later is scheduled.
     BlockTransfers take_transfers();
@@ -115,7 +137,8 @@ class BlockManager {
     // The child shares every block of the parent (copy-on-write later).
     void fork(const Sequence& parent, Sequence& child);
 
-    // Releases the sequence's blocks (hashed ones stay findable until evicted).
+    // Releases the sequence's blocks (hashed ones stay findable until evicted) and the host
+    // slots of a swapped-out one.
     void release(Sequence& seq);
 
     // For tests.
@@ -132,6 +155,7 @@ class BlockManager {
         int ref = 0;
         bool hashed = false;  // full, with `hash` and `tokens` set
         bool cached = false;  // findable through cached_ (the first block with this hash)
+        bool keyed = false;   // a conversation's block: evicted after anonymous ones
         uint64_t hash = 0;
         std::optional<uint64_t> parent;  // the previous block's hash; none for a sequence's first
         std::vector<int32_t> tokens;
@@ -161,6 +185,18 @@ class BlockManager {
     std::unordered_map<uint64_t, int32_t> cached_;  // hash -> block
     std::optional<HostBlockPool> host_;
     BlockTransfers pending_;  // since the last take_transfers
+    // A swapped-out block: its host slot and what the device block knew of it.
+    struct Swapped {
+        int32_t slot = -1;
+        bool hashed = false, keyed = false;
+        uint64_t hash = 0, uses = 0;
+        std::optional<uint64_t> parent;
+        std::vector<int32_t> tokens;
+    };
+    std::unordered_map<uint64_t, std::vector<Swapped>> swapped_;  // by seq_id, in table order
+    std::vector<int32_t> swapped_in_slots_;                       // released at take_transfers
+    // The host slot's eviction was announced and its pending offload dropped.
+    void forget_host_victim(const HostBlockPool::Stored& st);
     uint64_t clock_ = 0;
     BlockStats stats_;
     bool recording_ = false;

@@ -107,6 +107,7 @@ void EngineCore::add_request(Request request, std::shared_ptr<const grammar::Tok
     seq->fork_pending = p.n > 1;
     seq->sampling = &r->req.sampling;
     seq->cache_salt = BlockManager::hash_salt(r->req.cache_salt);
+    seq->keyed = !r->req.prompt_cache_key.empty();
     seq->tokens = r->req.prompt_ids;
     seq->num_prompt_tokens = static_cast<int>(seq->tokens.size());
     // A sequence must fit the model's context and, alone, the whole KV cache.
@@ -428,6 +429,9 @@ EngineStats EngineCore::stats() const {
     s.prefix_hits = blocks_.stats().prefix_hits;
     s.evictions = blocks_.stats().evictions;
     s.preemptions = scheduler_.num_preemptions();
+    s.swap_preemptions = blocks_.stats().swap_outs;
+    s.kv_swapped_out_blocks = blocks_.stats().swapped_out_blocks;
+    s.kv_swapped_in_blocks = blocks_.stats().swapped_in_blocks;
     if (const HostBlockPool* host = blocks_.host()) {
         s.num_host_kv_blocks = host->num_slots();
         s.num_host_kv_blocks_used = host->num_used();

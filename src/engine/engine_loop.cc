@@ -144,6 +144,8 @@ CoreConfig core_config(const EngineConfig& config, const std::vector<int>& eos_t
     core.scheduler.max_num_batched_tokens = c.max_num_batched_tokens;
     core.eviction = eviction_policy_from_name(c.kv_eviction);
     core.prefix_caching = c.prefix_caching;
+    core.scheduler.swap_preemption =
+        c.preemption_mode == "swap" || (c.preemption_mode.empty() && c.kv_offload_memory > 0);
     core.async_scheduling = c.async_scheduling;
     core.kv_events = c.kv_events;
     core.seed = c.seed;

@@ -26,29 +26,64 @@ void HostBlockPool::touch(int32_t slot) {
     if (!s.pinned) evictable_.erase(s.key);
     s.last_used = ++clock_;
     ++s.uses;
-    s.key = eviction_key(policy_, s.last_used, s.uses, s.stored_at, slot);
+    s.key = key_of(slot);
     if (!s.pinned) evictable_.insert(s.key);
 }
 
+EvictionKey HostBlockPool::key_of(int32_t slot) const {
+    const Slot& s = slots_[slot];
+    return eviction_key(policy_, s.last_used, s.uses, s.stored_at, slot, s.keyed);
+}
+
+int32_t HostBlockPool::take_slot(Stored& out) {
+    if (!free_.empty()) {
+        const int32_t slot = free_.back();
+        free_.pop_back();
+        return slot;
+    }
+    if (evictable_.empty()) return -1;  // every slot is reserved or read this step
+    const int32_t slot = std::get<2>(*evictable_.begin());
+    evictable_.erase(evictable_.begin());
+    out.evicted = slots_[slot].hash;
+    index_.erase(slots_[slot].hash);
+    ++evictions_;
+    return slot;
+}
+
+HostBlockPool::Stored HostBlockPool::reserve() {
+    Stored out;
+    const int32_t slot = take_slot(out);
+    if (slot < 0) return out;
+    slots_[slot] = Slot{};
+    slots_[slot].reserved = true;
+    ++num_reserved_;
+    out.slot = slot;
+    return out;
+}
+
+void HostBlockPool::release(int32_t slot) {
+    PG_CHECK(slots_[slot].reserved, "releasing host slot ", slot, " which is not reserved");
+    slots_[slot] = Slot{};
+    --num_reserved_;
+    free_.push_back(slot);
+}
+
 HostBlockPool::Stored HostBlockPool::store(uint64_t hash, std::optional<uint64_t> parent, const int32_t* tokens,
-                                           uint64_t uses) {
+                                           uint64_t uses, bool keyed) {
     Stored out;
     if (const auto it = index_.find(hash); it != index_.end()) {
+        Slot& held = slots_[it->second];
+        if (keyed && !held.keyed) {  // a conversation now owns it: re-sort before the touch
+            if (!held.pinned) evictable_.erase(held.key);
+            held.keyed = true;
+            held.key = key_of(it->second);
+            if (!held.pinned) evictable_.insert(held.key);
+        }
         touch(it->second);
         return out;
     }
-    int32_t slot;
-    if (!free_.empty()) {
-        slot = free_.back();
-        free_.pop_back();
-    } else {
-        if (evictable_.empty()) return out;  // every slot is read this step
-        slot = std::get<2>(*evictable_.begin());
-        evictable_.erase(evictable_.begin());
-        out.evicted = slots_[slot].hash;
-        index_.erase(slots_[slot].hash);
-        ++evictions_;
-    }
+    const int32_t slot = take_slot(out);
+    if (slot < 0) return out;
     Slot& s = slots_[slot];
     s = Slot{};
     s.held = true;
@@ -57,7 +92,8 @@ HostBlockPool::Stored HostBlockPool::store(uint64_t hash, std::optional<uint64_t
     s.tokens.assign(tokens, tokens + block_size_);
     s.last_used = s.stored_at = ++clock_;
     s.uses = uses;
-    s.key = eviction_key(policy_, s.last_used, s.uses, s.stored_at, slot);
+    s.keyed = keyed;
+    s.key = key_of(slot);
     evictable_.insert(s.key);
     index_.emplace(hash, slot);
     out.slot = slot;
@@ -77,7 +113,7 @@ void HostBlockPool::unpin_all() {
     for (int32_t slot : pinned_) {
         Slot& s = slots_[slot];
         s.pinned = false;
-        s.key = eviction_key(policy_, s.last_used, s.uses, s.stored_at, slot);
+        s.key = key_of(slot);
         evictable_.insert(s.key);
     }
     pinned_.clear();

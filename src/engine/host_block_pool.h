@@ -7,6 +7,10 @@
 // pool does). Held slots are evictable in the order of the shared eviction policy unless pinned:
 // a slot read by an onload queued in the current step is pinned until the step's transfers are
 // taken, so that no offload of the same step (issued before the onloads) overwrites it.
+//
+// Swap preemption reserves slots outside the cache: a reserved slot holds a preempted
+// sequence's block (full or partial), is neither findable nor evictable, and goes back to the
+// free slots only when released (after the onload that reads it was issued).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +30,9 @@ class HostBlockPool {
 
     int num_slots() const { return static_cast<int>(slots_.size()); }
     int num_used() const { return num_slots() - static_cast<int>(free_.size()); }
+    int num_reserved() const { return num_reserved_; }
+    // Slots a reservation can take now: free ones plus evictable cached ones.
+    int num_reservable() const { return static_cast<int>(free_.size() + evictable_.size()); }
     uint64_t evictions() const { return evictions_; }
 
     // The slot holding the block `hash` with exactly `tokens` (block_size of them), or -1.
@@ -41,8 +48,14 @@ class HostBlockPool {
     // Gives the block a slot, evicting the policy's victim when none is free. Nothing to copy
     // (slot -1) when the hash is held already (touched instead) or every held slot is pinned.
     // `uses` carries the block's use count over from the device pool (LFU).
-    Stored store(uint64_t hash, std::optional<uint64_t> parent, const int32_t* tokens, uint64_t uses);
+    // `keyed`: the block belongs to a conversation (evicted after anonymous ones).
+    Stored store(uint64_t hash, std::optional<uint64_t> parent, const int32_t* tokens, uint64_t uses,
+                 bool keyed = false);
 
+    // A slot for a swapped-out block, taken from the free slots, else from the cache's victim
+    // (`slot` -1 when every slot is reserved or pinned). Call num_reservable first.
+    Stored reserve();
+    void release(int32_t slot);  // a reserved slot back to the free ones
     void pin(int32_t slot);
     void unpin_all();
 
@@ -50,12 +63,15 @@ class HostBlockPool {
     std::optional<uint64_t> parent(int32_t slot) const { return slots_[slot].parent; }
     const std::vector<int32_t>& tokens(int32_t slot) const { return slots_[slot].tokens; }
     uint64_t uses(int32_t slot) const { return slots_[slot].uses; }
+    bool keyed(int32_t slot) const { return slots_[slot].keyed; }
     bool is_held(int32_t slot) const { return slots_[slot].held; }
 
   private:
     struct Slot {
         bool held = false;
         bool pinned = false;
+        bool reserved = false;  // a swapped-out block's (not held: no hash, not findable)
+        bool keyed = false;     // a conversation's block (prompt_cache_key)
         uint64_t hash = 0;
         std::optional<uint64_t> parent;
         std::vector<int32_t> tokens;
@@ -72,6 +88,10 @@ class HostBlockPool {
     std::vector<int32_t> pinned_;
     uint64_t clock_ = 0;
     uint64_t evictions_ = 0;
+    int num_reserved_ = 0;
+
+    int32_t take_slot(Stored& out);  // a free slot, else the victim's (-1: none)
+    EvictionKey key_of(int32_t slot) const;
 };
 
 }  // namespace peregrine

@@ -56,7 +56,7 @@ void Scheduler::remove(Sequence* seq) {
 
 void Scheduler::preempt(Sequence* seq, SchedulerOutput& out) {
     running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
-    blocks_.release(*seq);
+    if (!config_.swap_preemption || !blocks_.swap_out(*seq)) blocks_.release(*seq);
     add_waiting(seq);
     out.preempted.push_back(seq);
     ++num_preemptions_;
@@ -103,13 +103,18 @@ SchedulerOutput Scheduler::schedule() {
     while (out.preempted.empty() && num_waiting_ > 0 && budget > 0) {
         Sequence* seq = next_waiting(seats_of);
         if (seats + seq->seats() > config_.max_num_seqs) break;  // no room for it (or its siblings)
-        const std::vector<PrefixHit> hits = blocks_.match_prefix(*seq);
+        // A swap-preempted sequence resumes where it stopped, its blocks copied back.
+        const bool swapped = blocks_.is_swapped(*seq);
+        std::vector<PrefixHit> hits;
+        if (!swapped) hits = blocks_.match_prefix(*seq);
         const int hit_tokens = static_cast<int>(hits.size()) * blocks_.block_size();
-        const int num_new = std::min(seq->num_tokens() - hit_tokens, budget);
-        if (!blocks_.can_allocate(*seq, num_new, hits)) break;  // head of line waits for memory
+        const int num_new = std::min(seq->num_tokens() - (swapped ? seq->num_computed : hit_tokens), budget);
+        if (swapped ? !blocks_.can_swap_in(*seq, num_new) : !blocks_.can_allocate(*seq, num_new, hits))
+            break;  // head of line waits for memory
         erase_waiting(seq);
         seats += seq->seats();
         seats_of[seq->group] += seq->seats();
+        if (swapped) blocks_.swap_in(*seq);
         blocks_.allocate(*seq, num_new, hits, out.block_copies);
         if (!seq->admitted_once) {
             seq->admitted_once = true;

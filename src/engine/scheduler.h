@@ -1,7 +1,9 @@
 // Iteration-level scheduling: each step fills a token budget and a sequence cap with running
 // decodes first, then running chunked prefills, then waiting sequences in (priority, arrival)
 // order. When KV blocks run out, the lowest-priority, latest-arriving running sequence is
-// preempted (its blocks freed, its tokens recomputed later). With a host tier, admission's prefix
+// preempted: its blocks freed and its tokens recomputed later, or, with swap preemption, its
+// blocks copied to the host tier and copied back when it resumes (recomputed after all when the
+// tier has no room). With a host tier, admission's prefix
 // lookup continues in host memory; the copies between the tiers come out with the schedule.
 //
 // Running slots are seats: a sequence takes one, an n > 1 request's first choice takes n until
@@ -26,6 +28,8 @@ namespace peregrine {
 struct SchedulerConfig {
     int max_num_seqs = 256;
     int max_num_batched_tokens = 2048;
+    // Preempt by swapping blocks to the host tier (BlockManager::swap_out) instead of recomputing.
+    bool swap_preemption = false;
 };
 
 struct ScheduledSeq {

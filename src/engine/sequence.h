@@ -30,10 +30,11 @@ struct Sequence {
     SeqStatus status = SeqStatus::Waiting;
     const SamplingParams* sampling = nullptr;  // owned by the request
     uint64_t cache_salt = 0;                   // hash of the request's cache_salt (0 = none)
+    bool keyed = false;  // the request names a conversation (prompt_cache_key): its blocks are kept longer
 
     std::vector<int32_t> tokens;  // prompt followed by the output
     int num_prompt_tokens = 0;
-    int num_computed = 0;              // tokens whose K/V are in the cache
+    int num_computed = 0;              // tokens whose K/V are in the cache (or swapped out to the host tier)
     int num_cached_prompt_tokens = 0;  // prompt tokens that came from the prefix cache (first admission)
     bool admitted_once = false;
     std::vector<int32_t> block_table;  // logical block i -> physical block

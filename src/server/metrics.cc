@@ -204,6 +204,14 @@ std::string ServerMetrics::render(std::string_view model_name, const EngineStats
     gauge("peregrine:host_kv_cache_blocks", "Blocks the host tier holds at most.", s.num_host_kv_blocks);
     counter("peregrine:num_preemptions", "Cumulative number of preemptions from the engine.",
             static_cast<double>(s.preemptions));
+    // Swap preemption (--preemption-mode swap): those copies are also in kv_{off,on}loaded_*.
+    counter("peregrine:num_swap_preemptions",
+            "Preemptions whose KV blocks went to the host tier (the others are recomputed).",
+            static_cast<double>(s.swap_preemptions));
+    counter("peregrine:kv_swapped_out_bytes", "Bytes of preempted sequences' KV blocks copied to the host tier.",
+            static_cast<double>(s.kv_swapped_out_blocks * s.kv_block_bytes));
+    counter("peregrine:kv_swapped_in_bytes", "Bytes of resumed sequences' KV blocks copied back from the host tier.",
+            static_cast<double>(s.kv_swapped_in_blocks * s.kv_block_bytes));
     counter("peregrine:prompt_tokens", "Number of prefill tokens processed.", static_cast<double>(s.prompt_tokens));
     counter("peregrine:generation_tokens", "Number of generation tokens processed.",
             static_cast<double>(s.generation_tokens));

@@ -37,6 +37,10 @@ void EngineConfig::validate() const {
         fail("gpu_memory_utilization must be in [0.05, 1], got ", gpu_memory_utilization);
     if (block_size < 1 || block_size > 1024) fail("block_size must be in [1, 1024], got ", block_size);
     if (kv_cache_memory < 0) fail("kv_cache_memory must be >= 0, got ", kv_cache_memory);
+    if (!preemption_mode.empty() && preemption_mode != "swap" && preemption_mode != "recompute")
+        fail("preemption_mode must be swap or recompute, got '", preemption_mode, "'");
+    if (preemption_mode == "swap" && kv_offload_memory <= 0)
+        fail("preemption_mode swap needs a host tier to swap to (kv_offload_memory > 0)");
     if (kv_offload_memory < 0) fail("kv_offload_memory must be >= 0 bytes (0 = no host tier), got ", kv_offload_memory);
     if (kv_offload_memory > 0) {
         const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);

@@ -10,29 +10,11 @@
 
 #include "core/error.h"
 #include "engine/engine_core.h"
+#include "support/block_invariants.h"
 #include "support/fake_executor.h"
 
 namespace peregrine::testing {
 namespace {
-
-// Every block's count equals the number of live tables holding it; used blocks are those with
-// a count; no table holds a block twice.
-void check_invariants(const EngineCore& core) {
-    const BlockManager& bm = core.block_manager();
-    std::vector<int> refs(bm.num_blocks(), 0);
-    for (const Sequence* s : core.live_sequences()) {
-        std::vector<int32_t> t = s->block_table;
-        std::sort(t.begin(), t.end());
-        ASSERT_EQ(std::adjacent_find(t.begin(), t.end()), t.end()) << "a table holds a block twice";
-        for (int32_t b : t) ++refs[b];
-    }
-    int used = 0;
-    for (int b = 0; b < bm.num_blocks(); ++b) {
-        ASSERT_EQ(bm.ref_count(b), refs[b]) << "block " << b;
-        used += refs[b] > 0;
-    }
-    ASSERT_EQ(bm.num_used(), used);
-}
 
 // Runs until every request finished; returns token ids per (request id, choice).
 std::map<std::pair<std::string, int>, std::vector<int32_t>> drain(EngineCore& core, bool check = false) {

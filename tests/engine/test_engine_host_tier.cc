@@ -11,29 +11,14 @@
 
 #include "core/error.h"
 #include "engine/engine_core.h"
+#include "support/block_invariants.h"
 #include "support/engine_runs.h"
 #include "support/fake_executor.h"
 #include "support/golden_util.h"
+#include "support/greedy_request.h"
 
 namespace peregrine::testing {
 namespace {
-
-// As in test_engine_core.cc: counts equal live tables' holdings; used blocks are those held.
-void check_invariants(const EngineCore& core) {
-    const BlockManager& bm = core.block_manager();
-    std::vector<int> refs(bm.num_blocks(), 0);
-    for (const Sequence* s : core.live_sequences())
-        for (int32_t b : s->block_table) ++refs[b];
-    int used = 0;
-    for (int b = 0; b < bm.num_blocks(); ++b) {
-        ASSERT_EQ(bm.ref_count(b), refs[b]) << "block " << b;
-        used += refs[b] > 0;
-    }
-    ASSERT_EQ(bm.num_used(), used);
-    if (const HostBlockPool* host = bm.host()) {
-        ASSERT_LE(host->num_used(), host->num_slots());
-    }
-}
 
 using Outputs = std::map<std::string, std::vector<int32_t>>;
 
@@ -48,14 +33,9 @@ std::vector<Request> shared_prefix_requests(int vocab) {
     for (int round = 0; round < 2; ++round) {
         std::mt19937 srng(5);  // the same suffixes in both rounds
         for (int k = 0; k < 12; ++k) {
-            Request r;
-            r.id = "r" + std::to_string(round) + "_" + std::to_string(k);
-            r.prompt_ids = systems[k % 3];
-            for (int i = 0, n = 3 + srng() % 6; i < n; ++i) r.prompt_ids.push_back(1 + srng() % (vocab - 1));
-            r.sampling.temperature = 0;
-            r.sampling.max_tokens = 6;
-            r.sampling.ignore_eos = true;
-            out.push_back(std::move(r));
+            std::vector<int32_t> prompt = systems[k % 3];
+            for (int i = 0, n = 3 + srng() % 6; i < n; ++i) prompt.push_back(1 + srng() % (vocab - 1));
+            out.push_back(greedy_request("r" + std::to_string(round) + "_" + std::to_string(k), std::move(prompt), 6));
         }
     }
     return out;

@@ -57,6 +57,11 @@ TEST(Metrics, RenderHasEveryFamily) {
     s.num_kv_blocks_used = 2;
     s.block_size = 16;
     s.prompt_tokens = 10;
+    s.preemptions = 5;
+    s.swap_preemptions = 3;
+    s.kv_swapped_out_blocks = 4;
+    s.kv_swapped_in_blocks = 2;
+    s.kv_block_bytes = 1000;
     const std::string text = m.render("my\"model", s);
     auto has = [&](const std::string& line) { return text.find(line) != std::string::npos; };
     EXPECT_TRUE(has("# TYPE peregrine:num_requests_running gauge\n"));
@@ -83,6 +88,11 @@ TEST(Metrics, RenderHasEveryFamily) {
     for (const char* h : {"time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
                           "request_prompt_tokens", "request_generation_tokens"})
         EXPECT_TRUE(has(std::string("# TYPE peregrine:") + h + " histogram\n")) << h;
+    // Swap preemption: counts, and bytes = blocks x block bytes.
+    EXPECT_TRUE(has("peregrine:num_preemptions_total{model_name=\"my\\\"model\"} 5\n"));
+    EXPECT_TRUE(has("peregrine:num_swap_preemptions_total{model_name=\"my\\\"model\"} 3\n"));
+    EXPECT_TRUE(has("peregrine:kv_swapped_out_bytes_total{model_name=\"my\\\"model\"} 4000\n"));
+    EXPECT_TRUE(has("peregrine:kv_swapped_in_bytes_total{model_name=\"my\\\"model\"} 2000\n"));
     EXPECT_EQ(text.back(), '\n');
 }
 

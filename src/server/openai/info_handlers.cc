@@ -57,6 +57,7 @@ void handle_health(CompletionService& service, ApiCall& call) {
         j["host_kv_usage"] = static_cast<double>(s.num_host_kv_blocks_used) / s.num_host_kv_blocks;
     }
     j["preemptions"] = s.preemptions;
+    j["swap_preemptions"] = s.swap_preemptions;
     j["prompt_tokens"] = s.prompt_tokens;
     j["generation_tokens"] = s.generation_tokens;
     j["memory_rss_bytes"] = rss_bytes();
