@@ -12,6 +12,9 @@
 
 namespace peregrine {
 
+struct ModelInfo;
+class Tokenizer;
+
 struct EngineConfig {
     // --- the model
     std::string model;                 // a folder (config.json + safetensors) or a .gguf; empty: the embedded model
@@ -52,6 +55,14 @@ struct EngineConfig {
     // resumes; needs kv_offload_memory) or "recompute" (freed; its prompt and output run again).
     // Empty: swap with a host tier, else recompute.
     std::string preemption_mode;
+    // Files whose text is prefilled at start and kept in the KV cache for good (a system-prompt
+    // cache; engine/pinned_prefix.h): plain text, or a chat JSON {"messages": [...]} that
+    // render_pinned_chat turns into the prompt text.
+    std::vector<std::string> pin_prefix;
+    // (messages as JSON text, the model, its tokenizer) -> the prompt text of those messages under
+    // the chat template, without the generation prompt. Set by the front end that owns chat
+    // templates (the CLI); empty: chat files are refused.
+    std::function<std::string(const std::string&, const ModelInfo&, const Tokenizer&)> render_pinned_chat;
 
     // --- the scheduler
     // Sequences and tokens in one step at most; 0 = by the device (apply_device_defaults): on a
@@ -112,13 +123,14 @@ struct EngineStats {
     // The host tier of the prefix cache (EngineConfig::kv_offload_memory; zeros without one).
     int num_host_kv_blocks = 0;
     int num_host_kv_blocks_used = 0;
-    uint64_t host_prefix_queries = 0;  // prompt tokens looked up there (those the device pool missed)
-    uint64_t host_prefix_hits = 0;     // of those, tokens found there (also in prefix_hits)
-    uint64_t host_evictions = 0;       // host-tier blocks dropped for others
-    uint64_t kv_offloaded_blocks = 0;  // device -> host copies
-    uint64_t kv_onloaded_blocks = 0;   // host -> device copies
-    uint64_t kv_block_bytes = 0;       // one block's K/V, every layer (this process's share)
-    uint64_t prompt_tokens = 0;        // of finished and running requests, counted at submit
+    uint64_t host_prefix_queries = 0;   // prompt tokens looked up there (those the device pool missed)
+    uint64_t host_prefix_hits = 0;      // of those, tokens found there (also in prefix_hits)
+    uint64_t host_evictions = 0;        // host-tier blocks dropped for others
+    uint64_t kv_offloaded_blocks = 0;   // device -> host copies
+    uint64_t kv_onloaded_blocks = 0;    // host -> device copies
+    uint64_t kv_block_bytes = 0;        // one block's K/V, every layer (this process's share)
+    uint64_t pinned_prefix_tokens = 0;  // tokens of --pin-prefix held in the KV cache for good
+    uint64_t prompt_tokens = 0;         // of finished and running requests, counted at submit
     uint64_t generation_tokens = 0;
     uint64_t steps = 0;
     // Cumulative wall time of the step's phases, seconds.

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <functional>
 
+#include "cli/pinned_chat.h"
+
 namespace peregrine::cli {
 
 namespace {
@@ -60,6 +62,16 @@ void add_engine_options(CLI::App* cmd, EngineConfig& o) {
                     "back when it resumes; needs --kv-offload-memory) | recompute (default: swap with a host tier, "
                     "else recompute)")
         ->check(CLI::IsMember({"swap", "recompute"}));
+    cmd->add_option("--pin-prefix", o.pin_prefix,
+                    "A file whose text is prefilled at start and kept in the KV cache for good (a system-prompt "
+                    "cache): plain text, or {\"messages\": [...]} rendered with the chat template. Repeatable; "
+                    "the pins may take at most half the KV cache")
+        ->check(CLI::ExistingFile)
+        ->allow_extra_args(false);  // one file each time: never the positional arguments after it
+    // serve replaces it with one that honours its --chat-template.
+    o.render_pinned_chat = [](const std::string& messages, const ModelInfo& model, const Tokenizer& tok) {
+        return render_pinned_chat(messages, "", model, tok);
+    };
     cmd->add_flag_callback(
         "--no-prefix-caching", [&o] { o.prefix_caching = false; }, "Do not reuse KV blocks across requests");
     cmd->add_option("--max-num-batched-tokens", o.max_num_batched_tokens,

@@ -17,6 +17,7 @@
 #include "cli/config.h"
 #include "cli/data_parallel.h"
 #include "cli/engine_options.h"
+#include "cli/pinned_chat.h"
 #include "cli/stop_signals.h"
 #include "core/error.h"
 #include "formats/gguf.h"
@@ -95,7 +96,13 @@ std::string token_text(const Tokenizer& t, int32_t id) {
 
 std::unique_ptr<server::ServedModel> load(const ServeArgs& a) {
     auto m = std::make_unique<server::ServedModel>();
-    m->engine = Engine::create(a.engine);
+    EngineConfig engine = a.engine;
+    // Chat --pin-prefix files render with the template chat requests get.
+    engine.render_pinned_chat = [tmpl = a.chat_template](const std::string& messages, const ModelInfo& model,
+                                                         const Tokenizer& tok) {
+        return render_pinned_chat(messages, tmpl, model, tok);
+    };
+    m->engine = Engine::create(engine);
     const ModelInfo& info = m->engine->model();
     m->path = info.path;
     m->max_model_len = info.max_model_len;

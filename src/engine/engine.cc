@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "engine/engine_loop.h"
 #include "engine/output_processor.h"
+#include "engine/pinned_prefix.h"
 #include "engine/tokenizer_text.h"
 #include "model/config_hf.h"
 #include "model/loader.h"
@@ -139,7 +140,8 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
     std::fprintf(stderr, "  max_model_len: %d tokens; sampling defaults (%s): %s\n", info.max_model_len,
                  config.generation_config == "auto" ? "generation_config.json" : config.generation_config.c_str(),
                  describe(info.generation_defaults).c_str());
-    const CoreConfig core = core_config(built.worker->config(), info.eos_token_ids);
+    CoreConfig core = core_config(built.worker->config(), info.eos_token_ids);
+    core.pinned_prefixes = pinned_prefix_tokens(config.pin_prefix, config, info, *tokenizer);
     return std::make_unique<Engine>(std::make_unique<EngineLoop>(
         core, std::move(built.executor), std::make_shared<TokenizerText>(tokenizer), std::move(info), tokenizer));
 }

@@ -1,6 +1,7 @@
 #include "engine/engine_core.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <random>
 
 #include "core/error.h"
@@ -67,13 +68,58 @@ EngineCore::EngineCore(const CoreConfig& config, ModelExecutor& executor)
       scheduler_(config.scheduler, blocks_),
       sampler_(config.eos_token_ids) {
     blocks_.set_recording(static_cast<bool>(config.kv_events));
+    for (const std::vector<int32_t>& prefix : config.pinned_prefixes) {
+        const int pinned = pin_prefix(prefix);
+        std::fprintf(stderr, "  pinned prefix %zu: %d of its %zu tokens held in the KV cache for good\n",
+                     pinned_.size(), pinned, prefix.size());
+    }
+}
+
+int EngineCore::kv_room_tokens() const {
+    return (executor_.num_kv_blocks() - pinned_blocks_) * executor_.block_size();
+}
+
+int EngineCore::pin_prefix(const std::vector<int32_t>& tokens) {
+    if (!config_.prefix_caching) fail("a pinned prefix needs prefix caching");
+    if (has_unfinished()) fail("prefixes are pinned before any request runs");
+    const int bs = executor_.block_size();
+    const int blocks = tokens.empty() ? 0 : (static_cast<int>(tokens.size()) - 1) / bs;
+    // The rest of the pool must still hold requests (and a pin never starves the cache).
+    if (2 * (pinned_blocks_ + blocks) > executor_.num_kv_blocks())
+        fail("pinned prefixes would hold ", pinned_blocks_ + blocks, " of the KV cache's ", executor_.num_kv_blocks(),
+             " blocks of ", bs, " tokens; at most half may be pinned");
+    Request r;
+    r.id = "pin-prefix-" + std::to_string(pinned_.size());
+    r.prompt_ids = tokens;
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = 1;
+    r.sampling.ignore_eos = true;
+    add_request(r);  // checks the tokens
+    while (has_unfinished()) step();
+    auto holder = std::make_unique<Sequence>();
+    holder->seq_id = next_seq_id_++;
+    holder->request_id = r.id;
+    holder->status = SeqStatus::Running;
+    holder->tokens = tokens;
+    holder->num_prompt_tokens = static_cast<int>(tokens.size());
+    // The prefix's blocks were just computed; only those still in the device pool are taken
+    // (a pool so small that they were evicted already pins less).
+    std::vector<PrefixHit> hits = blocks_.match_prefix(*holder);
+    const auto host = std::find_if(hits.begin(), hits.end(), [](const PrefixHit& h) { return h.on_host(); });
+    hits.erase(host, hits.end());
+    std::vector<std::pair<int32_t, int32_t>> copies;
+    blocks_.allocate(*holder, 0, hits, copies);
+    PG_CHECK(copies.empty() && blocks_.take_transfers().empty(), "pinning copied blocks");
+    pinned_blocks_ += static_cast<int>(hits.size());
+    totals_.pinned_prefix_tokens += static_cast<uint64_t>(hits.size()) * bs;
+    pinned_.push_back(std::move(holder));
+    return static_cast<int>(hits.size()) * bs;
 }
 
 EngineCore::~EngineCore() = default;
 
 void EngineCore::check_request(const Request& request, bool has_text) const {
-    check_prompt(request, executor_.vocab_size(), executor_.max_model_len(),
-                 executor_.num_kv_blocks() * executor_.block_size());
+    check_prompt(request, executor_.vocab_size(), executor_.max_model_len(), kv_room_tokens());
     SamplingLimits limits;
     limits.vocab_size = executor_.vocab_size();
     limits.max_num_seqs = config_.scheduler.max_num_seqs;
@@ -111,7 +157,7 @@ void EngineCore::add_request(Request request, std::shared_ptr<const grammar::Tok
     seq->tokens = r->req.prompt_ids;
     seq->num_prompt_tokens = static_cast<int>(seq->tokens.size());
     // A sequence must fit the model's context and, alone, the whole KV cache.
-    const int room = std::min(executor_.max_model_len(), executor_.num_kv_blocks() * executor_.block_size());
+    const int room = std::min(executor_.max_model_len(), kv_room_tokens());
     seq->max_tokens = std::min(p.max_tokens, room - seq->num_prompt_tokens);
     seq->seed = choice_seed(r->base_seed, 0);
     seq->rng.seed(seq->seed);
@@ -447,6 +493,7 @@ EngineStats EngineCore::stats() const {
 
 std::vector<const Sequence*> EngineCore::live_sequences() const {
     std::vector<const Sequence*> out;
+    for (const auto& s : pinned_) out.push_back(s.get());
     for (const auto& [id, r] : requests_)
         for (const auto& s : r->seqs)
             if (s->status != SeqStatus::Finished) out.push_back(s.get());

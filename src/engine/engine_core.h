@@ -33,6 +33,8 @@ struct CoreConfig {
     // Prefix-cache events of each step (EngineConfig::kv_events); empty: none recorded.
     std::function<void(std::vector<KvCacheEvent>)> kv_events;
     int64_t seed = -1;  // EngineConfig::seed: the default seed of requests without one; -1 random
+    // Token ids of the prefixes to prefill at construction and keep for good (pin_prefix).
+    std::vector<std::vector<int32_t>> pinned_prefixes;
 };
 
 class EngineCore {
@@ -63,12 +65,19 @@ class EngineCore {
     // One iteration: the outputs of one model step (and any pending abort outputs). Under
     // async scheduling the next step is already queued when it returns.
     std::vector<RequestOutput> step();
+
+    // The system-prompt cache: prefills `tokens` (a one-token request, run to its end; call
+    // before any other request) and holds its leading full blocks (never the last token, which a
+    // request sharing the prefix must compute itself) from then on: never evicted, a device hit
+    // for every prompt that starts with them. Returns the tokens pinned. Throws when prefix
+    // caching is off, requests are running, or the pins would take over half the KV cache.
+    int pin_prefix(const std::vector<int32_t>& tokens);
     bool has_unfinished() const { return !requests_.empty() || inflight_.has_value(); }
     EngineStats stats() const;
 
     const BlockManager& block_manager() const { return blocks_; }
     const Scheduler& scheduler() const { return scheduler_; }
-    // Live sequences, for invariant checks in tests.
+    // Live sequences (pinned prefixes' holders included), for invariant checks in tests.
     std::vector<const Sequence*> live_sequences() const;
 
   private:
@@ -110,6 +119,10 @@ class EngineCore {
     std::vector<int32_t> sampled_;
     std::vector<TokenLogprob> sampled_lps_;
     std::optional<Launch> inflight_;  // the queued step whose draws are not collected
+    // Holders of the pinned prefixes' blocks (one reference each; never scheduled).
+    std::vector<std::unique_ptr<Sequence>> pinned_;
+    int pinned_blocks_ = 0;      // set before any request, read by check_request from any thread
+    int kv_room_tokens() const;  // tokens the unpinned KV cache holds
     EngineStats totals_;
 };
 

@@ -71,7 +71,7 @@ TEST(OpenAiProtocol, CompletionDefaultsAndFields) {
                   "repetition_penalty": 1.2, "logit_bias": {"7": 2.5}, "seed": 3, "n": 2, "stop": "x",
                   "stop_token_ids": [9], "ignore_eos": true, "min_tokens": 1, "stream": true,
                   "stream_options": {"include_usage": true}, "echo": true, "logprobs": 2, "priority": -1,
-                  "cache_salt": "s", "user": "u"})");
+                  "cache_salt": "s", "user": "u", "prompt_cache_key": "conv-7"})");
     EXPECT_EQ(p.model, "m");
     ASSERT_EQ(p.prompts.size(), 2u);
     EXPECT_EQ(p.prompts[0].ids, (std::vector<int32_t>{1, 2}));
@@ -96,6 +96,8 @@ TEST(OpenAiProtocol, CompletionDefaultsAndFields) {
     EXPECT_EQ(s.logprobs, 2);
     EXPECT_EQ(p.priority, -1);
     EXPECT_EQ(p.cache_salt, "s");
+    EXPECT_EQ(p.prompt_cache_key, "conv-7");
+    EXPECT_EQ(parse(R"({"prompt": "x"})").prompt_cache_key, "") << "anonymous";
 }
 
 TEST(OpenAiProtocol, ChatFields) {

@@ -465,10 +465,10 @@ CompletionParams parse_completion_params(const Json& body, Endpoint endpoint, co
     c.priority = static_cast<int>(std::clamp<int64_t>(get_int(body, "priority").value_or(0), -1'000'000, 1'000'000));
     c.cache_salt = get_string(body, "cache_salt").value_or("");
     c.user = get_string(body, "user").value_or("");
+    c.prompt_cache_key = get_string(body, "prompt_cache_key").value_or("");
     // Routing, abuse and bookkeeping hints for OpenAI's service; they change no answer here.
     if (const Json* md = json_field(body, "metadata"); md && !md->is_object())
         bad_param("metadata", "'metadata' must be an object");
-    (void)get_string(body, "prompt_cache_key");
     (void)get_string(body, "safety_identifier");
     check_sampling(c, limits);
     return c;

@@ -36,6 +36,7 @@ struct CompletionParams {
     bool chat_logprobs = false;           // chat: logprobs requested (top_logprobs in sampling.logprobs)
     int priority = 0;                     // lower runs first; clamped to +-1e6
     std::string cache_salt;               // isolates this client's prefix-cache entries
+    std::string prompt_cache_key;         // the conversation: its cached blocks are kept longer
     std::string user;                     // the client's end-user id (accepted, not used)
     bool add_special_tokens = true;       // completions: true; chat: false (the template adds them)
     bool add_generation_prompt = true;    // chat

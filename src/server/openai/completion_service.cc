@@ -229,6 +229,7 @@ AdmittedCompletion CompletionService::admit(const Caller& caller, CompletionPara
             r.sampling.skip_special_tokens = false;
         r.priority = p.priority;
         r.cache_salt = p.cache_salt;
+        r.prompt_cache_key = p.prompt_cache_key;
         r.group = id;  // the prompts of one call share one fair share of the running slots
     }
     return out;
