@@ -265,7 +265,8 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
         if (chat_) {
             Json logprobs =
                 has_logprobs
-                    ? Json{{"content", chat_logprobs_content(*model_.tokenizer, out.logprobs, p_.sampling.logprobs)}}
+                    ? Json{{"content", chat_logprobs_content(*model_.tokenizer, out.logprobs, p_.sampling.logprobs)},
+                           {"refusal", nullptr}}
                     : Json(nullptr);
             if (c.tools) {
                 send_parsed_delta(ci, out, std::move(logprobs));
@@ -337,14 +338,16 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
             }
             const bool called = !calls.is_null();
             if (chat_) {
-                choice["message"] = {{"role", "assistant"}, {"content", content}};
+                // `refusal`: required by OpenAI's schema of a message; a model here never refuses.
+                choice["message"] = {{"role", "assistant"}, {"content", content}, {"refusal", nullptr}};
                 if (called) {
                     if (content.get<std::string>().empty()) choice["message"]["content"] = nullptr;
                     choice["message"]["tool_calls"] = std::move(calls);
                 }
                 choice["logprobs"] =
                     p_.sampling.logprobs >= 0
-                        ? Json{{"content", chat_logprobs_content(*model_.tokenizer, c.logprobs, p_.sampling.logprobs)}}
+                        ? Json{{"content", chat_logprobs_content(*model_.tokenizer, c.logprobs, p_.sampling.logprobs)},
+                               {"refusal", nullptr}}
                         : Json(nullptr);
             } else {
                 choice["text"] = p_.echo ? echo_texts_[pi] + c.text : c.text;

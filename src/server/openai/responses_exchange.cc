@@ -136,7 +136,7 @@ class ResponsesExchange final : public Exchange {
         r["output"] = output_;
         for (const auto& [key, v] : echoed_.items())
             if (!r.contains(key)) r[key] = v;
-        r["usage"] = usage_;
+        if (!usage_.is_null()) r["usage"] = usage_;  // known at the end (OpenAI's schema: an object or absent)
         return r;
     }
 

@@ -222,6 +222,10 @@ ResponsesRequest parse_responses_request(const Json& body) {
     if (const Json* t = json_field(body, "tools")) {
         chat["tools"] = chat_tools_of(*t);
         tools = *t;
+        // The echo names `strict` as OpenAI's does (the Responses API's default is true; the
+        // grammar that forces calls is strict either way).
+        for (Json& tool : tools)
+            if (tool.is_object() && !tool.contains("strict")) tool["strict"] = true;
     }
     Json tool_choice = "auto";
     if (const Json* c = json_field(body, "tool_choice")) {
