@@ -228,7 +228,7 @@ describe('graceful shutdown', () => {
     }
 
     test('SIGTERM drains: /health 503 draining, new requests 503, running ones finish, exit 0', async (t) => {
-        const server = await startServer(['--shutdown-timeout', '30']);
+        const server = await startServer(['--shutdown-timeout', '120']);  // an upper bound: slow under ASan
         const client = server.client();
         const { rest: done } = await startStreams(client, 24);
         await waitFor(async () => (await http(`${server.url}/health`, { method: 'GET' })).json.running > 0, 2000, 2);
