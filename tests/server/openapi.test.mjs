@@ -86,6 +86,7 @@ describe('/v1/completions', () => {
         'two prompts, n 2, stop': { prompt: ['Once', 'upon'], max_tokens: 6, n: 2, stop: ['.'] },
     };
     for (const [name, body] of Object.entries(cases)) {
+        Object.assign(body, { seed: 7 });  // sampled, but the same answers every run
         test(name, async () => {
             check('CreateCompletionResponse', await whole('/v1/completions', body), 'the body');
             for (const c of await events('/v1/completions', { ...body, stream_options: { include_usage: true } }))
@@ -110,6 +111,7 @@ describe('/v1/chat/completions', () => {
             parallel_tool_calls: false },
     };
     for (const [name, body] of Object.entries(cases)) {
+        Object.assign(body, { seed: 7 });
         test(name, async () => {
             check('CreateChatCompletionResponse', await whole('/v1/chat/completions', body), 'the body');
             for (const c of await events('/v1/chat/completions', { ...body, stream_options: { include_usage: true } }))
