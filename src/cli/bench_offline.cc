@@ -18,6 +18,7 @@
 #include "engine/engine_core.h"
 #include "engine/engine_loop.h"
 #include "engine/structured_output.h"
+#include "model/hf_cache.h"
 #include "tokenizer/tokenizer.h"
 #include "worker/parallel_executor.h"
 
@@ -300,6 +301,8 @@ std::function<int()> add_bench_offline(CLI::App* group) {
     return [a, b, tp, lat, refuse_unused]() -> int {
         if (tp->parsed()) refuse_unused(*a);
         if (lat->parsed()) refuse_unused(*b);
+        a->engine.model = resolve_model_path(a->engine.model);
+        b->engine.model = resolve_model_path(b->engine.model);
         if (tp->parsed()) return run_throughput(*a);
         if (lat->parsed()) return run_latency(*b);
         return -1;

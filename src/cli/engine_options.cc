@@ -11,16 +11,19 @@ namespace peregrine::cli {
 
 namespace {
 
-// A progress line on stderr for big models on a terminal.
+// Weight-loading progress on stderr for models of 1 GB or more: on a terminal one line
+// redrawn at each percent; otherwise (a log) a plain line at each quarter.
 std::function<void(size_t, size_t)> progress_printer() {
-    if (!::isatty(STDERR_FILENO)) return {};
-    return [last = -1](size_t done, size_t total) mutable {
-        if (total < (size_t{1} << 30)) return;
+    const bool tty = ::isatty(STDERR_FILENO);
+    return [tty, last = -1](size_t done, size_t total) mutable {
+        if (total < 1000000000) return;
         const int pct = static_cast<int>(100.0 * done / total);
-        if (pct == last) return;
-        last = pct;
-        std::fprintf(stderr, "\rloading weights: %3d%% (%.1f / %.1f GB)%s", pct, done / 1e9, total / 1e9,
-                     done >= total ? "\n" : "");
+        const int step = tty ? pct : pct / 25 * 25;
+        if (step == last) return;
+        last = step;
+        std::fprintf(stderr,
+                     tty ? "\rloading weights: %3d%% (%.1f / %.1f GB)%s" : "loading weights: %d%% (%.1f / %.1f GB)%s",
+                     step, done / 1e9, total / 1e9, tty ? (done >= total ? "\n" : "") : "\n");
     };
 }
 

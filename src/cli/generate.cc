@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/engine_options.h"
 #include "core/error.h"
+#include "model/hf_cache.h"
 #include "peregrine/engine.h"
 #include "tokenizer/tokenizer.h"
 
@@ -162,6 +163,7 @@ std::function<int()> add_generate(CLI::App& app) {
     cmd->add_flag("--json", args->json, "Print one JSON object {prompt_ids, ids, text} as the last line");
     return [args] {
         if (args->prompt.empty() && args->prompt_ids.empty()) fail("generate needs --prompt or --prompt-ids");
+        args->engine.model = resolve_model_path(args->engine.model);
         return run(*args);
     };
 }

@@ -21,6 +21,7 @@
 #include "cli/stop_signals.h"
 #include "core/error.h"
 #include "formats/gguf.h"
+#include "model/hf_cache.h"
 #include "model/loader.h"
 #include "server/grpc/grpc_server.h"
 #include "server/http/http_server.h"
@@ -140,6 +141,10 @@ std::unique_ptr<server::ServedModel> load(const ServeArgs& a) {
 }
 
 int run(ServeArgs& a) {
+    // A Hugging Face repo id is served under that name, read from the cache's snapshot.
+    const std::string given = a.engine.model;
+    a.engine.model = resolve_model_path(given);
+    if (a.engine.model != given && a.served_model_names.empty()) a.served_model_names.push_back(given);
     // A bad --chat-template fails now, not after the weights load.
     if (!a.chat_template.empty()) (void)ChatTemplate::from_flag(a.chat_template, "", "");
     if (a.data_parallel_size > 1) {

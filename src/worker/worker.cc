@@ -128,7 +128,12 @@ void Worker::load_model() {
     Backend* backend = backend_;
     LoadOptions opt;
     opt.matmul_dtype_ok = [backend](DType t) { return backend->supports_weight_dtype(t); };
-    opt.progress = place_.verbose ? config_.load_progress : nullptr;
+    // The bytes read (the loader's last report is (total, total)), for the summary's GB/s.
+    size_t read_bytes = 0;
+    opt.progress = [&read_bytes, user = place_.verbose ? config_.load_progress : nullptr](size_t done, size_t total) {
+        read_bytes = total;
+        if (user) user(done, total);
+    };
     opt.tp = place_.tp;
     opt.pp = place_.pp;
     const std::string path = config_.model.empty() ? default_model_path() : config_.model;
@@ -140,8 +145,13 @@ void Worker::load_model() {
     own_model_ = create_model(*loaded_, *backend_, par);  // places the weights
     model_ = own_model_.get();
     if (!place_.verbose) return;
-    std::fprintf(stderr, "model: %s (%s, %.2fs)\n  %s\n  weights: %s\n  backend: %s\n", path.c_str(),
-                 loaded_->format.c_str(), seconds_since(t0), loaded_->config.summary().c_str(),
+    const double seconds = seconds_since(t0);
+    char rate[64] = "";
+    if (read_bytes > 0)
+        std::snprintf(rate, sizeof rate, read_bytes >= 1000000000 ? ", %.2f GB at %.2f GB/s" : ", %.2f MB at %.2f GB/s",
+                      read_bytes >= 1000000000 ? read_bytes / 1e9 : read_bytes / 1e6, read_bytes / 1e9 / seconds);
+    std::fprintf(stderr, "model: %s (%s, %.2fs%s)\n  %s\n  weights: %s\n  backend: %s\n", path.c_str(),
+                 loaded_->format.c_str(), seconds, rate, loaded_->config.summary().c_str(),
                  loaded_->weight_dtypes.c_str(), backend_->name().c_str());
     if (backend_->device() == Device::CUDA && config_.batch_invariant)
         std::fprintf(stderr, "  batch-invariant kernels (--batch-invariant)\n");

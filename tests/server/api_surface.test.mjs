@@ -307,4 +307,36 @@ describe('start-up (defects 4, 5) and flags', () => {
             await server.stop();
         }
     });
+    // A Hugging Face repo id read from the local cache (HF_HOME/hub/models--org--name, the
+    // snapshot refs/main names), served under that id; absent: a message saying how to get it.
+    test('a Hugging Face repo id from the cache; absent, how to download it', async () => {
+        const home = path.join(tmp, 'hf-home');
+        const repoDir = path.join(home, 'hub', 'models--tiny-org--stories');
+        const snap = path.join(repoDir, 'snapshots', 'abc123');
+        fs.mkdirSync(snap, { recursive: true });
+        fs.mkdirSync(path.join(repoDir, 'refs'), { recursive: true });
+        fs.writeFileSync(path.join(repoDir, 'refs', 'main'), 'abc123');
+        for (const f of fs.readdirSync(stories)) fs.copyFileSync(path.join(stories, f), path.join(snap, f));
+        const saved = process.env.HF_HOME;
+        process.env.HF_HOME = home;
+        try {
+            const server = await startServer(['tiny-org/stories', '--device', 'cpu']);
+            try {
+                assert.match(server.log(), /serving 'tiny-org\/stories'/);
+                assert.match(server.log(), /snapshots\/abc123/);
+                const r = await server.client().completions.create({ model: 'tiny-org/stories', prompt: 'Once upon a time',
+                    max_tokens: 8, temperature: 0 });
+                assert.ok(r.choices[0].text.length > 0);
+            } finally {
+                await server.stop();
+            }
+            const missing = await runToExit(['serve', '--port', '0', '--device', 'cpu', 'tiny-org/absent']);
+            assert.notEqual(missing.code, 0);
+            assert.match(missing.output, /'tiny-org\/absent' is neither a local path nor in the Hugging Face cache/);
+            assert.match(missing.output, /hf download tiny-org\/absent/);
+        } finally {
+            if (saved === undefined) delete process.env.HF_HOME;
+            else process.env.HF_HOME = saved;
+        }
+    });
 });
