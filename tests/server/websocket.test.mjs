@@ -174,4 +174,33 @@ describe('with keys', () => {
         assert.equal((await c.done('1')).at(-1).type, 'done');
         c.ws.close();
     });
+
+    // Browsers cannot set headers on a WebSocket: the key as a subprotocol (OpenAI Realtime's
+    // `openai-insecure-api-key.KEY`, the server answering with another offered protocol) or as
+    // the query `api_key`; a wrong one is still a 401.
+    const opened = (target, protocols) => new Promise((resolve) => {
+        const ws = new WebSocket(`${server.url.replace(/^http/, 'ws')}${target}`, protocols);
+        ws.on('unexpected-response', (_req, res) => resolve({ status: res.statusCode }));
+        ws.on('open', () => resolve({ ws, protocol: ws.protocol }));
+        ws.on('error', () => {});
+    });
+    test('the key as a subprotocol or an api_key query parameter', async () => {
+        const a = await opened('/v1/ws', ['peregrine', 'openai-insecure-api-key.ws-key']);
+        assert.equal(a.protocol, 'peregrine');
+        const done = new Promise((resolve) => a.ws.on('message', (d) => {
+            const m = JSON.parse(d.toString());
+            if (m.type === 'done' || m.type === 'error') resolve(m.type);
+        }));
+        a.ws.send(JSON.stringify({ id: '1', type: 'completion', request: { prompt: 'Hi', max_tokens: 3 } }));
+        assert.equal(await done, 'done');
+        a.ws.close();
+        const b = await opened('/v1/ws', ['openai-insecure-api-key.ws-key']);
+        assert.equal(b.protocol, 'openai-insecure-api-key.ws-key');
+        b.ws.close();
+        const c = await opened('/v1/ws?stream=1&api_key=ws%2Dkey');
+        assert.ok(c.ws, 'the query key opens the socket');
+        c.ws.close();
+        assert.equal((await opened('/v1/ws?api_key=nope')).status, 401);
+        assert.equal((await opened('/v1/ws', ['openai-insecure-api-key.nope'])).status, 401);
+    });
 });

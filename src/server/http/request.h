@@ -12,6 +12,7 @@ namespace peregrine::server {
 struct HttpRequest {
     std::string method;                                        // "GET", "POST", ...
     std::string path;                                          // the target without its query
+    std::string query;                                         // after '?', raw (not decoded); "" without
     std::vector<std::pair<std::string, std::string>> headers;  // names lower case
     std::string body;
     std::string remote;              // "ip:port"

@@ -174,7 +174,9 @@ class Session : public std::enable_shared_from_this<Session> {
         HttpRequest r;
         r.method = std::string(req.method_string());
         const std::string_view target(req.target().data(), req.target().size());
-        r.path = std::string(target.substr(0, target.find('?')));  // the query is not read
+        const size_t q = target.find('?');
+        r.path = std::string(target.substr(0, q));
+        if (q != std::string_view::npos) r.query = std::string(target.substr(q + 1));
         for (const auto& f : req)
             r.headers.emplace_back(lower(std::string_view(f.name_string().data(), f.name_string().size())),
                                    std::string(f.value()));

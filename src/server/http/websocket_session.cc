@@ -25,8 +25,27 @@ class WsSession final : public WebSocket, public std::enable_shared_from_this<Ws
         req_ = std::move(req);
         setup_ = std::move(setup);
         ws_.set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
-        ws_.set_option(websocket::stream_base::decorator(
-            [request_id](websocket::response_type& res) { res.set("X-Request-Id", request_id); }));
+        // A client that offers subprotocols must get one back or browsers drop the connection:
+        // the first that does not carry an API key (openai-insecure-api-key.KEY), else the first.
+        std::string protocol;
+        const auto field = req_[http::field::sec_websocket_protocol];
+        for (std::string_view offered(field.data(), field.size()); !offered.empty();) {
+            const size_t comma = offered.find(',');
+            std::string_view p = offered.substr(0, comma);
+            offered = comma == std::string_view::npos ? std::string_view() : offered.substr(comma + 1);
+            while (!p.empty() && p.front() == ' ') p.remove_prefix(1);
+            while (!p.empty() && p.back() == ' ') p.remove_suffix(1);
+            if (p.empty()) continue;
+            if (protocol.empty()) protocol = p;
+            if (!p.starts_with("openai-insecure-api-key.")) {
+                protocol = p;
+                break;
+            }
+        }
+        ws_.set_option(websocket::stream_base::decorator([request_id, protocol](websocket::response_type& res) {
+            res.set("X-Request-Id", request_id);
+            if (!protocol.empty()) res.set(http::field::sec_websocket_protocol, protocol);
+        }));
         ws_.read_message_max(max_message);
         ws_.async_accept(req_, [self = shared_from_this()](beast::error_code ec) { self->on_accept(ec); });
     }

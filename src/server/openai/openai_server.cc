@@ -80,7 +80,9 @@ void OpenAiServer::dispatch(const HttpRequest& req, const std::shared_ptr<Exchan
     try {
         if (!route) throw ApiError(404, str_cat("no route for ", req.method, " ", req.path), "", "not_found");
         ApiCall call;
-        call.caller = Caller{"http", req.header("authorization"), req.remote};
+        const std::string ws_key = req.websocket_upgrade ? websocket_authorization(req) : std::string();
+        call.caller =
+            Caller{"http", req.websocket_upgrade ? std::string_view(ws_key) : req.header("authorization"), req.remote};
         call.ex = ex;
         call.http = &req;
         if (route->prefix) call.arg = std::string_view(req.path).substr(route->path.size());

@@ -101,6 +101,51 @@ class WsRequestExchange final : public Exchange {
     bool gone_ = false;
 };
 
+namespace {
+
+// %XX escapes and '+' (a query's space) decoded; a malformed escape is kept as it is.
+std::string url_decode(std::string_view s) {
+    auto hex = [](char c) {
+        return c >= '0' && c <= '9'   ? c - '0'
+               : c >= 'a' && c <= 'f' ? c - 'a' + 10
+               : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                      : -1;
+    };
+    std::string out;
+    for (size_t i = 0; i < s.size(); ++i) {
+        if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+            out += static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2]));
+            i += 2;
+        } else {
+            out += s[i] == '+' ? ' ' : s[i];
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+// Browsers cannot set Authorization on a WebSocket: the key may also come as the subprotocol
+// `openai-insecure-api-key.KEY` (OpenAI's Realtime convention) or the query `api_key=KEY`
+// (URL-escaped). Returned as the header it stands for ("Bearer KEY"), the header winning.
+std::string websocket_authorization(const HttpRequest& req) {
+    if (const std::string_view h = req.header("authorization"); !h.empty()) return std::string(h);
+    constexpr std::string_view kCarrier = "openai-insecure-api-key.";
+    const std::string_view offered = req.header("sec-websocket-protocol");
+    for (size_t at = offered.find(kCarrier); at != std::string_view::npos; at = offered.find(kCarrier, at + 1)) {
+        if (at > 0 && offered[at - 1] != ' ' && offered[at - 1] != ',') continue;
+        const std::string_view rest = offered.substr(at + kCarrier.size());
+        return "Bearer " + std::string(rest.substr(0, rest.find_first_of(", ")));
+    }
+    for (std::string_view q = req.query; !q.empty();) {
+        const size_t amp = q.find('&');
+        const std::string_view pair = q.substr(0, amp);
+        q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
+        if (pair.starts_with("api_key=")) return "Bearer " + url_decode(pair.substr(8));
+    }
+    return {};
+}
+
 void WebSocketApi::accept(const ApiCall& call) {
     const HttpRequest& req = *call.http;
     if (!req.websocket_upgrade)
@@ -113,21 +158,21 @@ void WebSocketApi::accept(const ApiCall& call) {
     if (key.size() != 24 || key.substr(22) != "==")
         throw ApiError(400, "the WebSocket handshake needs a Sec-WebSocket-Key (16 bytes, base64)", "",
                        "bad_websocket_handshake");
-    call.ex->accept_websocket([this, authorization = std::string(req.header("authorization")),
-                               remote = req.remote](std::shared_ptr<WebSocket> ws) {
-        auto conn = std::make_shared<WsConnection>();
-        conn->ws = std::move(ws);
-        conn->authorization = authorization;
-        conn->remote = remote;
-        WebSocketCallbacks cb;
-        cb.on_message = [this, conn](std::string text) { on_message(conn, text); };
-        cb.on_close = [conn] {
-            auto running = std::move(conn->running);
-            conn->running.clear();
-            for (auto& [id, rex] : running) rex->connection_gone();
-        };
-        return cb;
-    });
+    call.ex->accept_websocket(
+        [this, authorization = websocket_authorization(req), remote = req.remote](std::shared_ptr<WebSocket> ws) {
+            auto conn = std::make_shared<WsConnection>();
+            conn->ws = std::move(ws);
+            conn->authorization = authorization;
+            conn->remote = remote;
+            WebSocketCallbacks cb;
+            cb.on_message = [this, conn](std::string text) { on_message(conn, text); };
+            cb.on_close = [conn] {
+                auto running = std::move(conn->running);
+                conn->running.clear();
+                for (auto& [id, rex] : running) rex->connection_gone();
+            };
+            return cb;
+        });
 }
 
 void WebSocketApi::on_message(const std::shared_ptr<WsConnection>& conn, const std::string& text) {

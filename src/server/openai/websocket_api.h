@@ -16,6 +16,11 @@ namespace peregrine::server {
 
 struct WsConnection;
 
+// A WebSocket handshake's API key as the Authorization header it stands for: the header itself,
+// else the subprotocol `openai-insecure-api-key.KEY`, else the query `api_key=KEY` (browsers
+// cannot set headers on a WebSocket); "" without one.
+std::string websocket_authorization(const HttpRequest& req);
+
 class WebSocketApi {
   public:
     // Both must outlive every connection.
