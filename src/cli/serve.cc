@@ -58,6 +58,7 @@ struct ServeArgs {
     std::string chat_template;                          // --chat-template: a file or the template itself
     std::string chat_template_content_format = "auto";  // auto | string | openai
     std::string tool_call_parser = "auto";              // or a ToolCallFormat's name
+    std::string root_path;                              // a proxy's path prefix
 };
 
 // Connections are descriptors: take the hard limit (as nginx and Go do) before sizing the cap.
@@ -150,6 +151,7 @@ int run(ServeArgs& a) {
     if (a.data_parallel_size > 1) {
         if (a.engine.parallel_size() > 1)
             fail("--data-parallel-size with --tensor-parallel-size / --pipeline-parallel-size is not supported yet");
+        if (!a.root_path.empty()) fail("--root-path with --data-parallel-size is not supported yet");
         DataParallelOptions o;
         o.size = a.data_parallel_size;
         o.engine = a.engine;
@@ -182,6 +184,7 @@ int run(ServeArgs& a) {
     sopts.rate_limits.requests_per_minute = a.rate_limit_rpm;
     sopts.rate_limits.tokens_per_minute = a.rate_limit_tpm;
     sopts.access_log = a.access_log;
+    sopts.root_path = a.root_path;
     sopts.limits = a.limits;
     // Declared before `app`, so destroyed after the engine that calls it.
     std::unique_ptr<server::KvEventPublisher> kv_events;
@@ -296,6 +299,9 @@ std::function<int()> add_serve(CLI::App& app) {
     cmd->add_option("--rate-limit-tpm", args->rate_limit_tpm,
                     "Tokens (prompt + max_tokens) per minute per API key or client address; 0 = unlimited (default 0)")
         ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--root-path", args->root_path,
+                    "Path prefix a proxy forwards (e.g. /llm): /llm/v1/... is served as /v1/..., and paths "
+                    "without it still work (default: none)");
     cmd->add_flag("--access-log,!--no-access-log", args->access_log,
                   "One JSON line per request on stderr (default off)");
     cmd->add_option("--max-queued-requests", args->limits.max_queued_requests,

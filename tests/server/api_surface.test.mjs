@@ -339,4 +339,18 @@ describe('start-up (defects 4, 5) and flags', () => {
             else process.env.HF_HOME = saved;
         }
     });
+    test('--root-path: the proxy prefix is served, and paths without it still are', async () => {
+        const server = await startServer(['--device', 'cpu', '--root-path', '/llm/']);
+        try {
+            for (const p of ['/llm/v1/models', '/v1/models', '/llm/health'])
+                assert.equal((await http(`${server.url}${p}`, { method: 'GET' })).status, 200, p);
+            assert.equal((await http(`${server.url}/llmx/v1/models`, { method: 'GET' })).status, 404);
+            const r = await http(`${server.url}/llm/v1/completions`,
+                { body: { prompt: 'Once upon a time', max_tokens: 4, temperature: 0 } });
+            assert.equal(r.status, 200);
+            assert.ok(r.json.choices[0].text.length > 0);
+        } finally {
+            await server.stop();
+        }
+    });
 });

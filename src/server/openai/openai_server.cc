@@ -32,6 +32,7 @@ void check_json_content_type(const HttpRequest& req) {
 
 OpenAiServer::OpenAiServer(OpenAiServerOptions options)
     : service_(std::make_shared<CompletionService>(options)),
+      root_path_(options.root_path),
       cors_(options.allowed_origins),
       websocket_(*service_, routes_) {
     CompletionService& s = *service_;
@@ -44,6 +45,9 @@ OpenAiServer::OpenAiServer(OpenAiServerOptions options)
     // clang-format off
     using enum Access;
     //           method  path                    prefix access      ws_type       handler
+    while (root_path_.size() > 1 && root_path_.back() == '/') root_path_.pop_back();
+    if (root_path_ == "/") root_path_.clear();
+    if (!root_path_.empty() && root_path_.front() != '/') root_path_.insert(root_path_.begin(), '/');
     routes_.add({"GET",  "/health",              false, Open,       "",           handler(handle_health)});
     routes_.add({"GET",  "/metrics",             false, Open,       "",           handler(handle_metrics)});
     routes_.add({"GET",  "/ping",                false, Open,       "",           handler(handle_ping)});
@@ -76,7 +80,11 @@ void OpenAiServer::handle(const HttpRequest& req, std::shared_ptr<Exchange> raw)
 }
 
 void OpenAiServer::dispatch(const HttpRequest& req, const std::shared_ptr<Exchange>& ex) {
-    const Route* route = routes_.find(req.path);
+    std::string_view path = req.path;
+    if (!root_path_.empty() && path.starts_with(root_path_) &&
+        (path.size() == root_path_.size() || path[root_path_.size()] == '/'))
+        path.remove_prefix(root_path_.size());
+    const Route* route = routes_.find(path);
     try {
         if (!route) throw ApiError(404, str_cat("no route for ", req.method, " ", req.path), "", "not_found");
         ApiCall call;
@@ -85,7 +93,7 @@ void OpenAiServer::dispatch(const HttpRequest& req, const std::shared_ptr<Exchan
             Caller{"http", req.websocket_upgrade ? std::string_view(ws_key) : req.header("authorization"), req.remote};
         call.ex = ex;
         call.http = &req;
-        if (route->prefix) call.arg = std::string_view(req.path).substr(route->path.size());
+        if (route->prefix) call.arg = path.substr(route->path.size());
         if (route->access != Access::Open) service_->check_caller(call.caller);
         if (route->access == Access::Api || route->access == Access::Completion) {
             if (req.method == "POST") check_json_content_type(req);

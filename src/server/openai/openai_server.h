@@ -53,6 +53,7 @@ class OpenAiServer {
     void dispatch(const HttpRequest& req, const std::shared_ptr<Exchange>& ex);
 
     std::shared_ptr<CompletionService> service_;
+    std::string root_path_;  // without a trailing '/'
     CorsPolicy cors_;
     RouteTable routes_;
     WebSocketApi websocket_;

@@ -16,6 +16,9 @@ struct OpenAiServerOptions {
     RateLimitOptions rate_limits;              // per API key, or per client address without keys
     bool access_log = false;                   // one JSON line per request on stderr
     AdmissionLimits limits;                    // per request and in flight, on every transport
+    // Behind a proxy that forwards a prefix ("/llm"): paths under it are served as without it
+    // (and paths without it still work), as vLLM's --root-path. "" or "/": none.
+    std::string root_path;
 };
 
 }  // namespace peregrine::server
