@@ -204,3 +204,31 @@ describe('with keys', () => {
         assert.equal((await opened('/v1/ws', ['openai-insecure-api-key.nope'])).status, 401);
     });
 });
+
+test('each WebSocket request has its access-log line, like HTTP requests and gRPC calls', async () => {
+    const s = await startServer(['--access-log']);
+    try {
+        const c = await connect(s.url);
+        c.send({ id: 'a', type: 'completion', request: { prompt: 'Hi', max_tokens: 3,
+            stream_options: { include_usage: true } } });
+        c.send({ id: 'b', type: 'chat', request: { messages: [], max_tokens: 3 } });
+        await c.done('a');
+        await c.done('b');
+        c.ws.close();
+        const lines = await waitFor(() => {
+            const ws = s.log().split('\n').filter((l) => l.includes('"WS"')).map((l) => JSON.parse(l));
+            return ws.length >= 2 ? ws : null;
+        }, 2000);
+        assert.ok(lines, s.log().slice(-2000));
+        const a = lines.find((l) => l.request_id === 'a');
+        assert.equal(a.path, '/v1/ws completion');
+        assert.equal(a.status, 200);
+        assert.equal(a.completion_tokens, 3);
+        assert.ok(a.prompt_tokens > 0);
+        const b = lines.find((l) => l.request_id === 'b');
+        assert.equal(b.path, '/v1/ws chat');
+        assert.equal(b.status, 400);
+    } finally {
+        await s.stop();
+    }
+});

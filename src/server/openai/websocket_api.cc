@@ -1,9 +1,11 @@
 #include "server/openai/websocket_api.h"
 
+#include <chrono>
 #include <unordered_map>
 
 #include "core/error.h"
 #include "server/api_error.h"
+#include "server/middleware.h"
 
 namespace peregrine::server {
 
@@ -28,11 +30,18 @@ struct WsConnection {
 };
 
 // The exchange of one request multiplexed on a WebSocket: the completion's SSE events become
-// messages tagged with the client's id, its error response an error message.
+// messages tagged with the client's id, its error response an error message. With the access
+// log, one line per request when it ends (method "WS", path "/v1/ws <type>", status 499 when
+// the connection went away first), as HTTP requests and gRPC calls get.
 class WsRequestExchange final : public Exchange {
   public:
-    WsRequestExchange(std::shared_ptr<WsConnection> conn, std::string id)
-        : conn_(std::move(conn)), id_(std::move(id)), id_json_(dump(Json(id_))) {}
+    WsRequestExchange(std::shared_ptr<WsConnection> conn, std::string id, std::string type, bool access_log)
+        : conn_(std::move(conn)),
+          id_(std::move(id)),
+          id_json_(dump(Json(id_))),
+          type_(std::move(type)),
+          access_log_(access_log),
+          start_(std::chrono::steady_clock::now()) {}
 
     void post(std::function<void()> fn) override { conn_->ws->post(std::move(fn)); }
 
@@ -45,15 +54,24 @@ class WsRequestExchange final : public Exchange {
         j["error"] = parsed.is_object() && parsed.contains("error") ? parsed["error"] : Json{{"message", body}};
         j["status"] = status;
         conn_->send(j);
+        status_ = status;
         end();
     }
     void start_events(const HeaderList&) override {}
     void send_event(std::string_view data) override {
         if (ended_) return;
-        if (data == "[DONE]")
+        if (data == "[DONE]") {
             conn_->ws->send(str_cat(R"({"id":)", id_json_, R"(,"type":"done"})"));
-        else
-            conn_->ws->send(str_cat(R"({"id":)", id_json_, R"(,"type":"chunk","data":)", data, "}"));
+            return;
+        }
+        conn_->ws->send(str_cat(R"({"id":)", id_json_, R"(,"type":"chunk","data":)", data, "}"));
+        if (access_log_ && data.find(R"("usage":{)") != std::string_view::npos) {
+            const Json chunk = Json::parse(data, nullptr, false);
+            if (chunk.is_object() && chunk.contains("usage") && chunk["usage"].is_object()) {
+                prompt_tokens_ = chunk["usage"].value("prompt_tokens", -1);
+                completion_tokens_ = chunk["usage"].value("completion_tokens", -1);
+            }
+        }
     }
     void end_events() override { end(); }
     void on_client_gone(std::function<void()> fn) override {
@@ -68,6 +86,7 @@ class WsRequestExchange final : public Exchange {
     void fail(const ApiError& e) {
         if (ended_) return;
         conn_->send_error(Json(id_), e);
+        status_ = e.status();
         end();
     }
     void cancel() {
@@ -77,6 +96,10 @@ class WsRequestExchange final : public Exchange {
     void connection_gone() {
         if (gone_) return;
         gone_ = true;
+        if (!ended_) {
+            status_ = 499;
+            log();
+        }
         ended_ = true;
         auto fn = std::move(on_gone_);
         on_gone_ = nullptr;
@@ -88,14 +111,26 @@ class WsRequestExchange final : public Exchange {
     void end() {
         if (ended_) return;
         ended_ = true;
+        log();
         on_gone_ = nullptr;
         on_cancel_ = nullptr;
         conn_->running.erase(id_);  // may drop the last reference but one: `this` is held by the caller
+    }
+    void log() const {
+        if (!access_log_) return;
+        AccessRecord r{id_, conn_->remote, "WS", "/v1/ws " + type_, status_, 0, prompt_tokens_, completion_tokens_};
+        r.duration_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
+        write_access_log(r);
     }
 
     std::shared_ptr<WsConnection> conn_;
     const std::string id_;
     const std::string id_json_;
+    const std::string type_;
+    const bool access_log_;
+    const std::chrono::steady_clock::time_point start_;
+    int status_ = 200;
+    int prompt_tokens_ = -1, completion_tokens_ = -1;
     std::function<void()> on_gone_, on_cancel_;
     bool ended_ = false;
     bool gone_ = false;
@@ -200,7 +235,7 @@ void WebSocketApi::on_message(const std::shared_ptr<WsConnection>& conn, const s
         if (route->access == Access::Api) service_.charge(call.caller);
         call.body = *body;
         call.body["stream"] = true;  // answered as events, whatever the request says
-        auto ex = std::make_shared<WsRequestExchange>(conn, key);
+        auto ex = std::make_shared<WsRequestExchange>(conn, key, type, service_.options().access_log);
         call.ex = ex;
         conn->running[key] = ex;
         try {
