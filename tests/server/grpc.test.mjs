@@ -23,9 +23,10 @@ function freePort() {
     });
 }
 
-let server, client;
+let server, client, grpcPort;
 before(async () => {
     const port = await freePort();
+    grpcPort = port;
     server = await startServer(['--grpc-port', String(port)]);
     const def = protoLoader.loadSync('peregrine/v1/inference.proto', { includeDirs: [protoDir], keepCase: true });
     const Inference = grpc.loadPackageDefinition(def).peregrine.v1.Inference;
@@ -103,7 +104,11 @@ test('gRPC calls are in the access log, like HTTP requests', async () => {
             call.on('error', reject);
             call.on('end', resolve);
         });
-        const line = await waitFor(() => s.log().split('\n').find((l) => l.includes('"GRPC"')), 2000);
+        await new Promise((resolve, reject) => c.listModels({}, (e, r) => (e ? reject(e) : resolve(r))));
+        const listed = await waitFor(() => s.log().split('\n').find((l) => l.includes('Inference/ListModels')), 2000);
+        assert.ok(listed, s.log().slice(-2000));
+        assert.equal(JSON.parse(listed).status, 0);
+        const line = await waitFor(() => s.log().split('\n').find((l) => l.includes('Inference/Generate')), 2000);
         assert.ok(line, s.log().slice(-2000));
         const j = JSON.parse(line);
         assert.equal(j.path, '/peregrine.v1.Inference/Generate');
@@ -144,5 +149,22 @@ test('structured output: a JSON schema, a regex, a choice list and a grammar are
         const bad = await generate({ prompt, max_tokens: 8, ...req });
         assert.equal(bad.error?.code, grpc.status.INVALID_ARGUMENT, JSON.stringify(req));
         if (field) assert.match(bad.error.details, new RegExp(field), bad.error.details);
+    }
+});
+
+// The standard health service answers for the server ("") and for the service's own name, as
+// Kubernetes' gRPC probe may ask; another name is NOT_FOUND.
+test('gRPC health: the server and peregrine.v1.Inference are SERVING', async () => {
+    const def = protoLoader.loadSync('grpc_health.proto',
+        { includeDirs: [path.dirname(fileURLToPath(import.meta.url))], enums: String });
+    const Health = grpc.loadPackageDefinition(def).grpc.health.v1.Health;
+    const h = new Health(`127.0.0.1:${grpcPort}`, grpc.credentials.createInsecure());
+    const check = (service) => new Promise((resolve) => h.check({ service }, (e, r) => resolve(e ? e.code : r.status)));
+    try {
+        assert.equal(await check(''), 'SERVING');
+        assert.equal(await check('peregrine.v1.Inference'), 'SERVING');
+        assert.equal(await check('nope.v1.Other'), grpc.status.NOT_FOUND);
+    } finally {
+        h.close();
     }
 });

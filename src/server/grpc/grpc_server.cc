@@ -33,7 +33,12 @@ void GrpcServer::start() {
 }
 
 void GrpcServer::set_serving(bool serving) {
-    if (server_ && server_->GetHealthCheckService()) server_->GetHealthCheckService()->SetServingStatus(serving);
+    // The server's overall status ("") and the service's own name, which health checkers such
+    // as Kubernetes' gRPC probe may ask for.
+    if (server_ && server_->GetHealthCheckService()) {
+        server_->GetHealthCheckService()->SetServingStatus(serving);
+        server_->GetHealthCheckService()->SetServingStatus("peregrine.v1.Inference", serving);
+    }
 }
 
 void GrpcServer::stop() {

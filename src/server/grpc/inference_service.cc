@@ -1,5 +1,6 @@
 #include "server/grpc/inference_service.h"
 
+#include <chrono>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -7,6 +8,7 @@
 #include "core/error.h"
 #include "server/grpc/generate_reactor.h"
 #include "server/grpc/proto_convert.h"
+#include "server/middleware.h"
 #include "server/openai/response_json.h"
 
 namespace peregrine::server {
@@ -28,17 +30,26 @@ Caller caller_of(grpc::CallbackServerContext* ctx, std::string& peer) {
     return Caller{"grpc", auth, peer};
 }
 
-// A unary call: the caller checked and charged one request, then `f` answers.
+// A unary call: the caller checked and charged one request, then `f` answers; with the access
+// log, its line (as Generate's, without token counts).
 template <typename F>
-grpc::ServerUnaryReactor* unary(CompletionService& service, grpc::CallbackServerContext* ctx, F&& f) {
+grpc::ServerUnaryReactor* unary(CompletionService& service, grpc::CallbackServerContext* ctx, const char* method,
+                                F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
     grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-    r->Finish(guarded([&] {
-        std::string peer;
+    std::string peer;
+    const grpc::Status status = guarded([&] {
         const Caller caller = caller_of(ctx, peer);
         service.check_caller(caller);
         service.charge(caller);
         return f();
-    }));
+    });
+    if (service.options().access_log) {
+        AccessRecord a{str_cat("grpc-", random_hex_id()), peer, "GRPC", method, status.error_code(), 0, -1, -1};
+        a.duration_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        write_access_log(a);
+    }
+    r->Finish(status);
     return r;
 }
 
@@ -63,7 +74,7 @@ grpc::ServerWriteReactor<pb::GenerateResponse>* InferenceService::Generate(grpc:
 
 grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* ctx, const pb::TokenizeRequest* req,
                                                      pb::TokenizeResponse* resp) {
-    return unary(service_, ctx, [&] {
+    return unary(service_, ctx, "/peregrine.v1.Inference/Tokenize", [&] {
         const ServedModel& m = *service_.model();
         service_.check_model(req->model());
         std::vector<int32_t> ids;
@@ -85,7 +96,7 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
 
 grpc::ServerUnaryReactor* InferenceService::Detokenize(grpc::CallbackServerContext* ctx,
                                                        const pb::DetokenizeRequest* req, pb::DetokenizeResponse* resp) {
-    return unary(service_, ctx, [&] {
+    return unary(service_, ctx, "/peregrine.v1.Inference/Detokenize", [&] {
         const ServedModel& m = *service_.model();
         service_.check_model(req->model());
         std::vector<int32_t> ids;
@@ -101,7 +112,7 @@ grpc::ServerUnaryReactor* InferenceService::Detokenize(grpc::CallbackServerConte
 
 grpc::ServerUnaryReactor* InferenceService::ListModels(grpc::CallbackServerContext* ctx, const pb::ListModelsRequest*,
                                                        pb::ListModelsResponse* resp) {
-    return unary(service_, ctx, [&] {
+    return unary(service_, ctx, "/peregrine.v1.Inference/ListModels", [&] {
         for (const std::string& name : service_.options().model_names) {
             pb::Model* m = resp->add_models();
             m->set_id(name);
