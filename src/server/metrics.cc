@@ -127,7 +127,11 @@ ServerMetrics::ServerMetrics()
       e2e_(kLatencyBuckets),
       queue_(kLatencyBuckets),
       prompt_tokens_(buckets_1_2_5(1 << 20)),
-      generation_tokens_(buckets_1_2_5(1 << 20)) {}
+      generation_tokens_(buckets_1_2_5(1 << 20)),
+      prefill_(kLatencyBuckets),
+      decode_(kLatencyBuckets),
+      inference_(kLatencyBuckets),
+      tpot_(kItlBuckets) {}
 
 void ServerMetrics::observe_request(FinishReason finish, const Usage& usage, const RequestTiming& timing) {
     std::lock_guard lock(mu_);
@@ -142,9 +146,18 @@ void ServerMetrics::observe_request(FinishReason finish, const Usage& usage, con
     prompt_tokens_.observe(usage.prompt_tokens);
     generation_tokens_.observe(usage.completion_tokens);
     if (usage.completion_tokens > 0) ttft_.observe(timing.time_to_first_token);
-    // The request's mean gap between tokens, once per gap.
-    if (usage.completion_tokens > 1)
-        itl_.observe(timing.decode / (usage.completion_tokens - 1), static_cast<uint64_t>(usage.completion_tokens - 1));
+    if (usage.completion_tokens > 0) {
+        prefill_.observe(timing.prefill);
+        decode_.observe(timing.decode);
+        inference_.observe(timing.prefill + timing.decode);
+    }
+    // The request's mean gap between tokens: once per gap (inter-token latency) and once per
+    // request (time per output token).
+    if (usage.completion_tokens > 1) {
+        const double gap = timing.decode / (usage.completion_tokens - 1);
+        itl_.observe(gap, static_cast<uint64_t>(usage.completion_tokens - 1));
+        tpot_.observe(gap);
+    }
 }
 
 std::string ServerMetrics::render(std::string_view model_name, const EngineStats& s) const {
@@ -235,6 +248,12 @@ std::string ServerMetrics::render(std::string_view model_name, const EngineStats
     hist("peregrine:request_prompt_tokens", "Number of prefill tokens processed, per request.", prompt_tokens_);
     hist("peregrine:request_generation_tokens", "Number of generation tokens processed, per request.",
          generation_tokens_);
+    hist("peregrine:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", prefill_);
+    hist("peregrine:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", decode_);
+    hist("peregrine:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
+         inference_);
+    hist("peregrine:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.",
+         tpot_);
     return w.text();
 }
 

@@ -46,6 +46,7 @@ TEST(Metrics, RenderHasEveryFamily) {
     RequestTiming t;
     t.queue = 0.002;
     t.time_to_first_token = 0.03;
+    t.prefill = 0.028;
     t.decode = 0.5;
     t.total = 0.53;
     m.observe_request(FinishReason::Length, u, t);
@@ -85,8 +86,16 @@ TEST(Metrics, RenderHasEveryFamily) {
     EXPECT_TRUE(has("peregrine:time_to_first_token_seconds_bucket{model_name=\"my\\\"model\",le=\"0.02\"} 0\n"));
     EXPECT_TRUE(has("peregrine:time_to_first_token_seconds_bucket{model_name=\"my\\\"model\",le=\"0.04\"} 2\n"));
     EXPECT_TRUE(has("peregrine:request_generation_tokens_bucket{model_name=\"my\\\"model\",le=\"20\"} 2\n"));
-    for (const char* h : {"time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
-                          "request_prompt_tokens", "request_generation_tokens"})
+    // Per request: prefill 0.028 s, decode 0.5 s (their sum 0.528 s), 0.05 s a token.
+    EXPECT_TRUE(has("peregrine:request_prefill_time_seconds_count{model_name=\"my\\\"model\"} 2\n"));
+    EXPECT_TRUE(has("peregrine:request_time_per_output_token_seconds_count{model_name=\"my\\\"model\"} 2\n"));
+    EXPECT_TRUE(
+        has("peregrine:request_time_per_output_token_seconds_bucket{model_name=\"my\\\"model\",le=\"0.05\"} 2\n"));
+    EXPECT_TRUE(has("peregrine:request_decode_time_seconds_sum{model_name=\"my\\\"model\"} 1\n"));
+    for (const char* h :
+         {"time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
+          "request_prompt_tokens", "request_generation_tokens", "request_prefill_time_seconds",
+          "request_decode_time_seconds", "request_inference_time_seconds", "request_time_per_output_token_seconds"})
         EXPECT_TRUE(has(std::string("# TYPE peregrine:") + h + " histogram\n")) << h;
     // Swap preemption: counts, and bytes = blocks x block bytes.
     EXPECT_TRUE(has("peregrine:num_preemptions_total{model_name=\"my\\\"model\"} 5\n"));
