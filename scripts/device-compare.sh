@@ -15,16 +15,7 @@ unpack() {  # bundle dir -> the unpacked pg folder
     [[ -x /tmp/pg/$sum/pg/peregrine ]] || { mkdir -p "/tmp/pg/$sum" && tar -C "/tmp/pg/$sum" -xJf "$b"; }
     echo "/tmp/pg/$sum/pg"
 }
-model_dir() {  # bench/models/NAME/config.json + the llama3 tokenizer
-    local d=/tmp/models/$1
-    if [[ ! -f $d/config.json ]]; then
-        mkdir -p "$d" /tmp/tok
-        cp "bench/models/$1/config.json" "$d/"
-        [[ -d /tmp/tok/tokenizers/llama3 ]] || tar -C /tmp/tok -xJf tests/data/tokenizers.tar.xz tokenizers/llama3
-        cp /tmp/tok/tokenizers/llama3/tokenizer*.json "$d/"
-    fi
-    echo "$d"
-}
+source scripts/device-lib.sh  # model_dir
 declare -A best
 run() {  # label, bundle pg folder, then bench arguments; prints the figure
     local label=$1 pg=$2; shift 2

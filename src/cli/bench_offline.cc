@@ -17,9 +17,9 @@
 #include "core/error.h"
 #include "engine/engine_core.h"
 #include "engine/engine_loop.h"
+#include "engine/model_tokenizer.h"
 #include "engine/structured_output.h"
 #include "model/hf_cache.h"
-#include "tokenizer/tokenizer.h"
 #include "worker/parallel_executor.h"
 
 namespace peregrine::cli {
@@ -103,11 +103,8 @@ Bench make_bench(const EngineConfig& config, const std::string& schema_path = ""
         so.kind = StructuredOutput::Kind::JsonSchema;
         so.field = "--json-schema";
         so.spec.assign(std::istreambuf_iterator<char>(in), {});
-        const LoadedModel& m = built.worker->loaded();
-        const Tokenizer tokenizer = !config.tokenizer.empty() ? Tokenizer::load(config.tokenizer)
-                                    : m.gguf                  ? Tokenizer::from_gguf(*m.gguf)
-                                                              : Tokenizer::load(m.model_dir);
-        GrammarCache cache(tokenizer, b.core.eos_token_ids);
+        const std::shared_ptr<const Tokenizer> tokenizer = model_tokenizer(config, built.worker->loaded());
+        GrammarCache cache(*tokenizer, b.core.eos_token_ids);
         b.grammar = cache.get(so);  // self-contained: holds its own copy of the vocabulary index
         b.structured = std::move(so);
     }
@@ -299,13 +296,11 @@ std::function<int()> add_bench_offline(CLI::App* group) {
             fail("--generation-config: bench throughput and latency sample greedily and read no sampling defaults");
     };
     return [a, b, tp, lat, refuse_unused]() -> int {
-        if (tp->parsed()) refuse_unused(*a);
-        if (lat->parsed()) refuse_unused(*b);
-        a->engine.model = resolve_model_path(a->engine.model);
-        b->engine.model = resolve_model_path(b->engine.model);
-        if (tp->parsed()) return run_throughput(*a);
-        if (lat->parsed()) return run_latency(*b);
-        return -1;
+        OfflineArgs* x = tp->parsed() ? a.get() : lat->parsed() ? b.get() : nullptr;
+        if (!x) return -1;
+        refuse_unused(*x);
+        x->engine.model = resolve_model_path(x->engine.model);
+        return x == a.get() ? run_throughput(*x) : run_latency(*x);
     };
 }
 

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "engine/engine_loop.h"
+#include "engine/model_tokenizer.h"
 #include "engine/output_processor.h"
 #include "engine/pinned_prefix.h"
 #include "engine/tokenizer_text.h"
@@ -130,9 +131,7 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
     info.generation_defaults = generation_defaults(config, loaded.config.generation_defaults);
     info.model_dir = loaded.model_dir;
     info.gguf = loaded.gguf;
-    if (!tokenizer)
-        tokenizer = std::make_shared<const Tokenizer>(loaded.gguf ? Tokenizer::from_gguf(*loaded.gguf)
-                                                                  : Tokenizer::load(loaded.model_dir));
+    if (!tokenizer) tokenizer = model_tokenizer(config, loaded);
     // Another model's tokenizer must not name tokens this model cannot produce or read.
     if (!config.tokenizer.empty() && tokenizer->size() > info.vocab_size)
         fail("--tokenizer ", config.tokenizer, " has ", tokenizer->size(),

@@ -193,21 +193,22 @@ void WebSocketApi::accept(const ApiCall& call) {
     if (key.size() != 24 || key.substr(22) != "==")
         throw ApiError(400, "the WebSocket handshake needs a Sec-WebSocket-Key (16 bytes, base64)", "",
                        "bad_websocket_handshake");
-    call.ex->accept_websocket(
-        [this, authorization = websocket_authorization(req), remote = req.remote](std::shared_ptr<WebSocket> ws) {
-            auto conn = std::make_shared<WsConnection>();
-            conn->ws = std::move(ws);
-            conn->authorization = authorization;
-            conn->remote = remote;
-            WebSocketCallbacks cb;
-            cb.on_message = [this, conn](std::string text) { on_message(conn, text); };
-            cb.on_close = [conn] {
-                auto running = std::move(conn->running);
-                conn->running.clear();
-                for (auto& [id, rex] : running) rex->connection_gone();
-            };
-            return cb;
-        });
+    // The dispatcher checked the upgrade with the key websocket_authorization found: keep it.
+    call.ex->accept_websocket([this, authorization = std::string(call.caller.authorization),
+                               remote = req.remote](std::shared_ptr<WebSocket> ws) {
+        auto conn = std::make_shared<WsConnection>();
+        conn->ws = std::move(ws);
+        conn->authorization = authorization;
+        conn->remote = remote;
+        WebSocketCallbacks cb;
+        cb.on_message = [this, conn](std::string text) { on_message(conn, text); };
+        cb.on_close = [conn] {
+            auto running = std::move(conn->running);
+            conn->running.clear();
+            for (auto& [id, rex] : running) rex->connection_gone();
+        };
+        return cb;
+    });
 }
 
 void WebSocketApi::on_message(const std::shared_ptr<WsConnection>& conn, const std::string& text) {
