@@ -94,6 +94,9 @@ struct EngineConfig {
     int node_rank = -1;
     std::string master_addr;  // rank 0's host, where its rendezvous store listens
     int master_port = 0;      // 0: 29500
+    // CUDA tensor parallelism on one host: every all-reduce through NCCL, not the peer-memory
+    // one-shot kernel used for small messages (vLLM's --disable-custom-all-reduce).
+    bool disable_custom_all_reduce = false;
 
     int parallel_size() const { return tensor_parallel_size * pipeline_parallel_size; }
 

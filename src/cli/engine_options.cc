@@ -122,6 +122,9 @@ void add_engine_options(CLI::App* cmd, EngineConfig& o) {
                     "else 127.0.0.1 for one host)");
     cmd->add_option("--master-port", o.master_port, "Port of rank 0's rendezvous store (default 29500)")
         ->check(CLI::Range(1, 65535));
+    cmd->add_flag("--disable-custom-all-reduce", o.disable_custom_all_reduce,
+                  "CUDA tensor parallelism: every all-reduce through NCCL (default: messages up to 1 MiB between "
+                  "GPUs of one host go through a one-shot kernel over peer memory)");
 }
 
 }  // namespace peregrine::cli

@@ -13,6 +13,9 @@
 #include <fstream>
 
 #include "backend/backend.h"
+#ifdef PG_WITH_CUDA
+#include "backend/cuda/peer_communicator.h"
+#endif
 #include "core/error.h"
 #include "core/exit_status.h"
 #include "dist/control_channel.h"
@@ -55,7 +58,7 @@ std::string fingerprint(const EngineConfig& c) {
                    " kv_cache_memory=", c.kv_cache_memory, " max_num_seqs=", c.max_num_seqs,
                    " max_num_batched_tokens=", c.max_num_batched_tokens, " tp=", c.tensor_parallel_size,
                    " pp=", c.pipeline_parallel_size, " enforce_eager=", c.enforce_eager,
-                   " batch_invariant=", c.batch_invariant);
+                   " batch_invariant=", c.batch_invariant, " disable_custom_all_reduce=", c.disable_custom_all_reduce);
 }
 
 }  // namespace
@@ -186,6 +189,26 @@ ModelParallel RankGroup::connect(Backend& backend) {
     if (t.rank == 0) store_->set(key, NcclCommunicator::new_id().bytes());
     const NcclId id = NcclId::from_bytes(store_->get(key));
     tp_comm_ = NcclCommunicator::create(id, t.rank, t.size, backend.device_index(), backend.native_stream());
+    // Small collectives over peer memory where every rank is on this host (hosts_ is 1 on every
+    // rank alike, so all ranks make the exchange or none does).
+#ifdef PG_WITH_CUDA
+    if (hosts_ == 1 && !config_.disable_custom_all_reduce) {
+        const std::string base = str_cat("peer/tp", stage(), "/");
+        backend.make_current();
+        tp_comm_ = PeerCommunicator::wrap(std::move(tp_comm_), backend.device_index(), backend.native_stream(),
+                                          [&](const std::string& round, const std::string& mine) {
+                                              store_->set(str_cat(base, round, "/", t.rank), mine);
+                                              std::vector<std::string> all;
+                                              for (int r = 0; r < t.size; ++r)
+                                                  all.push_back(store_->get(str_cat(base, round, "/", r)));
+                                              return all;
+                                          });
+        if (rank_ == 0 && dynamic_cast<PeerCommunicator*>(tp_comm_.get()))
+            std::fprintf(stderr,
+                         "  tensor parallel: f32 collectives up to %zu KiB through peer memory, larger through NCCL\n",
+                         cuda::PeerCollectives::kSlotBytes >> 10);
+    }
+#endif
     return comms();
 }
 

@@ -152,6 +152,10 @@ class CudaBackend final : public Backend {
     int num_graphs() const { return static_cast<int>(graphs_.size()); }
 
   private:
+    // residual += x · wᵀ where this rank holds a slice of k and the partial product is summed
+    // over `tp`: one kernel for the sum and the add where `tp` is a PeerCommunicator and the
+    // message fits, else the communicator's all-reduce and an add.
+    void add_product(const Tensor& x, const Tensor& w, const Tensor& residual, const Tensor& product, Communicator* tp);
     // One weight whose rows are the rows of `parts` in order (same columns; vectors concatenate),
     // placed like place_weight. Parts may already be on the device (dummy weights).
     Tensor place_stacked(const std::vector<Tensor>& parts, bool matrix);

@@ -2,6 +2,7 @@
 // pre-norms and residual adds folded into the products (the decode kernels fuse them), RoPE,
 // the cache write and attention in one step. Scratch buffers: backend/scratch.h.
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/peer_communicator.h"
 #include "backend/unfused_blocks.h"
 
 namespace peregrine {
@@ -52,7 +53,7 @@ void CudaBackend::attention_block(const Tensor& residual, const LayerWeights& w,
     // RoPE, the cache write and attention: one step (one kernel for small decode batches).
     rope_cache_attention(qkv, q, batch, *p.rope, p.head_dim, p.num_kv_heads, k_cache, v_cache, p.num_heads, p.scale,
                          p.window, attn);
-    unfused::add_product(*this, attn, w.wo, residual, product, p.tp);
+    add_product(attn, w.wo, residual, product, p.tp);
 }
 
 void CudaBackend::mlp_block(const Tensor& residual, const LayerWeights& w, float norm_eps, Communicator* tp) {
@@ -64,7 +65,19 @@ void CudaBackend::mlp_block(const Tensor& residual, const LayerWeights& w, float
     const Tensor product = scratch_.get(ScratchSlot::Product, DType::F32, n, H);
 
     norm_matmul_silu(residual, w.ffn_norm, norm_eps, w.w_gate_up, gate, normed, gate_up);
-    unfused::add_product(*this, gate, w.w_down, residual, product, tp);
+    add_product(gate, w.w_down, residual, product, tp);
+}
+
+void CudaBackend::add_product(const Tensor& x, const Tensor& w, const Tensor& residual, const Tensor& product,
+                              Communicator* tp) {
+    auto* peer = dynamic_cast<PeerCommunicator*>(tp);
+    const size_t count = static_cast<size_t>(product.numel());
+    if (peer && peer->fits(count)) {
+        matmul(x, w, Tensor(), product, false);
+        peer->reduce_add(static_cast<const float*>(product.data), static_cast<float*>(residual.data), count);
+        return;
+    }
+    unfused::add_product(*this, x, w, residual, product, tp);
 }
 
 void CudaBackend::logits(const Tensor& residual, const Tensor& final_norm, float norm_eps, const Tensor& lm_head,

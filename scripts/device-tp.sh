@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Issue #24 on a machine of 2 or more GPUs (device tool, repo root): tensor parallelism with the
+# peer-memory all-reduce, and llama.cpp built there from source as the peer, in one call.
+#   BUNDLE_DIR holds bundle.tar.xz (scripts/pack-device.sh), llamacpp-src.tar.xz (a `git archive`
+#   of llama.cpp: CMakeLists.txt cmake ggml src include common examples pocs) and llamacpp-commit.
+#   The peer's GGUFs get the Llama 3 vocabulary of tests/data/tokenizers.tar.xz.
+# Steps (STEPS, default all): tests (the peer all-reduce and CUDA TP tests, with its per-call
+# timing), greedy (TP 1 vs TP 2 greedy ids on real tiny models, peer all-reduce on and off),
+# 8b (Llama-3.1-8B shape batch-1 decode TP 1 / TP 2 / TP 2 NCCL only, twice alternating; offline
+# 256 prompts TP 1 / TP 2), 70b (TP 2 on GPUs of >= 120 GiB), llamacpp (llama-bench -sm none /
+# layer / row on the same shapes). The llama.cpp build runs in the background from the start,
+# at low priority, and is waited for before any timing. One line per result; the logs come back
+# as $OUT/tp-logs.tar.xz (the device tool returns at most 8 files).
+# usage: scripts/device-tp.sh BUNDLE_DIR [STEPS]   (ROUNDS=N 8b rounds, default 2; OFFLINE=0 skips 8b offline)
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+dir=$1
+steps=${2:-"tests greedy 8b 70b llamacpp"}
+t_start=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t_start )) s] $*"; }
+source scripts/device-lib.sh
+OUT= unpack_bundle "$dir" tp  # logs in /tmp/tp/tp, packed into $OUT at the end
+out=${OUT:-/tmp}
+trap 'tar -C /tmp/tp -cJf "$out/tp-logs.tar.xz" tp' EXIT
+nvidia-smi -L
+nvidia-smi topo -m | head -4
+gpu_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{print int($1 / 1024)}')
+
+# The peer's build, in the background (nice 19, all but 6 cores).
+if [[ $steps == *llamacpp* ]]; then
+    mkdir -p /tmp/lc && tar -C /tmp/lc -xJf "$dir/llamacpp-src.tar.xz"
+    (cd /tmp/lc/llama.cpp && nice -n 19 cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/lc/cmake.log 2>&1 &&
+        nice -n 19 cmake --build build -j $(( $(nproc) - 6 )) --target llama-bench > /tmp/lc/build.log 2>&1
+     echo $? > /tmp/lc/rc) &
+    lc_pid=$!
+    # Its GGUFs: random bf16 weights of the bench/models shapes with the Llama 3 vocabulary.
+    mkdir -p /tmp/tok && tar -C /tmp/tok -xJf tests/data/tokenizers.tar.xz tokenizers/llama3
+    (for s in llama3.1-8b llama3.2-1b; do
+        nice -n 10 python3 scripts/make_random_gguf.py /tmp/tok/tokenizers/llama3/tokenizer.json /tmp/lc/$s.gguf --shape $s --dtype bf16 > /tmp/lc/gguf-$s.log 2>&1
+     done) &
+    gguf_pid=$!
+fi
+
+if [[ $steps == *tests* ]]; then
+    PG_PEER_BENCH=1 timeout 180 "$pg/peregrine_cuda_tests" --gtest_filter='PeerCollectives.*:*CudaTensorParallel*' > $logs/tests.log 2>&1
+    stamp "tests: rc $? $(grep -E '^\[  (PASSED|FAILED) ' $logs/tests.log | tr '\n' ' ')"
+    grep -E "peer all-reduce|tensor parallel:|FAILED|Failure|rank .* floats|bits differ|^\[==========\]" $logs/tests.log | head -30
+fi
+
+if [[ $steps == *greedy* ]]; then
+    for m in llama3-tiny qwen2-tiny qwen3-tiny; do
+        for run in "1" "2" "2 --disable-custom-all-reduce"; do
+            tag=$(echo "$run" | tr -d ' -')
+            timeout 120 "$pg/peregrine" generate --model tests/data/$m --tensor-parallel-size $run --prompt "Hello world, this is" \
+                --max-tokens 32 --temperature 0 --json 2> $logs/g-$m-$tag.err | tail -1 > $logs/g-$m-$tag.json
+        done
+        python3 -c "
+import json
+ids = lambda t: json.load(open('$logs/g-$m-' + t + '.json'))['ids']
+a, b, c = ids('1'), ids('2'), ids('2disablecustomallreduce')
+print('$m greedy ids: TP1 == TP2 (peer all-reduce):', a == b, sum(x == y for x, y in zip(a, b)), '/', len(a),
+      '; TP1 == TP2 (NCCL):', a == c, sum(x == y for x, y in zip(a, c)), '/', len(a))" || tail -3 $logs/g-$m-2.err
+        grep -h "tensor parallel:" $logs/g-$m-2.err | head -1
+    done
+fi
+
+if [[ $steps == *llamacpp* ]]; then
+    wait $lc_pid $gguf_pid
+    stamp "llama.cpp build rc $(cat /tmp/lc/rc 2>/dev/null || echo none) (commit: $(cat "$dir/llamacpp-commit" 2>/dev/null))"
+    tail -3 /tmp/lc/build.log
+    ls -la /tmp/lc/*.gguf
+fi
+
+lat() {  # label model tp [flags]
+    local label=$1 model=$2 tp=$3; shift 3
+    timeout 240 "$pg/peregrine" bench latency --model "$model" --load-format dummy --tensor-parallel-size $tp "$@" \
+        --batch-size 1 --input-len 128 --output-len 128 > $logs/$label.log 2>&1
+    stamp "$label: rc $? $(grep -E '^latency \(best' $logs/$label.log)"
+    grep -iE "error|NCCL WARN|peer all-reduce off" $logs/$label.log | head -3
+}
+thr() {  # label model tp [flags]
+    local label=$1 model=$2 tp=$3; shift 3
+    timeout 300 "$pg/peregrine" bench throughput --model "$model" --load-format dummy --tensor-parallel-size $tp "$@" \
+        --num-prompts 256 --input-len 128 --output-len 128 > $logs/$label.log 2>&1
+    stamp "$label: rc $? $(grep -E '^throughput \(best' $logs/$label.log)"
+    grep -iE "error|NCCL WARN" $logs/$label.log | head -3
+}
+if [[ $steps == *8b* ]]; then
+    m8=$(model_dir llama-3.1-8b)
+    for round in $(seq ${ROUNDS:-2}); do
+        lat 8b_tp1_r$round "$m8" 1
+        lat 8b_tp2_peer_r$round "$m8" 2
+        lat 8b_tp2_nccl_r$round "$m8" 2 --disable-custom-all-reduce
+    done
+    grep -h "tensor parallel:" $logs/8b_tp2_peer_r1.log | head -1
+    if [[ ${OFFLINE:-1} == 1 ]]; then
+        thr 8b_offline256_tp1 "$m8" 1
+        thr 8b_offline256_tp2 "$m8" 2
+    fi
+fi
+if [[ $steps == *70b* ]] && (( gpu_gib >= 120 )); then
+    m70=$(model_dir llama-3.1-70b)
+    lat 70b_tp2_peer "$m70" 2
+    lat 70b_tp2_nccl "$m70" 2 --disable-custom-all-reduce
+fi
+if [[ $steps == *llamacpp* && -x /tmp/lc/llama.cpp/build/bin/llama-bench ]]; then
+    lb=/tmp/lc/llama.cpp/build/bin/llama-bench
+    for s in llama3.1-8b llama3.2-1b; do
+        for sm in none layer row; do
+            CUDA_VISIBLE_DEVICES=$([[ $sm == none ]] && echo 0 || echo 0,1) timeout 200 $lb -m /tmp/lc/$s.gguf -ngl 99 -fa 1 \
+                -sm $sm -p 512 -n 128 -r 3 -o md > $logs/lc-$s-$sm.md 2> $logs/lc-$s-$sm.err
+            stamp "llama.cpp $s -sm $sm: rc $?"
+            grep -E "pp512|tg128" $logs/lc-$s-$sm.md
+        done
+    done
+fi
+stamp done
