@@ -272,7 +272,8 @@ struct RouterService::Impl {
 
     // ---- active checks and discovery (one thread) ------------------------------------------
 
-    static bool health_ok(const std::string& url, double timeout_s) {
+    // GET `path` of a replica: its status (0: no answer) and body.
+    static int get(const std::string& url, const char* path, double timeout_s, std::string* body = nullptr) {
         try {
             const HostPort hp = parse_backend(url);
             asio::io_context io;
@@ -280,17 +281,20 @@ struct RouterService::Impl {
             stream.expires_after(std::chrono::milliseconds(static_cast<int>(timeout_s * 1000)));
             tcp::resolver resolver(io);
             stream.connect(resolver.resolve(hp.host, hp.port));
-            http::request<http::empty_body> req{http::verb::get, "/health", 11};
+            http::request<http::empty_body> req{http::verb::get, path, 11};
             req.set(http::field::host, hp.host);
             http::write(stream, req);
             beast::flat_buffer buf;
             http::response<http::string_body> res;
             http::read(stream, buf, res);
-            return res.result_int() == 200;
+            if (body) *body = std::move(res.body());
+            return res.result_int();
         } catch (...) {
-            return false;
+            return 0;
         }
     }
+
+    static bool health_ok(const std::string& url, double timeout_s) { return get(url, "/health", timeout_s) == 200; }
 
     std::vector<std::string> resolve_dns() const {
         addrinfo hints{};
@@ -318,7 +322,14 @@ struct RouterService::Impl {
             if (!urls.empty()) router.set_urls(urls);  // a failed lookup keeps the last set
             next_dns = Clock::now() + std::chrono::milliseconds(static_cast<int>(options.dns_interval_s * 1000));
         }
-        for (const ReplicaState& r : router.snapshot()) router.set_healthy(r.id, health_ok(r.url, kHealthTimeoutS));
+        for (const ReplicaState& r : router.snapshot()) {
+            const bool ok = health_ok(r.url, kHealthTimeoutS);
+            router.set_healthy(r.id, ok);
+            // The cache-aware index sizes itself from each replica's KV pool (routing.h).
+            std::string metrics;
+            if (ok && router.policy() == Policy::CacheAware && get(r.url, "/metrics", kHealthTimeoutS, &metrics) == 200)
+                router.observe_cache(r.id, parse_cache_facts(metrics));
+        }
     }
 
     void check_loop(Clock::time_point next_dns) {
@@ -526,6 +537,13 @@ struct RouterService::Impl {
                     [](const ReplicaState& r) { return r.outstanding; });
         per_replica("peregrine_router:healthy", "gauge", "1 when the replica takes requests, 0 when ejected.",
                     [](const ReplicaState& r) { return r.healthy ? 1 : 0; });
+        per_replica("peregrine_router:prefix_index_replica_keys", "gauge",
+                    "Prompt-prefix keys the cache-aware index holds for each replica.",
+                    [](const ReplicaState& r) { return r.index_keys; });
+        per_replica("peregrine_router:prefix_index_capacity_keys", "gauge",
+                    "Keys the index keeps for each replica: its KV pool x prompt characters per token / 64 once "
+                    "its /metrics tell, else 65536.",
+                    [](const ReplicaState& r) { return r.index_capacity; });
         w.header("peregrine_router:routing_decisions_total", "counter", "Routing decisions by reason.");
         for (const auto& [reason, n] : router.decisions())
             w.sample("peregrine_router:routing_decisions_total", "reason=\"" + reason + "\"", static_cast<double>(n));

@@ -48,15 +48,31 @@ size_t PrefixIndex::match(int replica, const std::vector<uint64_t>& keys) const 
     return n;
 }
 
+bool PrefixIndex::diverges(int replica, const std::vector<uint64_t>& keys, size_t matched) const {
+    if (matched == 0 || matched >= keys.size()) return false;
+    const auto it = replicas_.find(replica);
+    if (it == replicas_.end()) return false;
+    const auto e = it->second.where.find(keys[matched - 1]);
+    return e != it->second.where.end() && e->second.next != 0 && e->second.next != keys[matched];
+}
+
 void PrefixIndex::insert(int replica, const std::vector<uint64_t>& keys) {
     Replica& r = replicas_[replica];
-    for (uint64_t k : keys) {
-        const auto found = r.where.find(k);
-        if (found != r.where.end()) r.lru.erase(found->second);
-        r.lru.push_front(k);
-        r.where[k] = r.lru.begin();
+    // Last chunk first, so the prompt's first chunk ends most recent: under pressure a prefix
+    // loses its leaves before its root (a key is only matched after every key before it).
+    for (size_t i = keys.size(); i-- > 0;) {
+        const auto found = r.where.find(keys[i]);
+        if (found != r.where.end()) r.lru.erase(found->second.at);
+        r.lru.push_front(keys[i]);
+        Entry& e = found != r.where.end() ? found->second : r.where[keys[i]];
+        e.at = r.lru.begin();
+        if (i + 1 < keys.size()) e.next = keys[i + 1];
     }
-    while (r.lru.size() > capacity_) {
+    evict(r, r.capacity ? r.capacity : default_capacity_);
+}
+
+void PrefixIndex::evict(Replica& r, size_t capacity) {
+    while (r.lru.size() > capacity) {
         r.where.erase(r.lru.back());
         r.lru.pop_back();
     }
@@ -70,6 +86,71 @@ size_t PrefixIndex::size() const {
     size_t n = 0;
     for (const auto& [id, r] : replicas_) n += r.lru.size();
     return n;
+}
+
+size_t PrefixIndex::size(int replica) const {
+    const auto it = replicas_.find(replica);
+    return it == replicas_.end() ? 0 : it->second.lru.size();
+}
+
+void PrefixIndex::set_capacity(int replica, size_t keys) {
+    Replica& r = replicas_[replica];
+    r.capacity = keys;
+    evict(r, keys ? keys : default_capacity_);
+}
+
+size_t PrefixIndex::capacity(int replica) const {
+    const auto it = replicas_.find(replica);
+    return it == replicas_.end() || it->second.capacity == 0 ? default_capacity_ : it->second.capacity;
+}
+
+// ---- CacheFacts ----------------------------------------------------------------------------
+
+namespace {
+
+// The number after `name="` in a label set, or -1.
+double label_value(std::string_view labels, std::string_view name) {
+    size_t at = 0;
+    while ((at = labels.find(name, at)) != std::string_view::npos) {
+        const bool starts = at == 0 || labels[at - 1] == '{' || labels[at - 1] == ',';
+        at += name.size();
+        if (starts && labels.substr(at, 2) == "=\"") {
+            try {
+                return std::stod(std::string(labels.substr(at + 2, labels.find('"', at + 2) - at - 2)));
+            } catch (...) {
+                return -1;
+            }
+        }
+    }
+    return -1;
+}
+
+}  // namespace
+
+CacheFacts parse_cache_facts(std::string_view text) {
+    CacheFacts f;
+    size_t at = 0;
+    while (at < text.size()) {
+        size_t end = text.find('\n', at);
+        if (end == std::string_view::npos) end = text.size();
+        const std::string_view line = text.substr(at, end - at);
+        at = end + 1;
+        if (line.empty() || line[0] == '#') continue;
+        const size_t name_end = line.find_first_of("{ ");
+        if (name_end == std::string_view::npos) continue;
+        const std::string_view name = line.substr(0, name_end);
+        if (name == "vllm:cache_config_info") {
+            f.block_size = label_value(line, "block_size");
+            f.num_blocks = label_value(line, "num_gpu_blocks");
+        } else if (name == "vllm:prefix_cache_queries_total") {
+            const size_t space = line.rfind(' ');
+            try {
+                f.queried_tokens = std::max(0.0, f.queried_tokens) + std::stod(std::string(line.substr(space + 1)));
+            } catch (...) {
+            }
+        }
+    }
+    return f;
 }
 
 // ---- ConsistentHashRing --------------------------------------------------------------------
@@ -148,14 +229,30 @@ Decision Router::pick(std::string_view text, std::string_view session_key, int e
                 for (size_t i = 0; i < n; ++i)
                     if (eligible[i]) mean += replicas_[i].outstanding, ++healthy;
                 mean /= std::max(1, healthy);
+                // A replica whose match stops where its own latest prompt went on differently
+                // holds a prefix other conversations share (a system prompt it has seen with
+                // other users): that counts as the least any replica holds, not as this
+                // conversation's history, even before every replica has seen it.
+                std::vector<size_t> own(n, 0);
+                size_t least_match = SIZE_MAX;
+                for (size_t i = 0; i < n; ++i) {
+                    if (!eligible[i]) continue;
+                    own[i] = index_.match(replicas_[i].id, keys);
+                    least_match = std::min(least_match, own[i]);
+                }
+                size_t most_match = 0;
+                for (size_t i = 0; i < n; ++i) {
+                    if (!eligible[i]) continue;
+                    if (index_.diverges(replicas_[i].id, keys, own[i])) own[i] = least_match;
+                    most_match = std::max(most_match, own[i]);
+                }
                 double best_score = 0;
                 int best = -1;
-                size_t best_match = 0, least_match = SIZE_MAX;
+                size_t best_match = 0;
                 for (size_t k = 0; k < n; ++k) {
                     const int i = static_cast<int>((next_ + k) % n);  // equal scores rotate
                     if (!eligible[i]) continue;
-                    const size_t m = index_.match(replicas_[i].id, keys);
-                    least_match = std::min(least_match, m);
+                    const size_t m = own[i];
                     const double score =
                         cache_aware_.prefix_weight * static_cast<double>(m) / static_cast<double>(keys.size()) -
                         static_cast<double>(replicas_[i].outstanding) / (mean + 1);
@@ -167,9 +264,27 @@ Decision Router::pick(std::string_view text, std::string_view session_key, int e
                     }
                 }
                 d.replica = best;
-                if (best_match > least_match) {  // else every replica held as much: the load decided
+                if (best_match > least_match) {
                     d.reason = "prefix";
                     d.matched_chunks = best_match;
+                } else if (most_match == least_match) {
+                    // No replica holds more of it than the others (a new conversation, or one
+                    // every replica evicted): the smallest cache footprint takes it, so
+                    // conversations spread by what the replicas hold, not only by load
+                    // (ties: the load's pick, then fewer outstanding).
+                    int smallest = best;
+                    for (size_t i = 0; i < n; ++i) {
+                        if (!eligible[i]) continue;
+                        const size_t keys_i = index_.size(replicas_[i].id),
+                                     keys_s = index_.size(replicas_[smallest].id);
+                        if (keys_i < keys_s ||
+                            (keys_i == keys_s && replicas_[i].outstanding < replicas_[smallest].outstanding))
+                            smallest = static_cast<int>(i);
+                    }
+                    if (index_.size(replicas_[smallest].id) < index_.size(replicas_[best].id)) {
+                        d.replica = smallest;
+                        d.reason = "smallest_cache";
+                    }
                 }
             }
         }
@@ -182,6 +297,7 @@ Decision Router::pick(std::string_view text, std::string_view session_key, int e
         d.url = r.url;
         ++r.outstanding;
         ++r.requests;
+        r.prompt_chars += text.size();
         next_ = static_cast<size_t>(d.replica) + 1;
         if (!keys.empty()) index_.insert(r.id, keys);
     }
@@ -206,6 +322,29 @@ void Router::finish(int id, bool failed) {
 void Router::set_healthy(int id, bool healthy) {
     std::lock_guard lock(mu_);
     if (ReplicaState* r = by_id(id)) r->healthy = healthy;
+}
+
+void Router::observe_cache(int id, const CacheFacts& facts) {
+    std::lock_guard lock(mu_);
+    ReplicaState* r = by_id(id);
+    if (!r || !facts.complete()) return;
+    r->pool_tokens = facts.block_size * facts.num_blocks;
+    const double chars = static_cast<double>(r->prompt_chars);
+    if (r->queried_baseline >= 0 && facts.queried_tokens < r->queried_baseline) {
+        index_.forget(id);  // its counters went back: a new process, an empty cache
+        r->queried_baseline = -1;
+        r->chars_per_token = 0;
+    }
+    if (r->queried_baseline < 0) {
+        r->queried_baseline = facts.queried_tokens;
+        r->chars_baseline = chars;
+        return;
+    }
+    const double tokens = facts.queried_tokens - r->queried_baseline;
+    if (tokens < kMinTokensForRatio || chars <= r->chars_baseline) return;
+    r->chars_per_token = (chars - r->chars_baseline) / tokens;
+    const double keys = r->pool_tokens * r->chars_per_token / static_cast<double>(PrefixIndex::kChunkChars);
+    index_.set_capacity(id, static_cast<size_t>(std::max(1.0, keys)));
 }
 
 void Router::set_urls(const std::vector<std::string>& urls) {
@@ -233,7 +372,12 @@ void Router::set_urls(const std::vector<std::string>& urls) {
 
 std::vector<ReplicaState> Router::snapshot() const {
     std::lock_guard lock(mu_);
-    return replicas_;
+    std::vector<ReplicaState> out = replicas_;
+    for (ReplicaState& r : out) {
+        r.index_keys = index_.size(r.id);
+        r.index_capacity = index_.capacity(r.id);
+    }
+    return out;
 }
 
 size_t Router::prefix_index_size() const {

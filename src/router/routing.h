@@ -9,7 +9,11 @@
 //                each healthy replica scores prefix_weight x (its matched share of the prompt's
 //                chunks) - outstanding / (the mean outstanding + 1), the best score wins (ties:
 //                fewer outstanding). A prefix every replica holds (a shared system prompt)
-//                shifts every score alike and decides nothing. When the load is imbalanced
+//                shifts every score alike and decides nothing: a prompt that no replica holds
+//                more of than the others (a new conversation) goes to the replica whose index
+//                holds the fewest keys (the smallest cache footprint; ties: fewer outstanding),
+//                as SGLang's router sends a low match to its smallest tree, so conversations
+//                are partitioned by cache size, not only by load. When the load is imbalanced
 //                (max - min > balance_abs_threshold outstanding and max > balance_rel_threshold
 //                x min: SGLang's rule), least-load instead.
 // Session affinity, under every policy: a request carrying a session key (OpenAI's
@@ -34,28 +38,45 @@ const char* policy_name(Policy p);
 
 // Which replicas have seen which prompt prefixes: the prompt's text cut into chunks of
 // kChunkChars characters, each chunk's key a hash chained over every earlier chunk (so a key
-// stands for the whole prefix up to it). Each replica keeps at most `capacity` keys, least
-// recently used evicted first (replicas evict too; the index only approximates them).
+// stands for the whole prefix up to it). Each replica keeps at most its capacity in keys (the
+// constructor's, or set_capacity's: the Router sizes it from the replica's KV pool), least
+// recently used evicted first, and of one prompt its last chunks first (a prefix's root stays
+// while its leaves go, as a replica's prefix cache evicts); the index only approximates the
+// replicas.
 class PrefixIndex {
   public:
     static constexpr size_t kChunkChars = 64;
-    explicit PrefixIndex(size_t capacity_per_replica = 1 << 16) : capacity_(capacity_per_replica) {}
+    explicit PrefixIndex(size_t capacity_per_replica = 1 << 16) : default_capacity_(capacity_per_replica) {}
 
     // The chained keys of `text`'s whole chunks (a trailing partial chunk has none).
     static std::vector<uint64_t> keys_of(std::string_view text);
     // Leading keys of `keys` that `replica` holds.
     size_t match(int replica, const std::vector<uint64_t>& keys) const;
+    // Whether `keys`, matched on `replica` for `matched` keys, leave there a prefix that the
+    // replica's latest prompt through it continued differently: a prefix other conversations
+    // share (a system prompt), not this conversation's own history.
+    bool diverges(int replica, const std::vector<uint64_t>& keys, size_t matched) const;
     // Records that `replica` was sent a prompt with `keys` (refreshing their recency).
     void insert(int replica, const std::vector<uint64_t>& keys);
     void forget(int replica);  // a replica that left (its cache is gone)
     size_t size() const;       // keys held, all replicas
+    size_t size(int replica) const;
+    // At most `keys` keys for `replica` from now on (evicting at once); 0: the default again.
+    void set_capacity(int replica, size_t keys);
+    size_t capacity(int replica) const;
 
   private:
+    struct Entry {
+        std::list<uint64_t>::iterator at;
+        uint64_t next = 0;  // the key that followed it in the latest prompt (0: none)
+    };
     struct Replica {
         std::list<uint64_t> lru;  // most recent first
-        std::unordered_map<uint64_t, std::list<uint64_t>::iterator> where;
+        std::unordered_map<uint64_t, Entry> where;
+        size_t capacity = 0;  // 0: default_capacity_
     };
-    size_t capacity_;
+    static void evict(Replica& r, size_t capacity);
+    size_t default_capacity_;
     std::map<int, Replica> replicas_;
 };
 
@@ -74,6 +95,15 @@ class ConsistentHashRing {
     std::map<uint64_t, int> ring_;
 };
 
+// What a replica's /metrics says of its prefix cache (vLLM's names, which `serve` also
+// exports): `vllm:cache_config_info{block_size,num_gpu_blocks}` and the tokens its prefix cache
+// was queried for, `vllm:prefix_cache_queries_total` (every prompt token). Negative: absent.
+struct CacheFacts {
+    double block_size = -1, num_blocks = -1, queried_tokens = -1;
+    bool complete() const { return block_size > 0 && num_blocks > 0 && queried_tokens >= 0; }
+};
+CacheFacts parse_cache_facts(std::string_view metrics_text);
+
 // What the router knows of one replica.
 struct ReplicaState {
     std::string url;      // http://host:port
@@ -81,10 +111,16 @@ struct ReplicaState {
     bool healthy = true;  // false: ejected (a connection failed, or /health did not answer 200)
     int outstanding = 0;  // requests sent and not finished
     uint64_t requests = 0, errors = 0;
+    uint64_t prompt_chars = 0;                  // characters of the prompts sent (what the prefix index keys on)
+    double pool_tokens = 0;                     // its KV pool, from /metrics (0: not known)
+    double chars_per_token = 0;                 // prompt characters sent / prompt tokens it counted (0: not yet)
+    double chars_baseline = -1;                 // prompt_chars and its queried tokens at the first /metrics read
+    double queried_baseline = -1;               //   (-1: none yet)
+    size_t index_keys = 0, index_capacity = 0;  // its prefix index (snapshot only)
 };
 
-// A routing decision and why, for the metrics ("session", "prefix", "least_load", "imbalanced",
-// "round_robin", "no_replica").
+// A routing decision and why, for the metrics ("session", "prefix", "smallest_cache",
+// "least_load", "imbalanced", "round_robin", "no_replica").
 struct Decision {
     int replica = -1;  // index in the replica list at the time of the pick
     int id = -1;       // the replica's stable id (finish, set_healthy)
@@ -113,6 +149,13 @@ class Router {
     Decision pick(std::string_view text, std::string_view session_key, int exclude = -1);
     void finish(int id, bool failed);  // a request ended (failed: it errored)
     void set_healthy(int id, bool healthy);
+    // A replica's cache facts (its /metrics, read by the health checker): once it has counted
+    // kMinTokensForRatio prompt tokens since the first read, its prefix index holds at most
+    // pool tokens x (prompt characters sent / tokens counted) / kChunkChars keys, so the index
+    // forgets about when the replica evicts. A counter that went back (a restarted replica)
+    // empties its index and starts over.
+    static constexpr double kMinTokensForRatio = 1024;
+    void observe_cache(int id, const CacheFacts& facts);
     // Replaces the replica set (DNS discovery): known URLs keep their state, new ones start
     // healthy, gone ones leave (their prefix index entries too).
     void set_urls(const std::vector<std::string>& urls);

@@ -38,7 +38,40 @@ TEST(PrefixIndex, EachReplicaKeepsItsMostRecentKeys) {
     idx.insert(0, old_keys);
     idx.insert(0, PrefixIndex::keys_of(text_of('n', 3)));
     EXPECT_EQ(idx.size(), 4u);
-    EXPECT_EQ(idx.match(0, old_keys), 0u);  // its first key went first
+    EXPECT_EQ(idx.size(0), 4u);
+    EXPECT_EQ(idx.match(0, old_keys), 1u);  // its last keys went first: the root still matches
+}
+
+TEST(PrefixIndex, CapacityPerReplica) {
+    PrefixIndex idx(8);
+    const auto keys = PrefixIndex::keys_of(text_of('k', 6));
+    idx.insert(0, keys);
+    idx.insert(1, keys);
+    idx.set_capacity(0, 2);  // evicts at once, leaves first
+    EXPECT_EQ(idx.capacity(0), 2u);
+    EXPECT_EQ(idx.capacity(1), 8u);
+    EXPECT_EQ(idx.size(0), 2u);
+    EXPECT_EQ(idx.match(0, keys), 2u);
+    EXPECT_EQ(idx.match(1, keys), 6u);
+    idx.set_capacity(0, 0);  // the default again
+    idx.insert(0, keys);
+    EXPECT_EQ(idx.match(0, keys), 6u);
+}
+
+TEST(CacheFacts, ParsesVllmNames) {
+    const std::string text =
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+        "# TYPE vllm:cache_config_info gauge\n"
+        "vllm:cache_config_info{model_name=\"m\",block_size=\"16\",num_gpu_blocks=\"307\"} 1\n"
+        "vllm:prefix_cache_queries_total{model_name=\"m\"} 29571\n"
+        "vllm:prefix_cache_hits_total{model_name=\"m\"} 100\n"
+        "peregrine:prefix_cache_queries_total{model_name=\"m\"} 5\n";
+    const CacheFacts f = parse_cache_facts(text);
+    EXPECT_EQ(f.block_size, 16);
+    EXPECT_EQ(f.num_blocks, 307);
+    EXPECT_EQ(f.queried_tokens, 29571);
+    EXPECT_TRUE(f.complete());
+    EXPECT_FALSE(parse_cache_facts("vllm:prefix_cache_queries_total 3\n").complete());
 }
 
 TEST(ConsistentHashRing, AddingAReplicaMovesAboutOneNth) {
@@ -146,6 +179,52 @@ TEST(Router, CacheAwareSpreadsNewUsersAndKeepsConversations) {
     const Decision again = loads.pick(system + text_of('A', 2) + text_of('x', 4), "");
     EXPECT_NE(again.replica, first);
     EXPECT_STREQ(again.reason, "least_load");
+}
+
+// A conversation no replica holds more of than the others goes where the index holds the
+// fewest keys, even against the load's choice: the replicas' cache footprints stay even.
+TEST(Router, CacheAwarePlacesNewConversationsOnTheSmallestCache) {
+    Router r(Policy::CacheAware, {"http://a:1", "http://b:1"});
+    const std::string system = text_of('s', 1);
+    const Decision big = r.pick(system + text_of('A', 8), "");  // 9 keys
+    r.finish(big.id, false);
+    const Decision small = r.pick(system + text_of('B', 2), "");  // 3 keys, left outstanding
+    EXPECT_NE(small.replica, big.replica);
+    // The small one has 1 outstanding, the big one none: the load would pick the big one.
+    const Decision next = r.pick(system + text_of('C', 2), "");
+    EXPECT_EQ(next.replica, small.replica);
+    EXPECT_STREQ(next.reason, "smallest_cache");
+    const auto s = r.snapshot();
+    EXPECT_EQ(s[big.replica].index_keys, 9u);
+    EXPECT_EQ(s[small.replica].index_keys, 5u);  // the system prompt's key is shared
+    // A turn of a held conversation still follows its prefix.
+    EXPECT_EQ(r.pick(system + text_of('A', 8) + text_of('x', 2), "").replica, big.replica);
+}
+
+// The index sizes each replica's keys from its /metrics: pool tokens x prompt characters per
+// token / 64, once enough tokens were counted; a counter going back empties the index.
+TEST(Router, CacheAwareIndexMirrorsTheReplicaPool) {
+    Router r(Policy::CacheAware, {"http://a:1"});
+    const int id = r.snapshot()[0].id;
+    CacheFacts f;
+    f.block_size = 16;
+    f.num_blocks = 8;  // 128 tokens
+    f.queried_tokens = 500;
+    r.observe_cache(id, f);                                                           // the baseline
+    for (int i = 0; i < 8; ++i) r.pick(text_of(static_cast<char>('a' + i), 32), "");  // 8 x 2048 chars
+    EXPECT_EQ(r.snapshot()[0].index_keys, 256u);
+    f.queried_tokens = 500 + 512;  // too few tokens for a ratio yet
+    r.observe_cache(id, f);
+    EXPECT_EQ(r.snapshot()[0].index_capacity, 65536u);
+    f.queried_tokens = 500 + 4096;  // 4 characters a token: 128 x 4 / 64 = 8 keys
+    r.observe_cache(id, f);
+    EXPECT_DOUBLE_EQ(r.snapshot()[0].chars_per_token, 4.0);
+    EXPECT_EQ(r.snapshot()[0].index_capacity, 8u);
+    EXPECT_EQ(r.snapshot()[0].index_keys, 8u);
+    f.queried_tokens = 10;  // a restarted replica
+    r.observe_cache(id, f);
+    EXPECT_EQ(r.snapshot()[0].index_keys, 0u);
+    EXPECT_EQ(r.snapshot()[0].index_capacity, 65536u);
 }
 
 TEST(Router, SessionKeysStickToOneReplica) {
