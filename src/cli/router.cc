@@ -107,7 +107,8 @@ std::function<int()> add_router(CLI::App& app) {
         ->check(CLI::IsMember({"cache-aware", "least-load", "round-robin"}));
     cmd->add_option("--prefix-weight", args->router.cache_aware.prefix_weight,
                     "cache-aware: a replica scores WEIGHT x (its share of the prompt's prefix) - its outstanding "
-                    "requests / (the mean outstanding + 1); the best score wins (default 2)")
+                    "requests / (the mean outstanding + 1); the best score wins; a prompt no replica holds more of "
+                    "than the others goes to the replica whose prefix index is smallest (default 4)")
         ->check(CLI::NonNegativeNumber);
     cmd->add_option("--balance-abs-threshold", args->router.cache_aware.balance_abs_threshold,
                     "cache-aware: load is imbalanced (then least-load) when the busiest replica has more than this "

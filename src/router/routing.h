@@ -132,7 +132,7 @@ struct Decision {
 // The cache-aware policy's weights and bounds (`peregrine router --prefix-weight ...`; the
 // balance thresholds are named as in SGLang's router).
 struct CacheAwareOptions {
-    double prefix_weight = 2;            // a whole-prompt match against a replica's load share
+    double prefix_weight = 4;            // a whole-prompt match against a replica's load share
     int balance_abs_threshold = 32;      // outstanding requests, max - min
     double balance_rel_threshold = 1.5;  // max / min
 };
