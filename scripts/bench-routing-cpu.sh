@@ -5,14 +5,15 @@
 #   KV="--kv-cache-memory N"   cap each replica's KV pool (bytes)
 #   WORKLOAD="..."             bench serve's multi-turn flags (default below)
 #   ROUNDS=N                   rounds of both policies (default 2)
-#   RARGS="..."                more `peregrine router` flags (e.g. --prefix-weight 4)
+#   RARGS="..."                more `peregrine router` flags (e.g. --prefix-weight 2)
+#   POLICIES="..."             the policies to run (default "cache-aware round-robin")
 B=${1:-build/peregrine}
 L=/tmp/cpub; mkdir -p $L
 WORKLOAD=${WORKLOAD:---num-users 24 --turns 5 --system-prompt-len 16 --turn-len 20 --output-len 16 --concurrency 8}
 ready() { for _ in $(seq 200); do u=$(grep -oE "ready: (serving '[^']*' at|routing at) http://[0-9.:]+" $1 | grep -oE 'http://[0-9.:]+' | head -1); [ -n "$u" ] && { echo $u; return; }; sleep 0.1; done; }
 echo "workload: $WORKLOAD; KV: ${KV:-default}"
 for round in $(seq ${ROUNDS:-2}); do
-  for policy in cache-aware round-robin; do
+  for policy in ${POLICIES:-cache-aware round-robin}; do
     $B serve --port 0 --device cpu --threads 1 $KV > $L/r1.log 2>&1 & p1=$!
     $B serve --port 0 --device cpu --threads 1 $KV > $L/r2.log 2>&1 & p2=$!
     u1=$(ready $L/r1.log); u2=$(ready $L/r2.log)
@@ -23,6 +24,8 @@ for round in $(seq ${ROUNDS:-2}); do
     python3 -c "
 import json; j=json.load(open('$L/$policy-$round.json'))
 print('%-11s round $round: hit rate %.3f (hits %d / queries %d), mean TTFT %.2f ms (turn 1 %.2f, later %.2f), p99 TTFT %.2f ms, completed %d failed %d' % ('$policy', j['prefix_cache_hit_rate'] or 0, j['prefix_cache_hits'], j['prefix_cache_queries'], j['mean_ttft_ms'], j['mean_ttft_ms_first_turn'] or 0, j['mean_ttft_ms_later_turns'] or 0, j['p99_ttft_ms'], j['completed'], j['failed']))"
+    curl -s $ur/metrics | grep -E '^peregrine_router:(routing_decisions_total|prefix_index_(replica|capacity)_keys|requests_total)' \
+      | sed 's/^peregrine_router://' | tr '\n' ' ' | sed 's/^/  router: /; s/$/\n/'
     kill $pr $p1 $p2; wait $pr $p1 $p2 2>/dev/null
   done
 done
