@@ -8,6 +8,8 @@ packages=(
     nlohmann-json3-dev libcli11-dev libpcre2-dev libicu-dev libxxhash-dev
     libgtest-dev libgmock-dev
     libboost-dev
+    # serve --ssl-* (HTTPS, WSS, gRPC over TLS); the TLS test makes its certificates with openssl.
+    libssl-dev openssl
     # KV-cache events over ZMQ (src/server/kv_events.*); the test subscribes with Debian's
     # python3-zmq and decodes with python3-msgpack (tests/server/kv_events_test.py).
     libzmq3-dev python3-zmq python3-msgpack

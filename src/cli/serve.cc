@@ -39,7 +39,8 @@ struct ServeArgs {
     EngineConfig engine;
     std::string host = "127.0.0.1";
     int port = 8000;
-    int grpc_port = 0;  // 0 = no gRPC API
+    int grpc_port = 0;       // 0 = no gRPC API
+    server::TlsOptions tls;  // --ssl-*: HTTPS, WSS and gRPC over TLS
     std::vector<std::string> served_model_names;
     std::vector<std::string> api_keys;
     int io_threads = 0;
@@ -148,7 +149,14 @@ int run(ServeArgs& a) {
     if (a.engine.model != given && a.served_model_names.empty()) a.served_model_names.push_back(given);
     // A bad --chat-template fails now, not after the weights load.
     if (!a.chat_template.empty()) (void)ChatTemplate::from_flag(a.chat_template, "", "");
+    if (a.tls.cert_file.empty() != a.tls.key_file.empty())
+        fail(a.tls.cert_file.empty() ? "--ssl-keyfile needs --ssl-certfile" : "--ssl-certfile needs --ssl-keyfile");
+    if (!a.tls.enabled() && (!a.tls.ca_file.empty() || a.tls.cert_reqs != 0))
+        fail("--ssl-ca-certs / --ssl-cert-reqs need --ssl-certfile and --ssl-keyfile");
+    if (a.tls.cert_reqs != 0 && a.tls.ca_file.empty())
+        fail("--ssl-cert-reqs ", a.tls.cert_reqs, " needs --ssl-ca-certs (the CAs that sign client certificates)");
     if (a.data_parallel_size > 1) {
+        if (a.tls.enabled()) fail("--ssl-certfile with --data-parallel-size is not supported yet");
         if (a.engine.parallel_size() > 1)
             fail("--data-parallel-size with --tensor-parallel-size / --pipeline-parallel-size is not supported yet");
         if (!a.root_path.empty()) fail("--root-path with --data-parallel-size is not supported yet");
@@ -199,15 +207,18 @@ int run(ServeArgs& a) {
     hopts.read_timeout_s = a.read_timeout_s;
     raise_descriptor_limit();
     hopts.max_connections = a.max_connections;  // 0: the server sizes it from the (raised) limit
+    hopts.tls = a.tls;                          // the files are read here: a bad one fails before the weights load
     server::HttpServer http(hopts, [app](const server::HttpRequest& req, std::shared_ptr<server::Exchange> ex) {
         app->handle(req, std::move(ex));
     });
     http.start();
     const std::string url =
-        str_cat("http://", a.host.find(':') != std::string::npos ? "[" + a.host + "]" : a.host, ":", http.port());
+        str_cat(a.tls.enabled() ? "https://" : "http://",
+                a.host.find(':') != std::string::npos ? "[" + a.host + "]" : a.host, ":", http.port());
     std::unique_ptr<server::GrpcServer> grpc;
     if (a.grpc_port > 0) {
-        grpc = std::make_unique<server::GrpcServer>(server::GrpcServerOptions{a.host, a.grpc_port}, app->service());
+        grpc =
+            std::make_unique<server::GrpcServer>(server::GrpcServerOptions{a.host, a.grpc_port, a.tls}, app->service());
         grpc->start();
         std::fprintf(stderr, "gRPC listening on %s:%d\n", a.host.c_str(), grpc->port());
     }
@@ -282,6 +293,18 @@ std::function<int()> add_serve(CLI::App& app) {
         ->check(CLI::Range(0, 65535));
     cmd->add_option("--grpc-port", args->grpc_port, "Port for the gRPC API (proto/peregrine/v1); 0 = off (default 0)")
         ->check(CLI::Range(0, 65535));
+    cmd->add_option("--ssl-certfile", args->tls.cert_file,
+                    "HTTPS: the server's certificate chain (PEM); with --ssl-keyfile, the HTTP API (SSE, WebSocket) "
+                    "and --grpc-port serve TLS only (default: plain)")
+        ->check(CLI::ExistingFile);
+    cmd->add_option("--ssl-keyfile", args->tls.key_file, "HTTPS: the private key of --ssl-certfile (PEM)")
+        ->check(CLI::ExistingFile);
+    cmd->add_option("--ssl-ca-certs", args->tls.ca_file, "HTTPS: CA certificates that sign client certificates (PEM)")
+        ->check(CLI::ExistingFile);
+    cmd->add_option("--ssl-cert-reqs", args->tls.cert_reqs,
+                    "HTTPS: client certificates: 0 not asked for, 1 verified when sent, 2 required (needs "
+                    "--ssl-ca-certs; default 0)")
+        ->check(CLI::Range(0, 2));
     cmd->add_option("--served-model-name", args->served_model_names,
                     "Model name(s) clients send; the first is reported (default: the model's folder or file name)");
     cmd->add_option("--api-key", args->api_keys,

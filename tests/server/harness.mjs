@@ -25,7 +25,7 @@ export async function startServer(args = [], { command = [binary, 'serve'] } = {
         const timer = setTimeout(() => reject(new Error(`server not ready in 60 s:\n${log}`)), 60000);
         proc.stderr.on('data', (d) => {
             log += d.toString();
-            const m = log.match(/^ready: serving '[^']*' at (http:\/\/[^\s]+)\/v1/m);  // not a replica's line
+            const m = log.match(/^ready: serving '[^']*' at (https?:\/\/[^\s]+)\/v1/m);  // not a replica's line
             if (m) {
                 clearTimeout(timer);
                 resolve(m[1]);

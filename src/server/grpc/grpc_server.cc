@@ -16,13 +16,29 @@ GrpcServer::~GrpcServer() {
     stop();
 }
 
+namespace {
+
+std::shared_ptr<grpc::ServerCredentials> credentials(const TlsOptions& tls) {
+    if (!tls.enabled()) return grpc::InsecureServerCredentials();
+    static const grpc_ssl_client_certificate_request_type kRequests[] = {
+        GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE, GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY,
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY};
+    grpc::SslServerCredentialsOptions o(kRequests[tls.cert_reqs]);
+    o.pem_key_cert_pairs.push_back(
+        {read_pem(tls.key_file, "--ssl-keyfile"), read_pem(tls.cert_file, "--ssl-certfile")});
+    if (!tls.ca_file.empty()) o.pem_root_certs = read_pem(tls.ca_file, "--ssl-ca-certs");
+    return grpc::SslServerCredentials(o);
+}
+
+}  // namespace
+
 void GrpcServer::start() {
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
     inference_ = std::make_unique<InferenceService>(*service_);
     grpc::ServerBuilder builder;
     const std::string host = options_.host.find(':') != std::string::npos ? "[" + options_.host + "]" : options_.host;
-    builder.AddListeningPort(str_cat(host, ":", options_.port), grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort(str_cat(host, ":", options_.port), credentials(options_.tls), &port_);
     builder.RegisterService(inference_.get());
     server_ = builder.BuildAndStart();
     if (!server_ || port_ == 0) {

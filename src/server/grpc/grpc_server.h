@@ -8,6 +8,7 @@
 #include <string>
 
 #include "server/openai/completion_service.h"
+#include "server/tls_options.h"
 
 namespace grpc {
 class Server;
@@ -19,7 +20,8 @@ class InferenceService;
 
 struct GrpcServerOptions {
     std::string host = "127.0.0.1";
-    int port = 0;  // 0 = off
+    int port = 0;    // 0 = off
+    TlsOptions tls;  // TLS when enabled (the same files as HTTPS)
 };
 
 class GrpcServer {

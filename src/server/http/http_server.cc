@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <cstdio>
 #include <thread>
@@ -73,10 +74,33 @@ void refuse_connection(tcp::socket socket) {
 
 }  // namespace
 
+// The TLS context of `o`, its files read now: fails naming the flag and OpenSSL's reason.
+std::unique_ptr<net::ssl::context> tls_context(const TlsOptions& o) {
+    auto ctx = std::make_unique<net::ssl::context>(net::ssl::context::tls_server);
+    ctx->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 |
+                     net::ssl::context::no_sslv3 | net::ssl::context::no_tlsv1 | net::ssl::context::no_tlsv1_1 |
+                     net::ssl::context::single_dh_use);
+    beast::error_code ec;
+    ctx->use_certificate_chain_file(o.cert_file, ec);
+    if (ec) fail("--ssl-certfile ", o.cert_file, ": ", ec.message());
+    ctx->use_private_key_file(o.key_file, net::ssl::context::pem, ec);
+    if (ec) fail("--ssl-keyfile ", o.key_file, ": ", ec.message());
+    if (SSL_CTX_check_private_key(ctx->native_handle()) != 1)
+        fail("--ssl-keyfile ", o.key_file, " does not match the certificate of --ssl-certfile ", o.cert_file);
+    if (!o.ca_file.empty()) {
+        ctx->load_verify_file(o.ca_file, ec);
+        if (ec) fail("--ssl-ca-certs ", o.ca_file, ": ", ec.message());
+    }
+    if (o.cert_reqs == 1) ctx->set_verify_mode(net::ssl::verify_peer, ec);
+    if (o.cert_reqs == 2) ctx->set_verify_mode(net::ssl::verify_peer | net::ssl::verify_fail_if_no_peer_cert, ec);
+    return ctx;
+}
+
 struct HttpServer::Impl {
     HttpServerOptions opts;
     HttpHandler handler;
-    Connections connections;  // before ioc: sessions destroyed with ioc's handlers still reach it
+    std::unique_ptr<net::ssl::context> tls;  // set when opts.tls is enabled
+    Connections connections;                 // before ioc: sessions destroyed with ioc's handlers still reach it
     net::io_context ioc;
     tcp::acceptor acceptor{ioc};
     std::vector<std::thread> threads;
@@ -89,11 +113,19 @@ struct HttpServer::Impl {
         acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
             if (!acceptor.is_open()) return;
             if (!ec && connections.open.load() >= opts.max_connections) {
-                refuse_connection(std::move(socket));
+                if (tls) {  // a plain-text 503 means nothing to a TLS client: just close
+                    beast::error_code ignored;
+                    socket.close(ignored);
+                } else {
+                    refuse_connection(std::move(socket));
+                }
             } else if (!ec) {
                 beast::error_code ignored;
                 socket.set_option(tcp::no_delay(true), ignored);
-                start_session(std::move(socket), opts, handler, Connections::Slot(&connections));
+                if (tls)
+                    start_tls_session(std::move(socket), *tls, opts, handler, Connections::Slot(&connections));
+                else
+                    start_session(std::move(socket), opts, handler, Connections::Slot(&connections));
             } else if (ec == net::error::no_descriptors) {
                 std::fprintf(stderr, "server: accept: %s\n", ec.message().c_str());
                 std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -109,6 +141,7 @@ HttpServer::HttpServer(HttpServerOptions options, HttpHandler handler) {
     options.io_threads = n;
     if (options.max_connections <= 0) options.max_connections = default_max_connections();
     impl_ = std::make_unique<Impl>(std::move(options), std::move(handler), n);
+    if (impl_->opts.tls.enabled()) impl_->tls = tls_context(impl_->opts.tls);
 }
 
 HttpServer::~HttpServer() {

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "server/http/exchange.h"
+#include "server/tls_options.h"
 
 namespace peregrine::server {
 
@@ -32,6 +33,7 @@ struct HttpServerOptions {
     // Request bodies being received or handled at once, by their declared size (a chunked body
     // counts as max_body_bytes); one that would pass it gets 503 before its body is read.
     size_t max_pending_body_bytes = size_t{256} << 20;
+    TlsOptions tls;  // every connection through TLS when enabled
 };
 
 // The connection cap used when none is given: the process's descriptor limit less a reserve

@@ -5,6 +5,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <boost/beast/websocket.hpp>
 #include <cstdio>
 #include <optional>
@@ -32,11 +33,15 @@ std::string lower(std::string_view s) {
     return out;
 }
 
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+
+template <class Stream>
 class Session;
 
+template <class Stream>
 class SessionExchange final : public Exchange {
   public:
-    SessionExchange(std::shared_ptr<Session> s, uint64_t gen) : s_(std::move(s)), gen_(gen) {}
+    SessionExchange(std::shared_ptr<Session<Stream>> s, uint64_t gen) : s_(std::move(s)), gen_(gen) {}
     void post(std::function<void()> fn) override;
     void respond(int status, std::string body, std::string content_type, const HeaderList& extra) override;
     void start_events(const HeaderList& extra) override;
@@ -49,21 +54,26 @@ class SessionExchange final : public Exchange {
     boost::asio::any_io_executor executor() const override;
 
   private:
-    std::shared_ptr<Session> s_;
+    std::shared_ptr<Session<Stream>> s_;
     uint64_t gen_;
 };
 
-class Session : public std::enable_shared_from_this<Session> {
+// Stream: beast::tcp_stream (plain HTTP) or TlsStream (HTTPS, its handshake done).
+template <class Stream>
+class Session : public std::enable_shared_from_this<Session<Stream>> {
+    static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
+    using std::enable_shared_from_this<Session<Stream>>::shared_from_this;
+
   public:
-    Session(tcp::socket&& socket, const HttpServerOptions& opts, const HttpHandler& handler, Connections::Slot slot)
-        : stream_(std::move(socket)),
+    Session(Stream&& stream, const HttpServerOptions& opts, const HttpHandler& handler, Connections::Slot slot)
+        : stream_(std::move(stream)),
           opts_(opts),
           handler_(handler),
           slot_(std::move(slot)),
           conns_(slot_.owner()),
           read_timer_(stream_.get_executor()) {
         beast::error_code ec;
-        const auto ep = stream_.socket().remote_endpoint(ec);
+        const auto ep = socket().remote_endpoint(ec);
         if (!ec) remote_ = str_cat(ep.address().to_string(), ":", ep.port());
     }
 
@@ -72,7 +82,9 @@ class Session : public std::enable_shared_from_this<Session> {
     }
 
   private:
-    friend class SessionExchange;
+    friend class SessionExchange<Stream>;
+
+    tcp::socket& socket() { return beast::get_lowest_layer(stream_).socket(); }
 
     // --- reading requests ---------------------------------------------------------------
     void do_read() {
@@ -94,7 +106,7 @@ class Session : public std::enable_shared_from_this<Session> {
             if (ec || gen != self->timer_gen_ || self->gone_) return;
             self->timed_out_ = true;
             beast::error_code ignored;
-            self->stream_.socket().cancel(ignored);
+            self->socket().cancel(ignored);
         });
     }
     void disarm_read_timer() {
@@ -196,7 +208,7 @@ class Session : public std::enable_shared_from_this<Session> {
             upgrade_.reset();
         parser_.reset();
         begin_exchange(/*watch=*/!r.websocket_upgrade);
-        auto ex = std::make_shared<SessionExchange>(shared_from_this(), gen_);
+        auto ex = std::make_shared<SessionExchange<Stream>>(shared_from_this(), gen_);
         try {
             handler_(r, ex);
         } catch (const std::exception& e) {
@@ -215,7 +227,7 @@ class Session : public std::enable_shared_from_this<Session> {
         events_ = false;
         on_gone_ = nullptr;
         disarm_read_timer();
-        stream_.expires_never();
+        beast::get_lowest_layer(stream_).expires_never();
         if (watch) start_watch();
     }
 
@@ -271,8 +283,8 @@ class Session : public std::enable_shared_from_this<Session> {
         gone_ = true;
         disarm_read_timer();
         beast::error_code ec;
-        stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
-        stream_.socket().close(ec);
+        socket().shutdown(tcp::socket::shutdown_both, ec);
+        socket().close(ec);
     }
 
     std::string head(int status, const std::string& content_type, const HeaderList& extra) const {
@@ -379,7 +391,7 @@ class Session : public std::enable_shared_from_this<Session> {
         if (!keep_alive_) return linger_close();
         if (watch_pending_) {  // on_watch continues with do_read
             beast::error_code ec;
-            stream_.socket().cancel(ec);
+            socket().cancel(ec);
             return;
         }
         do_read();
@@ -387,12 +399,15 @@ class Session : public std::enable_shared_from_this<Session> {
 
     // Connection: close: stop sending, read (and drop) what the client still sends for a while,
     // so that it sees the response rather than a reset.
+    // Over TLS the whole response is in the client's hands once written (its length or last
+    // chunk ends it): close at once.
     void linger_close() {
         beast::error_code ec;
-        stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
-        stream_.expires_after(std::chrono::seconds(2));
+        if constexpr (kTls) return close();
+        socket().shutdown(tcp::socket::shutdown_send, ec);
+        beast::get_lowest_layer(stream_).expires_after(std::chrono::seconds(2));
         if (watch_pending_) {  // on_watch continues with drain
-            stream_.socket().cancel(ec);
+            socket().cancel(ec);
             return;
         }
         drain();
@@ -406,7 +421,7 @@ class Session : public std::enable_shared_from_this<Session> {
         });
     }
 
-    beast::tcp_stream stream_;
+    Stream stream_;
     const HttpServerOptions& opts_;
     const HttpHandler& handler_;
     Connections::Slot slot_;  // handed to the WebSocket after an upgrade
@@ -440,36 +455,46 @@ class Session : public std::enable_shared_from_this<Session> {
     std::array<char, 4096> drain_buf_;
 };
 
-void SessionExchange::post(std::function<void()> fn) {
+template <class Stream>
+void SessionExchange<Stream>::post(std::function<void()> fn) {
     net::post(s_->stream_.get_executor(), std::move(fn));
 }
-void SessionExchange::respond(int status, std::string body, std::string content_type, const HeaderList& extra) {
+template <class Stream>
+void SessionExchange<Stream>::respond(int status, std::string body, std::string content_type, const HeaderList& extra) {
     s_->respond(gen_, status, std::move(body), content_type, extra);
 }
-void SessionExchange::start_events(const HeaderList& extra) {
+template <class Stream>
+void SessionExchange<Stream>::start_events(const HeaderList& extra) {
     s_->start_events(gen_, extra);
 }
-void SessionExchange::send_event(std::string_view data) {
+template <class Stream>
+void SessionExchange<Stream>::send_event(std::string_view data) {
     s_->send_event(gen_, data);
 }
-void SessionExchange::send_framed_events(std::string_view framed) {
+template <class Stream>
+void SessionExchange<Stream>::send_framed_events(std::string_view framed) {
     s_->send_framed_events(gen_, framed);
 }
-boost::asio::any_io_executor SessionExchange::executor() const {
+template <class Stream>
+boost::asio::any_io_executor SessionExchange<Stream>::executor() const {
     return s_->stream_.get_executor();
 }
-void SessionExchange::end_events() {
+template <class Stream>
+void SessionExchange<Stream>::end_events() {
     s_->end_events(gen_);
 }
-void SessionExchange::on_client_gone(std::function<void()> fn) {
+template <class Stream>
+void SessionExchange<Stream>::on_client_gone(std::function<void()> fn) {
     if (s_->gen_ != gen_ || !s_->active_) return;
     if (s_->gone_) return fn();
     s_->on_gone_ = std::move(fn);
 }
-bool SessionExchange::client_gone() const {
+template <class Stream>
+bool SessionExchange<Stream>::client_gone() const {
     return s_->gone_;
 }
-void SessionExchange::accept_websocket(WebSocketSetup setup) {
+template <class Stream>
+void SessionExchange<Stream>::accept_websocket(WebSocketSetup setup) {
     s_->accept_websocket(gen_, std::move(setup));
 }
 
@@ -477,7 +502,25 @@ void SessionExchange::accept_websocket(WebSocketSetup setup) {
 
 void start_session(tcp::socket socket, const HttpServerOptions& opts, const HttpHandler& handler,
                    Connections::Slot slot) {
-    std::make_shared<Session>(std::move(socket), opts, handler, std::move(slot))->run();
+    std::make_shared<Session<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)), opts, handler, std::move(slot))
+        ->run();
+}
+
+void start_tls_session(tcp::socket socket, net::ssl::context& tls, const HttpServerOptions& opts,
+                       const HttpHandler& handler, Connections::Slot slot) {
+    auto stream = std::make_shared<TlsStream>(std::move(socket), tls);
+    // A client gets the idle timeout to finish its handshake (one that never starts is closed).
+    beast::get_lowest_layer(*stream).expires_after(std::chrono::seconds(opts.idle_timeout_s));
+    auto s = std::make_shared<Connections::Slot>(std::move(slot));
+    stream->async_handshake(net::ssl::stream_base::server, [stream, s, &opts, &handler](beast::error_code ec) {
+        if (ec) {  // not TLS, a certificate the client or we refused, a timeout: the connection ends
+            beast::error_code ignored;
+            beast::get_lowest_layer(*stream).socket().close(ignored);
+            return;
+        }
+        beast::get_lowest_layer(*stream).expires_never();
+        std::make_shared<Session<TlsStream>>(std::move(*stream), opts, handler, std::move(*s))->run();
+    });
 }
 
 }  // namespace peregrine::server

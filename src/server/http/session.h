@@ -6,6 +6,7 @@
 #pragma once
 
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/context.hpp>
 
 #include "server/http/connections.h"
 #include "server/http/http_server.h"
@@ -15,5 +16,9 @@ namespace peregrine::server {
 // Serves `socket` until it closes. `opts` and `handler` must outlive every connection.
 void start_session(boost::asio::ip::tcp::socket socket, const HttpServerOptions& opts, const HttpHandler& handler,
                    Connections::Slot slot);
+// The same over TLS: the handshake first (within opts.idle_timeout_s; a failed one closes the
+// connection), then the session on the encrypted stream. `tls` must outlive every connection.
+void start_tls_session(boost::asio::ip::tcp::socket socket, boost::asio::ssl::context& tls,
+                       const HttpServerOptions& opts, const HttpHandler& handler, Connections::Slot slot);
 
 }  // namespace peregrine::server

@@ -2,7 +2,9 @@
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
+#include <boost/beast/ssl.hpp>
 #include <boost/beast/websocket.hpp>
+#include <boost/beast/websocket/ssl.hpp>
 #include <cstdio>
 #include <deque>
 #include <memory>
@@ -15,10 +17,22 @@ namespace http = beast::http;
 namespace websocket = beast::websocket;
 namespace net = boost::asio;
 
-// A connection after its upgrade: one read always pending, writes one at a time from a queue.
-class WsSession final : public WebSocket, public std::enable_shared_from_this<WsSession> {
+// What Connections keeps of a WebSocket, whatever its transport.
+class WsSession : public WebSocket {
   public:
-    WsSession(beast::tcp_stream&& stream, Connections::Slot slot) : ws_(std::move(stream)), slot_(std::move(slot)) {}
+    virtual void close_with(websocket::close_code code) = 0;
+};
+
+namespace {
+
+// A connection after its upgrade: one read always pending, writes one at a time from a queue.
+// Stream: beast::tcp_stream, or beast::ssl_stream of one (wss://).
+template <class Stream>
+class WsStream final : public WsSession, public std::enable_shared_from_this<WsStream<Stream>> {
+    using std::enable_shared_from_this<WsStream<Stream>>::shared_from_this;
+
+  public:
+    WsStream(Stream&& stream, Connections::Slot slot) : ws_(std::move(stream)), slot_(std::move(slot)) {}
 
     void start(http::request<http::string_body> req, const std::string& request_id, size_t max_message,
                WebSocketSetup setup) {
@@ -61,7 +75,7 @@ class WsSession final : public WebSocket, public std::enable_shared_from_this<Ws
     void close() override { close_with(websocket::close_code::normal); }
 
     // Strand only. The close frame carries `code` (1001 "going away" when the server stops).
-    void close_with(websocket::close_code code) {
+    void close_with(websocket::close_code code) override {
         if (closed_ || closing_) return;
         closing_ = true;
         close_code_ = code;
@@ -134,7 +148,7 @@ class WsSession final : public WebSocket, public std::enable_shared_from_this<Ws
         if (on_close) on_close();
     }
 
-    websocket::stream<beast::tcp_stream> ws_;
+    websocket::stream<Stream> ws_;
     Connections::Slot slot_;
     websocket::close_code close_code_ = websocket::close_code::normal;
     http::request<http::string_body> req_;  // the handshake, until accepted
@@ -147,15 +161,29 @@ class WsSession final : public WebSocket, public std::enable_shared_from_this<Ws
     bool closed_ = false;
 };
 
-void start_websocket(beast::tcp_stream&& stream, Connections::Slot slot, http::request<http::string_body> upgrade,
-                     const std::string& request_id, size_t max_message, WebSocketSetup setup) {
-    auto ws = std::make_shared<WsSession>(std::move(stream), std::move(slot));
+template <class Stream>
+void start(Stream&& stream, Connections::Slot slot, http::request<http::string_body> upgrade,
+           const std::string& request_id, size_t max_message, WebSocketSetup setup) {
+    auto ws = std::make_shared<WsStream<Stream>>(std::move(stream), std::move(slot));
     if (Connections* c = ws->connections()) {
         std::lock_guard<std::mutex> lock(c->mu);
         std::erase_if(c->websockets, [](const std::weak_ptr<WsSession>& w) { return w.expired(); });
         c->websockets.push_back(ws);
     }
     ws->start(std::move(upgrade), request_id, max_message, std::move(setup));
+}
+
+}  // namespace
+
+void start_websocket(beast::tcp_stream&& stream, Connections::Slot slot, http::request<http::string_body> upgrade,
+                     const std::string& request_id, size_t max_message, WebSocketSetup setup) {
+    start(std::move(stream), std::move(slot), std::move(upgrade), request_id, max_message, std::move(setup));
+}
+
+void start_websocket(beast::ssl_stream<beast::tcp_stream>&& stream, Connections::Slot slot,
+                     http::request<http::string_body> upgrade, const std::string& request_id, size_t max_message,
+                     WebSocketSetup setup) {
+    start(std::move(stream), std::move(slot), std::move(upgrade), request_id, max_message, std::move(setup));
 }
 
 void Connections::close_websockets() {

@@ -5,6 +5,7 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/string_body.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
 #include <cstddef>
 #include <string>
 
@@ -17,6 +18,10 @@ namespace peregrine::server {
 // with its Connections (for close_websockets) and runs `setup` once the handshake is done.
 // Messages over `max_message` bytes close the connection.
 void start_websocket(boost::beast::tcp_stream&& stream, Connections::Slot slot,
+                     boost::beast::http::request<boost::beast::http::string_body> upgrade,
+                     const std::string& request_id, size_t max_message, WebSocketSetup setup);
+// The same over TLS (wss://).
+void start_websocket(boost::beast::ssl_stream<boost::beast::tcp_stream>&& stream, Connections::Slot slot,
                      boost::beast::http::request<boost::beast::http::string_body> upgrade,
                      const std::string& request_id, size_t max_message, WebSocketSetup setup);
 
