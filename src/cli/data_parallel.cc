@@ -18,6 +18,7 @@
 
 #include "cli/commands.h"
 #include "cli/stop_signals.h"
+#include "cli/tls_flags.h"
 #include "core/error.h"
 #include "core/exit_status.h"
 #include "dist/socket_io.h"
@@ -30,10 +31,12 @@ namespace peregrine::cli {
 
 namespace {
 
-// Flags the parent sets per replica (each takes one value), dropped from the command line.
+// Flags the parent sets per replica, or keeps for its front (TLS: the replicas serve plain HTTP on
+// loopback), each with one value, dropped from the command line.
 bool replaced_flag(const std::string& arg) {
     for (const char* f : {"--data-parallel-size", "--port", "--host", "--device", "--threads",
-                          "--gpu-memory-utilization", "--kv-events-endpoint", "--kv-events-replay-endpoint"}) {
+                          "--gpu-memory-utilization", "--kv-events-endpoint", "--kv-events-replay-endpoint",
+                          "--ssl-certfile", "--ssl-keyfile", "--ssl-ca-certs", "--ssl-cert-reqs"}) {
         if (arg == f) return true;
     }
     return false;
@@ -231,8 +234,8 @@ int run_data_parallel(const DataParallelOptions& o) {
     if (code == 0) {
         ready = true;
         http = start_router_front(service, o.front);
-        std::fprintf(stderr, "ready: serving '%s' at http://%s:%d/v1 (data parallel %d)\n", o.model_name.c_str(),
-                     o.front.host.c_str(), http->port(), o.size);
+        std::fprintf(stderr, "ready: serving '%s' at %s/v1 (data parallel %d)\n", o.model_name.c_str(),
+                     base_url(o.front.tls, o.front.host, http->port()).c_str(), o.size);
         std::fflush(stderr);
         wait_and_drain(signals, *service, o.shutdown_timeout_s);
         std::fprintf(stderr, "shutting down\n");

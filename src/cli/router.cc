@@ -15,6 +15,7 @@
 #include "cli/config.h"
 #include "cli/router_front.h"
 #include "cli/stop_signals.h"
+#include "cli/tls_flags.h"
 #include "core/error.h"
 #include "server/middleware.h"
 
@@ -29,6 +30,7 @@ struct RouterArgs {
 };
 
 int run(RouterArgs& a) {
+    check_tls_flags(a.front.tls);
     const sigset_t signals = block_stop_signals();
 
     auto service = std::make_shared<router::RouterService>(a.router);
@@ -36,7 +38,7 @@ int run(RouterArgs& a) {
     std::unique_ptr<server::HttpServer> http = start_router_front(service, a.front);
     std::fprintf(stderr, "router: %s policy over %zu replica(s)%s%s\n", a.router.policy.c_str(),
                  a.router.backends.size(), a.router.backend_dns.empty() ? "" : " + DNS ", a.router.backend_dns.c_str());
-    std::fprintf(stderr, "ready: routing at http://%s:%d/v1\n", a.front.host.c_str(), http->port());
+    std::fprintf(stderr, "ready: routing at %s/v1\n", base_url(a.front.tls, a.front.host, http->port()).c_str());
     std::fflush(stderr);
     wait_and_drain(signals, *service, a.shutdown_timeout_s);
     std::fprintf(stderr, "shutting down\n");
@@ -53,6 +55,7 @@ std::unique_ptr<server::HttpServer> start_router_front(std::shared_ptr<router::R
     server::HttpServerOptions hopts;
     hopts.host = front.host;
     hopts.port = front.port;
+    hopts.tls = front.tls;
     // Every forwarded request runs on its client connection's thread (upstream reads and client
     // writes together), so these threads are the router's throughput.
     hopts.io_threads = front.io_threads > 0
@@ -119,6 +122,7 @@ std::function<int()> add_router(CLI::App& app) {
         ->check(CLI::PositiveNumber);
     cmd->add_option("--api-key", args->router.api_keys,
                     "Accepted API key (repeatable; $PEREGRINE_API_KEY takes a comma-separated list; default: none)");
+    add_tls_flags(cmd, args->front.tls);
     cmd->add_option("--allowed-origins", args->front.allowed_origins, "CORS: origins browsers may call from, or *");
     cmd->add_option("--health-interval", args->router.health_interval_s,
                     "Seconds between /health checks of every replica (default 1)")

@@ -17,6 +17,7 @@ struct RouterFront {
     std::vector<std::string> allowed_origins;
     bool access_log = false;
     int io_threads = 0;
+    server::TlsOptions tls;  // --ssl-*: the front serves TLS only
 };
 
 // Listening (the port is the server's port() when 0 was asked for).

@@ -19,6 +19,7 @@
 #include "cli/engine_options.h"
 #include "cli/pinned_chat.h"
 #include "cli/stop_signals.h"
+#include "cli/tls_flags.h"
 #include "core/error.h"
 #include "formats/gguf.h"
 #include "model/hf_cache.h"
@@ -149,14 +150,8 @@ int run(ServeArgs& a) {
     if (a.engine.model != given && a.served_model_names.empty()) a.served_model_names.push_back(given);
     // A bad --chat-template fails now, not after the weights load.
     if (!a.chat_template.empty()) (void)ChatTemplate::from_flag(a.chat_template, "", "");
-    if (a.tls.cert_file.empty() != a.tls.key_file.empty())
-        fail(a.tls.cert_file.empty() ? "--ssl-keyfile needs --ssl-certfile" : "--ssl-certfile needs --ssl-keyfile");
-    if (!a.tls.enabled() && (!a.tls.ca_file.empty() || a.tls.cert_reqs != 0))
-        fail("--ssl-ca-certs / --ssl-cert-reqs need --ssl-certfile and --ssl-keyfile");
-    if (a.tls.cert_reqs != 0 && a.tls.ca_file.empty())
-        fail("--ssl-cert-reqs ", a.tls.cert_reqs, " needs --ssl-ca-certs (the CAs that sign client certificates)");
+    check_tls_flags(a.tls);
     if (a.data_parallel_size > 1) {
-        if (a.tls.enabled()) fail("--ssl-certfile with --data-parallel-size is not supported yet");
         if (a.engine.parallel_size() > 1)
             fail("--data-parallel-size with --tensor-parallel-size / --pipeline-parallel-size is not supported yet");
         if (!a.root_path.empty()) fail("--root-path with --data-parallel-size is not supported yet");
@@ -168,6 +163,7 @@ int run(ServeArgs& a) {
         o.front.allowed_origins = a.allowed_origins;
         o.front.access_log = a.access_log;
         o.front.io_threads = a.io_threads;
+        o.front.tls = a.tls;
         o.api_keys = a.api_keys;
         o.model_name = a.served_model_names.empty()
                            ? default_model_name(a.engine.model.empty() ? default_model_path() : a.engine.model)
@@ -212,9 +208,7 @@ int run(ServeArgs& a) {
         app->handle(req, std::move(ex));
     });
     http.start();
-    const std::string url =
-        str_cat(a.tls.enabled() ? "https://" : "http://",
-                a.host.find(':') != std::string::npos ? "[" + a.host + "]" : a.host, ":", http.port());
+    const std::string url = base_url(a.tls, a.host, http.port());
     std::unique_ptr<server::GrpcServer> grpc;
     if (a.grpc_port > 0) {
         grpc =
@@ -293,18 +287,7 @@ std::function<int()> add_serve(CLI::App& app) {
         ->check(CLI::Range(0, 65535));
     cmd->add_option("--grpc-port", args->grpc_port, "Port for the gRPC API (proto/peregrine/v1); 0 = off (default 0)")
         ->check(CLI::Range(0, 65535));
-    cmd->add_option("--ssl-certfile", args->tls.cert_file,
-                    "HTTPS: the server's certificate chain (PEM); with --ssl-keyfile, the HTTP API (SSE, WebSocket) "
-                    "and --grpc-port serve TLS only (default: plain)")
-        ->check(CLI::ExistingFile);
-    cmd->add_option("--ssl-keyfile", args->tls.key_file, "HTTPS: the private key of --ssl-certfile (PEM)")
-        ->check(CLI::ExistingFile);
-    cmd->add_option("--ssl-ca-certs", args->tls.ca_file, "HTTPS: CA certificates that sign client certificates (PEM)")
-        ->check(CLI::ExistingFile);
-    cmd->add_option("--ssl-cert-reqs", args->tls.cert_reqs,
-                    "HTTPS: client certificates: 0 not asked for, 1 verified when sent, 2 required (needs "
-                    "--ssl-ca-certs; default 0)")
-        ->check(CLI::Range(0, 2));
+    add_tls_flags(cmd, args->tls);
     cmd->add_option("--served-model-name", args->served_model_names,
                     "Model name(s) clients send; the first is reported (default: the model's folder or file name)");
     cmd->add_option("--api-key", args->api_keys,

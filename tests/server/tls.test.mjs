@@ -2,7 +2,8 @@
 // gRPC over TLS, each with an independent client (node's https, the ws package, @grpc/grpc-js),
 // against certificates made here by Debian's openssl; a required client certificate
 // (--ssl-cert-reqs 2); a plain-HTTP client on the TLS port gets no answer and the server goes
-// on; bad flags are refused before the model loads.
+// on; bad flags are refused before the model loads. `peregrine router` and `serve
+// --data-parallel-size` take the same flags for their front.
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -170,6 +171,47 @@ test('--ssl-cert-reqs 2: a client certificate signed by --ssl-ca-certs is requir
     }
 });
 
+test('peregrine router --ssl-*: a TLS front over a plain replica', async () => {
+    const { spawn } = await import('node:child_process');
+    const plain = await startServer(['--device', 'cpu', '--threads', '1']);
+    const proc = spawn(process.env.PG_BINARY, ['router', '--port', '0', '--backend', plain.url, ...tlsArgs],
+        { stdio: ['ignore', 'ignore', 'pipe'] });
+    try {
+        let log = '';
+        const url = await new Promise((resolve, reject) => {
+            const timer = setTimeout(() => reject(new Error(`router not ready:\n${log}`)), 30000);
+            proc.stderr.on('data', (d) => {
+                log += d;
+                const m = log.match(/ready: routing at (https:\/\/[^\s]+)\/v1/);
+                if (m) {
+                    clearTimeout(timer);
+                    resolve(m[1]);
+                }
+            });
+        });
+        const body = { prompt: 'Once upon a time', max_tokens: 8, temperature: 0 };
+        const through = JSON.parse((await request(`${url}/v1/completions`, { body })).body).choices[0].text;
+        const direct = JSON.parse((await (await fetch(`${plain.url}/v1/completions`, {
+            method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body),
+        })).text())).choices[0].text;
+        assert.equal(through, direct);
+    } finally {
+        proc.kill('SIGTERM');
+        await plain.stop();
+    }
+});
+
+test('serve --data-parallel-size 2 --ssl-*: the front serves TLS', async () => {
+    const dp = await startServer(['--device', 'cpu', '--threads', '1', '--data-parallel-size', '2', ...tlsArgs]);
+    try {
+        assert.match(dp.url, /^https:/);
+        const r = await request(`${dp.url}/v1/completions`, { body: { prompt: 'Hi', max_tokens: 4 } });
+        assert.equal(r.status, 200, r.body);
+    } finally {
+        await dp.stop();
+    }
+});
+
 test('bad TLS flags are refused before the model loads, naming the flag', () => {
     const run = (...args) => spawnSync(process.env.PG_BINARY, ['serve', '--port', '0', ...args], { encoding: 'utf8', timeout: 30000 });
     const cases = [
@@ -178,6 +220,8 @@ test('bad TLS flags are refused before the model loads, naming the flag', () => 
         [['--ssl-certfile', file('ca.key'), '--ssl-keyfile', file('server.key')], /--ssl-certfile/],
         [[...tlsArgs, '--ssl-cert-reqs', '2'], /needs --ssl-ca-certs/],
         [['--ssl-ca-certs', file('ca.pem')], /need --ssl-certfile/],
+        [['--data-parallel-size', '2', '--ssl-certfile', file('server.pem'), '--ssl-keyfile', file('client.key')],
+            /--ssl-keyfile/],
     ];
     for (const [args, message] of cases) {
         const r = run(...args);

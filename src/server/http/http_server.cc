@@ -177,6 +177,10 @@ void HttpServer::start() {
     }
 }
 
+void check_tls_files(const TlsOptions& tls) {
+    (void)tls_context(tls);
+}
+
 int HttpServer::port() const {
     return impl_->port;
 }

@@ -40,6 +40,10 @@ struct HttpServerOptions {
 // for model files, gRPC and logs.
 int default_max_connections();
 
+// Loads `tls`'s files as the server will (throws Error naming the flag and OpenSSL's reason):
+// lets a command check them before it does anything slow.
+void check_tls_files(const TlsOptions& tls);
+
 class HttpServer {
   public:
     HttpServer(HttpServerOptions options, HttpHandler handler);
