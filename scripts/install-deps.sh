@@ -10,6 +10,8 @@ packages=(
     libboost-dev
     # serve --ssl-* (HTTPS, WSS, gRPC over TLS); the TLS test makes its certificates with openssl.
     libssl-dev openssl
+    # The chat page's test drives Debian's chromium headless (tests/server/ui.test.mjs).
+    chromium
     # KV-cache events over ZMQ (src/server/kv_events.*); the test subscribes with Debian's
     # python3-zmq and decodes with python3-msgpack (tests/server/kv_events_test.py).
     libzmq3-dev python3-zmq python3-msgpack

@@ -42,6 +42,7 @@ struct ServeArgs {
     int port = 8000;
     int grpc_port = 0;       // 0 = no gRPC API
     server::TlsOptions tls;  // --ssl-*: HTTPS, WSS and gRPC over TLS
+    bool ui = true;          // the chat page at /
     std::vector<std::string> served_model_names;
     std::vector<std::string> api_keys;
     int io_threads = 0;
@@ -189,6 +190,7 @@ int run(ServeArgs& a) {
     sopts.rate_limits.tokens_per_minute = a.rate_limit_tpm;
     sopts.access_log = a.access_log;
     sopts.root_path = a.root_path;
+    sopts.ui = a.ui;
     sopts.limits = a.limits;
     // Declared before `app`, so destroyed after the engine that calls it.
     std::unique_ptr<server::KvEventPublisher> kv_events;
@@ -288,6 +290,8 @@ std::function<int()> add_serve(CLI::App& app) {
     cmd->add_option("--grpc-port", args->grpc_port, "Port for the gRPC API (proto/peregrine/v1); 0 = off (default 0)")
         ->check(CLI::Range(0, 65535));
     add_tls_flags(cmd, args->tls);
+    cmd->add_flag_callback(
+        "--no-ui", [args] { args->ui = false; }, "No chat page at / (default: one, as llama.cpp's server)");
     cmd->add_option("--served-model-name", args->served_model_names,
                     "Model name(s) clients send; the first is reported (default: the model's folder or file name)");
     cmd->add_option("--api-key", args->api_keys,

@@ -12,6 +12,7 @@ namespace peregrine::server {
 void handle_health(CompletionService& service, ApiCall& call);
 // GET /ping (vLLM, SageMaker): 200 with an empty body once serving; 503 while loading or draining.
 void handle_ping(CompletionService& service, ApiCall& call);
+void handle_ui(CompletionService& service, ApiCall& call);  // GET /: the chat page
 // GET /version: {"version": "..."}, as vLLM.
 void handle_version(CompletionService& service, ApiCall& call);
 // GET /metrics: the Prometheus exposition.

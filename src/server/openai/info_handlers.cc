@@ -5,6 +5,7 @@
 
 #include "peregrine/version.h"
 #include "server/openai/handlers.h"
+#include "server/ui/ui_page.h"
 
 namespace peregrine::server {
 
@@ -63,6 +64,16 @@ void handle_health(CompletionService& service, ApiCall& call) {
     j["generation_tokens"] = s.generation_tokens;
     j["memory_rss_bytes"] = rss_bytes();
     call.ex->respond(200, dump(j));
+}
+
+void handle_ui(CompletionService&, ApiCall& call) {
+    // The page loads nothing from elsewhere; the policy says so to the browser as well.
+    call.ex->respond(200, std::string(chat_page()), "text/html; charset=utf-8",
+                     {{"Cache-Control", "no-cache"},
+                      {"X-Content-Type-Options", "nosniff"},
+                      {"Content-Security-Policy",
+                       "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                       "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"}});
 }
 
 void handle_ping(CompletionService& service, ApiCall& call) {

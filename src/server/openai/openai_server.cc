@@ -61,6 +61,8 @@ OpenAiServer::OpenAiServer(OpenAiServerOptions options)
     routes_.add({"POST", "/tokenize",            false, Api,        "",           handler(handle_tokenize)});
     routes_.add({"POST", "/detokenize",          false, Api,        "",           handler(handle_detokenize)});
     routes_.add({"GET",  "/v1/ws",               false, Handshake,  "",           upgrade});
+    if (options.ui)
+        routes_.add({"GET", "/",                 false, Open,       "",           handler(handle_ui)});
     // clang-format on
 }
 
@@ -84,6 +86,7 @@ void OpenAiServer::dispatch(const HttpRequest& req, const std::shared_ptr<Exchan
     if (!root_path_.empty() && path.starts_with(root_path_) &&
         (path.size() == root_path_.size() || path[root_path_.size()] == '/'))
         path.remove_prefix(root_path_.size());
+    if (path.empty()) path = "/";  // the root path itself: its page
     const Route* route = routes_.find(path);
     try {
         if (!route) throw ApiError(404, str_cat("no route for ", req.method, " ", req.path), "", "not_found");

@@ -19,6 +19,7 @@ struct OpenAiServerOptions {
     // Behind a proxy that forwards a prefix ("/llm"): paths under it are served as without it
     // (and paths without it still work), as vLLM's --root-path. "" or "/": none.
     std::string root_path;
+    bool ui = true;  // the chat page at / (serve --no-ui: 404 there)
 };
 
 }  // namespace peregrine::server
