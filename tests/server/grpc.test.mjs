@@ -168,3 +168,53 @@ test('gRPC health: the server and peregrine.v1.Inference are SERVING', async () 
         h.close();
     }
 });
+
+// Server reflection, v1 (ours) and v1alpha (grpc++'s), with the reflection proto loaded by
+// @grpc/proto-loader (v1alpha: the same file under its old package name).
+test('server reflection v1 and v1alpha list the services and give the descriptors', async () => {
+    const fs = await import('node:fs');
+    const os = await import('node:os');
+    const v1Path = path.join(protoDir, 'grpc', 'reflection', 'v1', 'reflection.proto');
+    const alphaDir = fs.mkdtempSync(path.join(os.tmpdir(), 'pg-refl-'));
+    fs.mkdirSync(path.join(alphaDir, 'grpc', 'reflection', 'v1alpha'), { recursive: true });
+    fs.writeFileSync(path.join(alphaDir, 'grpc', 'reflection', 'v1alpha', 'reflection.proto'),
+        fs.readFileSync(v1Path, 'utf8').replace('package grpc.reflection.v1;', 'package grpc.reflection.v1alpha;'));
+    const ask = (dir, file, pkg, requests) => new Promise((resolve, reject) => {
+        const def = protoLoader.loadSync(file, { includeDirs: [dir], keepCase: true });
+        const Service = pkg.split('.').reduce((o, k) => o[k], grpc.loadPackageDefinition(def)).ServerReflection;
+        const c = new Service(`127.0.0.1:${grpcPort}`, grpc.credentials.createInsecure());
+        const call = c.ServerReflectionInfo();
+        const out = [];
+        call.on('data', (m) => {
+            out.push(m);
+            if (out.length === requests.length) call.end();
+        });
+        call.on('error', reject);
+        call.on('end', () => {
+            c.close();
+            resolve(out);
+        });
+        for (const r of requests) call.write(r);
+    });
+    const requests = [
+        { list_services: '' },
+        { file_containing_symbol: 'peregrine.v1.Inference' },
+        { file_by_filename: 'peregrine/v1/inference.proto' },
+        { file_containing_symbol: 'no.such.Symbol' },
+    ];
+    const [list, bySymbol, byName, missing] =
+        await ask(protoDir, 'grpc/reflection/v1/reflection.proto', 'grpc.reflection.v1', requests);
+    const names = list.list_services_response.service.map((s) => s.name);
+    for (const n of ['peregrine.v1.Inference', 'grpc.reflection.v1.ServerReflection']) assert.ok(names.includes(n), names.join(' '));
+    // A serialized FileDescriptorProto: its name (field 1) and the service's methods are in it.
+    const first = bySymbol.file_descriptor_response.file_descriptor_proto[0].toString('latin1');
+    assert.ok(first.includes('peregrine/v1/inference.proto') && first.includes('Generate'), first.slice(0, 80));
+    // By file name: the same file first.
+    assert.equal(byName.file_descriptor_response.file_descriptor_proto[0].toString('latin1'), first);
+    assert.equal(missing.error_response.error_code, 5);
+    const [alphaList, alphaFile] = await ask(alphaDir, 'grpc/reflection/v1alpha/reflection.proto',
+        'grpc.reflection.v1alpha', requests.slice(0, 2));
+    assert.ok(alphaList.list_services_response.service.some((s) => s.name === 'peregrine.v1.Inference'));
+    assert.ok(alphaFile.file_descriptor_response.file_descriptor_proto.length >= 1);
+    fs.rmSync(alphaDir, { recursive: true, force: true });
+});

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "server/grpc/inference_service.h"
+#include "server/grpc/reflection_v1.h"
 
 namespace peregrine::server {
 
@@ -40,6 +41,10 @@ void GrpcServer::start() {
     const std::string host = options_.host.find(':') != std::string::npos ? "[" + options_.host + "]" : options_.host;
     builder.AddListeningPort(str_cat(host, ":", options_.port), credentials(options_.tls), &port_);
     builder.RegisterService(inference_.get());
+    reflection_v1_ = std::make_unique<ReflectionV1>(
+        std::vector<std::string>{"peregrine.v1.Inference", "grpc.health.v1.Health",
+                                 "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"});
+    builder.RegisterService(reflection_v1_.get());
     server_ = builder.BuildAndStart();
     if (!server_ || port_ == 0) {
         server_.reset();

@@ -1,7 +1,8 @@
 // The gRPC API (proto/peregrine/v1/inference.proto) on the same CompletionService as the HTTP
 // API: a GenerateRequest becomes the same typed request (proto_convert.h), passes the same
 // admission, and is streamed through the shared StreamPump by callback reactors (no thread per
-// stream). Also the standard grpc.health.v1.Health service and server reflection.
+// stream). Also the standard grpc.health.v1.Health service and server reflection (v1alpha from
+// grpc++, v1 of our own: reflection_v1.h).
 #pragma once
 
 #include <memory>
@@ -17,6 +18,7 @@ class Server;
 namespace peregrine::server {
 
 class InferenceService;
+class ReflectionV1;
 
 struct GrpcServerOptions {
     std::string host = "127.0.0.1";
@@ -41,6 +43,7 @@ class GrpcServer {
     GrpcServerOptions options_;
     std::shared_ptr<CompletionService> service_;
     std::unique_ptr<InferenceService> inference_;
+    std::unique_ptr<ReflectionV1> reflection_v1_;
     std::unique_ptr<grpc::Server> server_;
     int port_ = 0;
 };
