@@ -118,6 +118,7 @@ struct TokenLogprob {
 struct Usage {
     int prompt_tokens = 0;
     int completion_tokens = 0;  // over all n choices
+    int max_choice_tokens = 0;  // the longest choice's (vLLM's max_num_generation_tokens)
     int cached_tokens = 0;      // prompt tokens served from the prefix cache
 };
 

@@ -210,7 +210,10 @@ void EngineCore::finish_request(RequestState& r, RequestOutput& last) {
     Usage usage;
     usage.prompt_tokens = r.seqs[0]->num_prompt_tokens;
     usage.cached_tokens = r.seqs[0]->num_cached_prompt_tokens;
-    for (const auto& s : r.seqs) usage.completion_tokens += s->num_output();
+    for (const auto& s : r.seqs) {
+        usage.completion_tokens += s->num_output();
+        usage.max_choice_tokens = std::max(usage.max_choice_tokens, s->num_output());
+    }
     last.usage = usage;
     const Clock::time_point now = Clock::now();
     auto secs = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };

@@ -68,9 +68,13 @@ bool RequestText::process(RequestOutput& out, int* stopped) {
         return false;  // nothing follows a choice's last output
     }
     if (out.usage) {
-        int delivered = 0;
-        for (const Choice& ch : choices_) delivered += ch.delivered;
+        int delivered = 0, longest = 0;
+        for (const Choice& ch : choices_) {
+            delivered += ch.delivered;
+            longest = std::max(longest, ch.delivered);
+        }
         out.usage->completion_tokens = delivered;
+        out.usage->max_choice_tokens = longest;
     }
     return true;
 }

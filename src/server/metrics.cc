@@ -128,6 +128,7 @@ ServerMetrics::ServerMetrics()
       queue_(kLatencyBuckets),
       prompt_tokens_(buckets_1_2_5(1 << 20)),
       generation_tokens_(buckets_1_2_5(1 << 20)),
+      max_generation_tokens_(buckets_1_2_5(1 << 20)),
       prefill_(kLatencyBuckets),
       decode_(kLatencyBuckets),
       inference_(kLatencyBuckets),
@@ -145,6 +146,7 @@ void ServerMetrics::observe_request(FinishReason finish, const Usage& usage, con
     queue_.observe(timing.queue);
     prompt_tokens_.observe(usage.prompt_tokens);
     generation_tokens_.observe(usage.completion_tokens);
+    max_generation_tokens_.observe(usage.max_choice_tokens);
     if (usage.completion_tokens > 0) ttft_.observe(timing.time_to_first_token);
     if (usage.completion_tokens > 0) {
         prefill_.observe(timing.prefill);
@@ -248,6 +250,9 @@ std::string ServerMetrics::render(std::string_view model_name, const EngineStats
     hist("peregrine:request_prompt_tokens", "Number of prefill tokens processed, per request.", prompt_tokens_);
     hist("peregrine:request_generation_tokens", "Number of generation tokens processed, per request.",
          generation_tokens_);
+    hist("peregrine:request_max_num_generation_tokens",
+         "Generation tokens of each request's longest choice (vLLM's max_num_generation_tokens).",
+         max_generation_tokens_);
     hist("peregrine:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", prefill_);
     hist("peregrine:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", decode_);
     hist("peregrine:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",

@@ -63,7 +63,7 @@ class ServerMetrics {
   private:
     mutable std::mutex mu_;
     uint64_t success_stop_ = 0, success_length_ = 0, success_abort_ = 0;
-    Histogram ttft_, itl_, e2e_, queue_, prompt_tokens_, generation_tokens_;
+    Histogram ttft_, itl_, e2e_, queue_, prompt_tokens_, generation_tokens_, max_generation_tokens_;
     // vLLM's per-request phase histograms (its Grafana dashboard's panels): prefill (first
     // scheduled to first token), decode (first to last token), their sum, and the request's
     // mean time per output token.

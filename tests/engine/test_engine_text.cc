@@ -1,6 +1,7 @@
 // Engine outputs with the real tokenizer: streamed text equals the decoded tokens, and stop
 // strings that span token boundaries end the output before them, never leaking.
 #include <gtest/gtest.h>
+#include <algorithm>
 
 #include <chrono>
 #include <thread>
@@ -116,18 +117,19 @@ TEST(EngineText, StopStringEndsOnlyItsChoice) {
     const std::shared_ptr<RequestStream> stream = engine.submit(std::move(r));
     std::vector<std::string> text(3);
     std::vector<int> ids(3, 0), finishes(3, 0);
-    int completion = -1;
+    int completion = -1, longest = -1;
     for (RequestOutput o; stream->next(o);) {
         text[o.index] += o.text;
         ids[o.index] += static_cast<int>(o.token_ids.size());
         if (o.finish != FinishReason::None) ++finishes[o.index];
-        if (o.usage) completion = o.usage->completion_tokens;
+        if (o.usage) completion = o.usage->completion_tokens, longest = o.usage->max_choice_tokens;
     }
     for (int i = 0; i < 3; ++i) {
         EXPECT_EQ(finishes[i], 1) << "choice " << i;
         EXPECT_EQ(text[i].find(" the"), std::string::npos) << text[i];
     }
     EXPECT_EQ(completion, ids[0] + ids[1] + ids[2]);
+    EXPECT_EQ(longest, *std::max_element(ids.begin(), ids.end()));  // the metric's max_num_generation_tokens
 }
 
 // skip_special_tokens off keeps a special token's text (tool-call markers such as Llama 3.1's

@@ -43,6 +43,7 @@ TEST(Metrics, RenderHasEveryFamily) {
     Usage u;
     u.prompt_tokens = 5;
     u.completion_tokens = 11;
+    u.max_choice_tokens = 7;  // n > 1: the longest choice's share
     RequestTiming t;
     t.queue = 0.002;
     t.time_to_first_token = 0.03;
@@ -86,16 +87,18 @@ TEST(Metrics, RenderHasEveryFamily) {
     EXPECT_TRUE(has("peregrine:time_to_first_token_seconds_bucket{model_name=\"my\\\"model\",le=\"0.02\"} 0\n"));
     EXPECT_TRUE(has("peregrine:time_to_first_token_seconds_bucket{model_name=\"my\\\"model\",le=\"0.04\"} 2\n"));
     EXPECT_TRUE(has("peregrine:request_generation_tokens_bucket{model_name=\"my\\\"model\",le=\"20\"} 2\n"));
+    EXPECT_TRUE(has("peregrine:request_max_num_generation_tokens_sum{model_name=\"my\\\"model\"} 14\n"));
+    EXPECT_TRUE(has("peregrine:request_max_num_generation_tokens_bucket{model_name=\"my\\\"model\",le=\"5\"} 0\n"));
     // Per request: prefill 0.028 s, decode 0.5 s (their sum 0.528 s), 0.05 s a token.
     EXPECT_TRUE(has("peregrine:request_prefill_time_seconds_count{model_name=\"my\\\"model\"} 2\n"));
     EXPECT_TRUE(has("peregrine:request_time_per_output_token_seconds_count{model_name=\"my\\\"model\"} 2\n"));
     EXPECT_TRUE(
         has("peregrine:request_time_per_output_token_seconds_bucket{model_name=\"my\\\"model\",le=\"0.05\"} 2\n"));
     EXPECT_TRUE(has("peregrine:request_decode_time_seconds_sum{model_name=\"my\\\"model\"} 1\n"));
-    for (const char* h :
-         {"time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
-          "request_prompt_tokens", "request_generation_tokens", "request_prefill_time_seconds",
-          "request_decode_time_seconds", "request_inference_time_seconds", "request_time_per_output_token_seconds"})
+    for (const char* h : {"time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
+                          "request_prompt_tokens", "request_generation_tokens", "request_max_num_generation_tokens",
+                          "request_prefill_time_seconds", "request_decode_time_seconds",
+                          "request_inference_time_seconds", "request_time_per_output_token_seconds"})
         EXPECT_TRUE(has(std::string("# TYPE peregrine:") + h + " histogram\n")) << h;
     // Swap preemption: counts, and bytes = blocks x block bytes.
     EXPECT_TRUE(has("peregrine:num_preemptions_total{model_name=\"my\\\"model\"} 5\n"));
