@@ -51,6 +51,11 @@ struct EngineConfig {
     // Bytes of host memory (pinned on CUDA) for the prefix cache's host tier: committed blocks
     // evicted from the KV pool are copied there and copied back on a prefix hit. 0 = none.
     int64_t kv_offload_memory = 0;
+    // A directory for the prefix cache's disk tier (below the host tier, which it needs): blocks
+    // evicted from the host tier are written to one preallocated file of kv_offload_disk_size
+    // bytes there and read back on a prefix hit. Empty = none.
+    std::string kv_offload_disk;
+    int64_t kv_offload_disk_size = 0;
     // What a preempted sequence loses: "swap" (its blocks go to the host tier and come back when it
     // resumes; needs kv_offload_memory) or "recompute" (freed; its prompt and output run again).
     // Empty: swap with a host tier, else recompute.
@@ -136,6 +141,19 @@ struct EngineStats {
     uint64_t prompt_tokens = 0;         // of finished and running requests, counted at submit
     uint64_t generation_tokens = 0;
     uint64_t steps = 0;
+    // The disk tier below the host tier (EngineConfig::kv_offload_disk; zeros without one).
+    int num_disk_kv_blocks = 0;
+    int num_disk_kv_blocks_used = 0;
+    uint64_t disk_slot_bytes = 0;         // one block on disk: header + K/V, rounded up to 4 KiB
+    uint64_t disk_prefix_queries = 0;     // prompt tokens looked up there (device and host missed)
+    uint64_t disk_prefix_hits = 0;        // of those, tokens found there (read back to the host tier)
+    uint64_t disk_evictions = 0;          // disk-tier blocks dropped for others
+    uint64_t kv_disk_written_blocks = 0;  // host -> disk writes issued
+    uint64_t kv_disk_read_blocks = 0;     // disk -> host reads issued
+    uint64_t kv_disk_written_bytes = 0;   // bytes of good writes
+    uint64_t kv_disk_read_bytes = 0;      // bytes of good reads
+    uint64_t disk_write_failures = 0;     // writes failed or skipped (the block dropped)
+    uint64_t disk_read_failures = 0;      // reads failed: the block dropped and recomputed
     // Cumulative wall time of the step's phases, seconds.
     double schedule_seconds = 0;     // scheduler + block manager + batch building
     double execute_seconds = 0;      // the model

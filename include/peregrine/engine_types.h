@@ -96,8 +96,9 @@ struct Request {
 struct KvCacheEvent {
     enum class Kind { BlockStored, BlockRemoved, AllBlocksCleared };
     // Where the blocks are (vLLM's `medium`): Gpu, the engine's KV pool whatever the backend (the
-    // primary tier); Cpu, the host-memory tier (--kv-offload-memory).
-    enum class Medium { Gpu, Cpu };
+    // primary tier); Cpu, the host-memory tier (--kv-offload-memory); Disk, the disk tier
+    // (--kv-offload-disk).
+    enum class Medium { Gpu, Cpu, Disk };
     Kind kind = Kind::BlockStored;
     Medium medium = Medium::Gpu;
     std::vector<uint64_t> block_hashes;  // consecutive blocks of one sequence (Stored), or any (Removed)

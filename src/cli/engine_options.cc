@@ -60,6 +60,13 @@ void add_engine_options(CLI::App* cmd, EngineConfig& o) {
                     "Host-memory bytes (pinned on CUDA) for the prefix cache's host tier: blocks evicted from the "
                     "KV cache are copied there and copied back on a prefix hit (default 0: none)")
         ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--kv-offload-disk", o.kv_offload_disk,
+                    "A directory for the prefix cache's disk tier, below the host tier (needs --kv-offload-memory): "
+                    "blocks evicted from the host tier are written to one preallocated file there and read back "
+                    "on a prefix hit (default: none)");
+    cmd->add_option("--kv-offload-disk-size", o.kv_offload_disk_size,
+                    "Bytes of the disk tier's file under --kv-offload-disk (at least one KV block)")
+        ->check(CLI::NonNegativeNumber);
     cmd->add_option("--preemption-mode", o.preemption_mode,
                     "What a sequence preempted for memory loses: swap (its KV blocks go to the host tier and come "
                     "back when it resumes; needs --kv-offload-memory) | recompute (default: swap with a host tier, "

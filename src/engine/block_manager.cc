@@ -17,11 +17,13 @@ EvictionPolicy eviction_policy_from_name(const std::string& name) {
 }
 
 BlockManager::BlockManager(int num_blocks, int block_size, EvictionPolicy policy, bool prefix_caching,
-                           int num_host_slots)
+                           int num_host_slots, int num_disk_slots)
     : block_size_(block_size), policy_(policy), prefix_caching_(prefix_caching), blocks_(num_blocks) {
-    PG_CHECK(num_blocks > 0 && block_size > 0 && num_host_slots >= 0);
+    PG_CHECK(num_blocks > 0 && block_size > 0 && num_host_slots >= 0 && num_disk_slots >= 0);
     PG_CHECK(prefix_caching || num_host_slots == 0, "a host tier needs prefix caching");
+    PG_CHECK(num_host_slots > 0 || num_disk_slots == 0, "a disk tier needs a host tier");
     if (num_host_slots > 0) host_.emplace(num_host_slots, block_size, policy);
+    if (num_disk_slots > 0) disk_.emplace(num_disk_slots, block_size, policy);
     // A stack: block 0 is handed out first.
     for (int32_t b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
 }
@@ -52,10 +54,11 @@ std::vector<PrefixHit> BlockManager::match_prefix(const Sequence& seq) const {
             const Block& b = blocks_[it->second];
             if (!std::equal(b.tokens.begin(), b.tokens.end(), toks)) break;  // a hash collision
             hit.block = it->second;
-        } else if (host_) {
-            hit.host_slot = host_->find(h, toks);
-            if (hit.host_slot < 0) break;
-        } else {
+        } else if (host_ && (hit.host_slot = host_->find(h, toks)) >= 0) {
+        } else if (const auto l = loading_.find(h);
+                   l != loading_.end() && std::equal(l->second.tokens.begin(), l->second.tokens.end(), toks)) {
+            hit.loading = true;
+        } else if (!disk_ || (hit.disk_slot = disk_->find(h, toks)) < 0) {
             break;
         }
         hits.push_back(hit);
@@ -236,8 +239,76 @@ void BlockManager::swap_in(Sequence& seq) {
 void BlockManager::forget_host_victim(const HostBlockPool::Stored& st) {
     if (!st.evicted) return;
     // An offload of this batch into the same slot is superseded (no onload reads it: pinned).
-    std::erase_if(pending_.offloads, [&](const std::pair<int32_t, int32_t>& o) { return o.second == st.slot; });
+    const size_t superseded =
+        std::erase_if(pending_.offloads, [&](const std::pair<int32_t, int32_t>& o) { return o.second == st.slot; });
     if (recording_) record_removed(*st.evicted, KvCacheEvent::Medium::Cpu);
+    // A superseded offload never brought the victim's bytes: nothing true to spill.
+    if (disk_ && superseded == 0) spill(st);
+}
+
+void BlockManager::spill(const HostBlockPool::Stored& st) {
+    const HostBlockPool::Stored ds =
+        disk_->store(*st.evicted, st.evicted_parent, st.evicted_tokens.data(), st.evicted_uses, st.evicted_keyed);
+    if (ds.slot < 0) return;  // on disk already, or every disk slot is read this step
+    if (ds.evicted) {
+        std::erase_if(pending_.spills, [&](const DiskCopy& c) { return c.disk_slot == ds.slot; });
+        if (recording_) record_removed(*ds.evicted, KvCacheEvent::Medium::Disk);
+    }
+    pending_.spills.push_back({st.slot, ds.slot, *st.evicted});
+    if (recording_) record_stored(*st.evicted, st.evicted_parent, st.evicted_tokens, KvCacheEvent::Medium::Disk);
+}
+
+int BlockManager::prefetch(const std::vector<PrefixHit>& hits) {
+    if (!disk_) return 0;
+    // The chain's host and disk blocks stay where they are while host slots are taken.
+    for (const PrefixHit& h : hits) {
+        if (h.on_host()) host_->pin(h.host_slot);
+        if (h.disk_slot >= 0) disk_->pin(h.disk_slot);
+    }
+    int started = 0;
+    for (const PrefixHit& h : hits) {
+        if (h.disk_slot < 0) continue;
+        const uint64_t hash = disk_->hash(h.disk_slot);
+        if (host_->num_reservable() == 0 || loading_.count(hash)) break;
+        const HostBlockPool::Stored st = host_->reserve();
+        PG_CHECK(st.slot >= 0, "host slot count changed while prefetching");
+        forget_host_victim(st);  // may spill the victim: the chain's disk slots are pinned
+        disk_->touch(h.disk_slot);
+        loading_.emplace(hash, Loading{st.slot, h.disk_slot, disk_->parent(h.disk_slot), disk_->tokens(h.disk_slot),
+                                       disk_->uses(h.disk_slot), disk_->keyed(h.disk_slot)});
+        pending_.reads.push_back({st.slot, h.disk_slot, hash});
+        ++started;
+    }
+    return started;
+}
+
+void BlockManager::finish_disk_read(uint64_t hash, bool ok) {
+    const auto it = loading_.find(hash);
+    PG_CHECK(it != loading_.end(), "a disk read nobody asked for");
+    Loading l = std::move(it->second);
+    loading_.erase(it);
+    if (ok && !host_->contains(hash)) {
+        host_->adopt(l.host_slot, hash, l.parent, l.tokens, l.uses, l.keyed);
+        if (recording_) record_stored(hash, l.parent, l.tokens, KvCacheEvent::Medium::Cpu);
+    } else {
+        host_->release(l.host_slot);
+    }
+    if (!ok) {
+        ++stats_.disk_read_failures;
+        drop_disk(l.disk_slot, hash);
+    }
+}
+
+void BlockManager::finish_disk_write(int32_t disk_slot, uint64_t hash, bool ok) {
+    if (ok) return;
+    ++stats_.disk_write_failures;
+    drop_disk(disk_slot, hash);
+}
+
+void BlockManager::drop_disk(int32_t disk_slot, uint64_t hash) {
+    if (!disk_->is_held(disk_slot) || disk_->hash(disk_slot) != hash) return;  // reused since
+    disk_->drop(disk_slot);
+    if (recording_) record_removed(hash, KvCacheEvent::Medium::Disk);
 }
 
 EvictionKey BlockManager::eviction_key(int32_t b) const {
@@ -309,8 +380,11 @@ void BlockManager::offload(int32_t b) {
 BlockTransfers BlockManager::take_transfers() {
     BlockTransfers t = std::exchange(pending_, {});
     if (host_) host_->unpin_all();
+    if (disk_) disk_->unpin_all();
     for (int32_t slot : swapped_in_slots_) host_->release(slot);
     swapped_in_slots_.clear();
+    stats_.disk_writes += t.spills.size();
+    stats_.disk_reads += t.reads.size();
     stats_.offloaded_blocks += t.offloads.size();
     stats_.onloaded_blocks += t.onloads.size();
     return t;

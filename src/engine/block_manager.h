@@ -22,6 +22,17 @@
 // goes on from the same num_computed. The copies ride in the same BlockTransfers. A swap-in's
 // slots are released at take_transfers, after the onloads that read them were handed out.
 //
+// Disk tier (num_disk_slots > 0, below the host tier): a host-tier block evicted for another is
+// spilled (its bytes written to a disk slot, DiskBlockFile) unless this batch's offload into
+// that slot was superseded (then its bytes never arrived). match_prefix continues a chain in
+// the disk tier after the host tier; such hits are not adopted: prefetch reserves host slots and
+// queues reads into them, and the sequence waits until finish_disk_read makes each a held host
+// slot (or, on a failed read, drops the block: the sequence recomputes it). Spills and reads of
+// one schedule ride in its BlockTransfers: spills are staged (host bytes copied) before the
+// offloads that may overwrite their host slots; reads fill reserved slots nobody else touches.
+// Disk slots read in a schedule are pinned until take_transfers, and the I/O thread runs writes
+// and reads in issue order, so a later write to a slot comes after the read of its old block.
+//
 // Conversations: a block committed or adopted by a sequence with `keyed` set (the request's
 // prompt_cache_key) is evicted, in both tiers, only after every anonymous block.
 #pragma once
@@ -53,14 +64,32 @@ struct BlockStats {
     uint64_t swap_outs = 0;         // preempted sequences whose blocks went to the host tier
     uint64_t swapped_out_blocks = 0;
     uint64_t swapped_in_blocks = 0;
+    uint64_t disk_queries = 0;         // prompt tokens looked up in the disk tier (device and host missed)
+    uint64_t disk_hits = 0;            // of those, tokens found there (read back into the host tier)
+    uint64_t disk_writes = 0;          // host -> disk block writes issued
+    uint64_t disk_reads = 0;           // disk -> host block reads issued
+    uint64_t disk_write_failures = 0;  // writes that failed or were skipped (block dropped)
+    uint64_t disk_read_failures = 0;   // reads that failed (block dropped, recomputed)
 };
 
 // One block of a prefix hit: in the device pool (`block`), or only in the host tier
-// (`host_slot`; allocate gives it a device block and queues its onload). Exactly one is >= 0.
+// (`host_slot`; allocate gives it a device block and queues its onload), or only on disk
+// (`disk_slot`), or on its way from disk to the host tier (`loading`). Disk and loading hits are
+// never adopted: the scheduler prefetches or waits, and cuts the chain before them.
 struct PrefixHit {
     int32_t block = -1;
     int32_t host_slot = -1;
+    int32_t disk_slot = -1;
+    bool loading = false;
     bool on_host() const { return host_slot >= 0; }
+    bool adoptable() const { return block >= 0 || host_slot >= 0; }
+};
+
+// A block moving between the host tier and the disk tier.
+struct DiskCopy {
+    int32_t host_slot = -1;
+    int32_t disk_slot = -1;
+    uint64_t hash = 0;  // stamped in the disk slot's header and checked on the read
 };
 
 // The K/V copies between the tiers one schedule decided, to be issued before its step in this
@@ -68,14 +97,18 @@ struct PrefixHit {
 struct BlockTransfers {
     std::vector<std::pair<int32_t, int32_t>> offloads;  // (device block, host slot): device -> host
     std::vector<std::pair<int32_t, int32_t>> onloads;   // (host slot, device block): host -> device
-    bool empty() const { return offloads.empty() && onloads.empty(); }
+    std::vector<DiskCopy> spills;                       // host -> disk: staged before the offloads
+    std::vector<DiskCopy> reads;                        // disk -> reserved host slots
+    bool device_empty() const { return offloads.empty() && onloads.empty(); }
+    bool empty() const { return device_empty() && spills.empty() && reads.empty(); }
 };
 
 class BlockManager {
   public:
-    // num_host_slots > 0: a host tier of that many blocks (needs prefix_caching).
+    // num_host_slots > 0: a host tier of that many blocks (needs prefix_caching); num_disk_slots
+    // > 0: a disk tier of that many blocks below it (needs the host tier).
     BlockManager(int num_blocks, int block_size, EvictionPolicy policy = EvictionPolicy::Lru,
-                 bool prefix_caching = true, int num_host_slots = 0);
+                 bool prefix_caching = true, int num_host_slots = 0, int num_disk_slots = 0);
 
     int num_blocks() const { return static_cast<int>(blocks_.size()); }
     int block_size() const { return block_size_; }
@@ -86,6 +119,8 @@ class BlockManager {
     // The host tier (null without one).
     const HostBlockPool* host() const { return host_ ? &*host_ : nullptr; }
     uint64_t host_evictions() const { return host_ ? host_->evictions() : 0; }
+    // The disk tier's bookkeeping (null without one).
+    const HostBlockPool* disk() const { return disk_ ? &*disk_ : nullptr; }
     // Prefix-cache events (a block becoming findable, a findable block evicted), kept from
     // set_recording(true) until taken.
     void set_recording(bool on) { recording_ = on; }
@@ -104,6 +139,20 @@ class BlockManager {
     // device pool, else in the host tier; the chain ends at the first block in neither. Takes
     // no references.
     std::vector<PrefixHit> match_prefix(const Sequence& seq) const;
+
+    // The disk tier. count_disk_query: a prompt's disk lookup (`queried` tokens, `hit` found).
+    // prefetch: reads the chain's disk hits into reserved host slots, as many as the host tier
+    // can take (its other hits pinned meanwhile); the number of reads queued.
+    // finish_disk_*: the I/O thread's answer; a failed read or write drops the block from the
+    // disk tier (a read's host slot is released), a good read makes its slot a held host block.
+    void count_disk_query(int queried, int hit) {
+        stats_.disk_queries += queried;
+        stats_.disk_hits += hit;
+    }
+    int prefetch(const std::vector<PrefixHit>& hits);
+    int num_loading() const { return static_cast<int>(loading_.size()); }
+    void finish_disk_read(uint64_t hash, bool ok);
+    void finish_disk_write(int32_t disk_slot, uint64_t hash, bool ok);
 
     // Whether `seq` can be given room for `num_new` more tokens; `hits` are the prefix blocks
     // it will adopt (only for a sequence that holds no blocks yet; a host hit needs a block).
@@ -195,8 +244,21 @@ class BlockManager {
     };
     std::unordered_map<uint64_t, std::vector<Swapped>> swapped_;  // by seq_id, in table order
     std::vector<int32_t> swapped_in_slots_;                       // released at take_transfers
-    // The host slot's eviction was announced and its pending offload dropped.
+    // The host slot's eviction was announced and its pending offload dropped (else it is
+    // spilled to the disk tier, when there is one).
     void forget_host_victim(const HostBlockPool::Stored& st);
+    void spill(const HostBlockPool::Stored& st);
+    void drop_disk(int32_t disk_slot, uint64_t hash);  // if that slot still holds `hash`
+    std::optional<HostBlockPool> disk_;
+    // Blocks being read from disk into a reserved host slot, by hash: what the slot will hold.
+    struct Loading {
+        int32_t host_slot = -1, disk_slot = -1;
+        std::optional<uint64_t> parent;
+        std::vector<int32_t> tokens;
+        uint64_t uses = 0;
+        bool keyed = false;
+    };
+    std::unordered_map<uint64_t, Loading> loading_;
     uint64_t clock_ = 0;
     BlockStats stats_;
     bool recording_ = false;

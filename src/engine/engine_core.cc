@@ -58,13 +58,21 @@ void check_prompt(const Request& r, int vocab, int max_model_len, int kv_tokens)
         fail("the prompt has ", r.prompt_ids.size(), " tokens; the KV cache holds only ", kv_tokens);
 }
 
+std::unique_ptr<DiskBlockFile> make_disk_tier(const CoreConfig& config, ModelExecutor& executor) {
+    if (config.disk_dir.empty()) return nullptr;
+    if (!config.prefix_caching || executor.num_host_kv_blocks() == 0 || !executor.host_kv_data())
+        fail("--kv-offload-disk needs a host tier to read its blocks back through (--kv-offload-memory)");
+    return std::make_unique<DiskBlockFile>(config.disk_dir, config.disk_bytes, executor.kv_block_bytes());
+}
+
 }  // namespace
 
 EngineCore::EngineCore(const CoreConfig& config, ModelExecutor& executor)
     : config_(config),
       executor_(executor),
+      disk_(make_disk_tier(config, executor)),
       blocks_(executor.num_kv_blocks(), executor.block_size(), config.eviction, config.prefix_caching,
-              config.prefix_caching ? executor.num_host_kv_blocks() : 0),
+              config.prefix_caching ? executor.num_host_kv_blocks() : 0, disk_ ? disk_->num_slots() : 0),
       scheduler_(config.scheduler, blocks_),
       sampler_(config.eos_token_ids) {
     blocks_.set_recording(static_cast<bool>(config.kv_events));
@@ -105,7 +113,7 @@ int EngineCore::pin_prefix(const std::vector<int32_t>& tokens) {
     // The prefix's blocks were just computed; only those still in the device pool are taken
     // (a pool so small that they were evicted already pins less).
     std::vector<PrefixHit> hits = blocks_.match_prefix(*holder);
-    const auto host = std::find_if(hits.begin(), hits.end(), [](const PrefixHit& h) { return h.on_host(); });
+    const auto host = std::find_if(hits.begin(), hits.end(), [](const PrefixHit& h) { return h.block < 0; });
     hits.erase(host, hits.end());
     std::vector<std::pair<int32_t, int32_t>> copies;
     blocks_.allocate(*holder, 0, hits, copies);
@@ -283,9 +291,13 @@ std::optional<EngineCore::Launch> EngineCore::launch(bool overlapped) {
         }
     }
     Launch l;
+    if (disk_) finish_disk_io();
     l.sched = scheduler_.schedule();
+    if (disk_) issue_disk_io(l.sched.transfers);
     if (l.sched.empty()) {
-        PG_CHECK(l.sched.transfers.empty(), "tier copies decided for an empty step");
+        PG_CHECK(l.sched.transfers.device_empty(), "tier copies decided for an empty step");
+        // Nothing runs until a disk read lands: wait for the I/O thread rather than spin.
+        if (!overlapped && blocks_.num_loading() > 0) disk_->wait_done(std::chrono::milliseconds(5));
         return std::nullopt;
     }
     ++totals_.steps;
@@ -467,6 +479,32 @@ std::vector<RequestOutput> EngineCore::step() {
     return outputs;
 }
 
+void EngineCore::finish_disk_io() {
+    for (const DiskBlockFile::Done& d : disk_->take_done()) {
+        if (!d.ok && !d.error.empty())
+            std::fprintf(stderr,
+                         "warning: KV disk tier: %s of block %016llx in %s failed (%s); block dropped, its "
+                         "tokens will be recomputed\n",
+                         d.is_read ? "read" : "write", static_cast<unsigned long long>(d.hash), disk_->path().c_str(),
+                         d.error.c_str());
+        if (d.is_read)
+            blocks_.finish_disk_read(d.hash, d.ok);
+        else
+            blocks_.finish_disk_write(d.slot, d.hash, d.ok);
+    }
+}
+
+// Spills first: their host slots may be overwritten by this step's offloads (issued after) or
+// filled by its reads. Both only touch host slots no queued device copy still writes.
+void EngineCore::issue_disk_io(const BlockTransfers& t) {
+    if (t.spills.empty() && t.reads.empty()) return;
+    executor_.wait_host_kv();
+    char* host = static_cast<char*>(executor_.host_kv_data());
+    const size_t bytes = executor_.kv_block_bytes();
+    for (const DiskCopy& c : t.spills) disk_->write(c.disk_slot, c.hash, host + c.host_slot * bytes);
+    for (const DiskCopy& c : t.reads) disk_->read(c.disk_slot, c.hash, host + c.host_slot * bytes);
+}
+
 EngineStats EngineCore::stats() const {
     EngineStats s = totals_;
     s.num_running = scheduler_.num_running();
@@ -491,6 +529,20 @@ EngineStats EngineCore::stats() const {
     s.kv_offloaded_blocks = blocks_.stats().offloaded_blocks;
     s.kv_onloaded_blocks = blocks_.stats().onloaded_blocks;
     s.kv_block_bytes = executor_.kv_block_bytes();
+    if (const HostBlockPool* disk = blocks_.disk()) {
+        s.num_disk_kv_blocks = disk->num_slots();
+        s.num_disk_kv_blocks_used = disk->num_used();
+        s.disk_evictions = disk->evictions();
+        s.disk_slot_bytes = DiskBlockFile::slot_stride(disk_->block_bytes());
+        s.kv_disk_written_bytes = disk_->bytes_written();
+        s.kv_disk_read_bytes = disk_->bytes_read();
+    }
+    s.disk_prefix_queries = blocks_.stats().disk_queries;
+    s.disk_prefix_hits = blocks_.stats().disk_hits;
+    s.kv_disk_written_blocks = blocks_.stats().disk_writes;
+    s.kv_disk_read_blocks = blocks_.stats().disk_reads;
+    s.disk_write_failures = blocks_.stats().disk_write_failures;
+    s.disk_read_failures = blocks_.stats().disk_read_failures;
     return s;
 }
 

@@ -12,6 +12,7 @@
 
 #include "engine/batch_builder.h"
 #include "engine/block_manager.h"
+#include "engine/disk_block_file.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "grammar/token_cache.h"
@@ -35,6 +36,10 @@ struct CoreConfig {
     int64_t seed = -1;  // EngineConfig::seed: the default seed of requests without one; -1 random
     // Token ids of the prefixes to prefill at construction and keep for good (pin_prefix).
     std::vector<std::vector<int32_t>> pinned_prefixes;
+    // The disk tier below the host tier (EngineConfig::kv_offload_disk, kv_offload_disk_size):
+    // a directory for its file and its bytes; empty: none. Needs the executor's host tier.
+    std::string disk_dir;
+    int64_t disk_bytes = 0;
 };
 
 class EngineCore {
@@ -103,9 +108,14 @@ class EngineCore {
     void finish_choice(RequestState& r, Sequence& seq, FinishReason reason, std::string stop, RequestOutput& out);
     void finish_request(RequestState& r, RequestOutput& last);
     void fork_choices(RequestState& r, Sequence& parent);
+    // The disk tier: hands the I/O thread's answers to the block manager (a warning line per
+    // dropped block), and issues a schedule's spills and reads.
+    void finish_disk_io();
+    void issue_disk_io(const BlockTransfers& t);
 
     CoreConfig config_;
     ModelExecutor& executor_;
+    std::unique_ptr<DiskBlockFile> disk_;  // before blocks_, which is sized by it
     BlockManager blocks_;
     Scheduler scheduler_;
     Sampler sampler_;

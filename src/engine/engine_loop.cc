@@ -148,6 +148,8 @@ CoreConfig core_config(const EngineConfig& config, const std::vector<int>& eos_t
         c.preemption_mode == "swap" || (c.preemption_mode.empty() && c.kv_offload_memory > 0);
     core.async_scheduling = c.async_scheduling;
     core.kv_events = c.kv_events;
+    core.disk_dir = c.kv_offload_disk;
+    core.disk_bytes = c.kv_offload_disk_size;
     core.seed = c.seed;
     core.eos_token_ids.assign(eos_token_ids.begin(), eos_token_ids.end());
     return core;

@@ -44,8 +44,13 @@ int32_t HostBlockPool::take_slot(Stored& out) {
     if (evictable_.empty()) return -1;  // every slot is reserved or read this step
     const int32_t slot = std::get<2>(*evictable_.begin());
     evictable_.erase(evictable_.begin());
-    out.evicted = slots_[slot].hash;
-    index_.erase(slots_[slot].hash);
+    Slot& victim = slots_[slot];
+    out.evicted = victim.hash;
+    out.evicted_parent = victim.parent;
+    out.evicted_tokens = std::move(victim.tokens);
+    out.evicted_uses = victim.uses;
+    out.evicted_keyed = victim.keyed;
+    index_.erase(victim.hash);
     ++evictions_;
     return slot;
 }
@@ -68,6 +73,39 @@ void HostBlockPool::release(int32_t slot) {
     free_.push_back(slot);
 }
 
+void HostBlockPool::adopt(int32_t slot, uint64_t hash, std::optional<uint64_t> parent,
+                          const std::vector<int32_t>& tokens, uint64_t uses, bool keyed) {
+    PG_CHECK(slots_[slot].reserved && !index_.count(hash), "adopting host slot ", slot);
+    PG_CHECK(static_cast<int>(tokens.size()) == block_size_);
+    --num_reserved_;
+    hold(slot, hash, parent, tokens.data(), uses, keyed);
+}
+
+void HostBlockPool::hold(int32_t slot, uint64_t hash, std::optional<uint64_t> parent, const int32_t* tokens,
+                         uint64_t uses, bool keyed) {
+    Slot& s = slots_[slot];
+    s = Slot{};
+    s.held = true;
+    s.hash = hash;
+    s.parent = parent;
+    s.tokens.assign(tokens, tokens + block_size_);
+    s.last_used = s.stored_at = ++clock_;
+    s.uses = uses;
+    s.keyed = keyed;
+    s.key = key_of(slot);
+    evictable_.insert(s.key);
+    index_.emplace(hash, slot);
+}
+
+void HostBlockPool::drop(int32_t slot) {
+    Slot& s = slots_[slot];
+    PG_CHECK(s.held && !s.pinned, "dropping host slot ", slot);
+    evictable_.erase(s.key);
+    index_.erase(s.hash);
+    s = Slot{};
+    free_.push_back(slot);
+}
+
 HostBlockPool::Stored HostBlockPool::store(uint64_t hash, std::optional<uint64_t> parent, const int32_t* tokens,
                                            uint64_t uses, bool keyed) {
     Stored out;
@@ -84,18 +122,7 @@ HostBlockPool::Stored HostBlockPool::store(uint64_t hash, std::optional<uint64_t
     }
     const int32_t slot = take_slot(out);
     if (slot < 0) return out;
-    Slot& s = slots_[slot];
-    s = Slot{};
-    s.held = true;
-    s.hash = hash;
-    s.parent = parent;
-    s.tokens.assign(tokens, tokens + block_size_);
-    s.last_used = s.stored_at = ++clock_;
-    s.uses = uses;
-    s.keyed = keyed;
-    s.key = key_of(slot);
-    evictable_.insert(s.key);
-    index_.emplace(hash, slot);
+    hold(slot, hash, parent, tokens, uses, keyed);
     out.slot = slot;
     return out;
 }

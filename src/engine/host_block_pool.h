@@ -10,7 +10,11 @@
 //
 // Swap preemption reserves slots outside the cache: a reserved slot holds a preempted
 // sequence's block (full or partial), is neither findable nor evictable, and goes back to the
-// free slots only when released (after the onload that reads it was issued).
+// free slots only when released (after the onload that reads it was issued). A disk read
+// fills a reserved slot too, which `adopt` then makes a held one.
+//
+// The disk tier (--kv-offload-disk) keeps its bookkeeping in a second HostBlockPool over its
+// file's slots: the same index, token check and eviction order (no reservations there).
 #pragma once
 
 #include <cstdint>
@@ -44,6 +48,12 @@ class HostBlockPool {
     struct Stored {
         int32_t slot = -1;                // where the block's bytes go; -1: nothing to copy
         std::optional<uint64_t> evicted;  // the hash of the block evicted to make room
+        // What the slot knew of the evicted block (its bytes are still in the slot until the
+        // new ones are copied in): what a spill to the tier below needs.
+        std::optional<uint64_t> evicted_parent;
+        std::vector<int32_t> evicted_tokens;
+        uint64_t evicted_uses = 0;
+        bool evicted_keyed = false;
     };
     // Gives the block a slot, evicting the policy's victim when none is free. Nothing to copy
     // (slot -1) when the hash is held already (touched instead) or every held slot is pinned.
@@ -56,6 +66,12 @@ class HostBlockPool {
     // (`slot` -1 when every slot is reserved or pinned). Call num_reservable first.
     Stored reserve();
     void release(int32_t slot);  // a reserved slot back to the free ones
+    // A reserved slot whose bytes now hold the block `hash` (a finished disk read) becomes a
+    // held one, findable and evictable. The hash must not be held already.
+    void adopt(int32_t slot, uint64_t hash, std::optional<uint64_t> parent, const std::vector<int32_t>& tokens,
+               uint64_t uses, bool keyed);
+    // Forgets a held, unpinned slot's block (its bytes turned out bad) and frees the slot.
+    void drop(int32_t slot);
     void pin(int32_t slot);
     void unpin_all();
 
@@ -91,6 +107,9 @@ class HostBlockPool {
     int num_reserved_ = 0;
 
     int32_t take_slot(Stored& out);  // a free slot, else the victim's (-1: none)
+    // Fills a taken slot with a block (block_size tokens), findable and evictable.
+    void hold(int32_t slot, uint64_t hash, std::optional<uint64_t> parent, const int32_t* tokens, uint64_t uses,
+              bool keyed);
     EvictionKey key_of(int32_t slot) const;
 };
 

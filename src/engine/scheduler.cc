@@ -107,6 +107,7 @@ SchedulerOutput Scheduler::schedule() {
         const bool swapped = blocks_.is_swapped(*seq);
         std::vector<PrefixHit> hits;
         if (!swapped) hits = blocks_.match_prefix(*seq);
+        if (!swapped && blocks_.disk() && !take_disk_hits(*seq, hits)) break;  // head of line waits for disk reads
         const int hit_tokens = static_cast<int>(hits.size()) * blocks_.block_size();
         const int num_new = std::min(seq->num_tokens() - (swapped ? seq->num_computed : hit_tokens), budget);
         if (swapped ? !blocks_.can_swap_in(*seq, num_new) : !blocks_.can_allocate(*seq, num_new, hits))
@@ -137,6 +138,22 @@ SchedulerOutput Scheduler::schedule() {
     for (const ScheduledSeq& s : out.seqs) out.num_tokens += s.num_new;
     out.transfers = blocks_.take_transfers();
     return out;
+}
+
+bool Scheduler::take_disk_hits(Sequence& seq, std::vector<PrefixHit>& hits) {
+    const auto first_far = std::find_if(hits.begin(), hits.end(), [](const PrefixHit& h) { return !h.adoptable(); });
+    if (!seq.disk_looked_up) {
+        seq.disk_looked_up = true;
+        const int near = static_cast<int>(first_far - hits.begin());
+        const int far = static_cast<int>(hits.size()) - near;
+        blocks_.count_disk_query(seq.num_prompt_tokens - near * blocks_.block_size(), far * blocks_.block_size());
+        if (far > 0 && blocks_.prefetch(hits) > 0) return false;
+    }
+    // Reads in flight end (well or not) within a few steps; blocks still on disk after this
+    // sequence's one prefetch are recomputed (the host tier had no room for them).
+    if (std::any_of(first_far, hits.end(), [](const PrefixHit& h) { return h.loading; })) return false;
+    hits.erase(first_far, hits.end());
+    return true;
 }
 
 void Scheduler::commit(const SchedulerOutput& out) {

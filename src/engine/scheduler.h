@@ -79,6 +79,10 @@ class Scheduler {
     };
     using Queue = std::set<Sequence*, ByPriority>;
     void preempt(Sequence* seq, SchedulerOutput& out);
+    // With a disk tier: on a prompt's first lookup, counts it and prefetches its disk hits;
+    // false while any of its hits is being read (it waits), else cuts `hits` before the first
+    // one it cannot adopt.
+    bool take_disk_hits(Sequence& seq, std::vector<PrefixHit>& hits);
     void erase_waiting(Sequence* seq);
     // The waiting sequence to admit next (null when none): see the fairness rule above.
     // `seats_of` holds each group's running seats.

@@ -37,6 +37,9 @@ struct Sequence {
     int num_computed = 0;              // tokens whose K/V are in the cache (or swapped out to the host tier)
     int num_cached_prompt_tokens = 0;  // prompt tokens that came from the prefix cache (first admission)
     bool admitted_once = false;
+    // Its prompt was looked up in the disk tier (once: its disk hits are read into the host
+    // tier then; a later admission takes what reached it and recomputes the rest).
+    bool disk_looked_up = false;
     std::vector<int32_t> block_table;  // logical block i -> physical block
 
     // Structured output: the grammar's state after the output so far, and the mask of the next

@@ -1,5 +1,6 @@
 // EngineConfig::validate (include/peregrine/engine_config.h): here, beside the workers that
 // LocalExecutor::create builds from it, since every engine is built through them.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -50,6 +51,18 @@ void EngineConfig::validate() const {
                  " bytes)");
         if (!prefix_caching) fail("kv_offload_memory needs prefix caching (it keeps the prefix cache's blocks)");
         if (parallel_size() > 1) fail("kv_offload_memory is not supported with tensor or pipeline parallelism yet");
+    }
+    if (!kv_offload_disk.empty() || kv_offload_disk_size != 0) {
+        if (kv_offload_disk.empty()) fail("--kv-offload-disk-size needs --kv-offload-disk PATH (a directory)");
+        if (kv_offload_disk_size <= 0)
+            fail("--kv-offload-disk ", kv_offload_disk, " needs --kv-offload-disk-size BYTES > 0, got ",
+                 kv_offload_disk_size);
+        if (kv_offload_memory <= 0)
+            fail("--kv-offload-disk needs a host tier to read its blocks back through (--kv-offload-memory BYTES)");
+        struct stat st {};
+        if (::stat(kv_offload_disk.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+            ::access(kv_offload_disk.c_str(), W_OK | X_OK) != 0)
+            fail("--kv-offload-disk ", kv_offload_disk, " is not a writable directory");
     }
     if (max_num_seqs < 0) fail("max_num_seqs must be >= 1 (0: by the device), got ", max_num_seqs);
     if (tensor_parallel_size < 1 || tensor_parallel_size > 64)

@@ -34,6 +34,11 @@ class ModelExecutor {
     // (device block, host slot) out, (host slot, device block) in. One call per step each way.
     virtual void offload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs);
     virtual void onload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs);
+    // The host tier's bytes, slot s at host_kv_data() + s * kv_block_bytes() (null: none), which
+    // the disk tier's I/O thread reads and writes; wait_host_kv first returns once every copy
+    // queued into them is done (a no-op where copies are plain memcpys, as on the CPU).
+    virtual void* host_kv_data() { return nullptr; }
+    virtual void wait_host_kv() {}
     // logits: [batch.logits_indices.size(), vocab].
     virtual void execute(const BatchInput& batch, std::vector<float>& logits) = 0;
     // Whether execute_on_device / launch_sampling / collect_samples are available.

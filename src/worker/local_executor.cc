@@ -64,6 +64,14 @@ int LocalExecutor::num_host_kv_blocks() const {
     return worker_->num_host_kv_blocks();
 }
 
+void* LocalExecutor::host_kv_data() {
+    return worker_->host_kv_data();
+}
+
+void LocalExecutor::wait_host_kv() {
+    worker_->wait_host_kv();
+}
+
 size_t LocalExecutor::kv_block_bytes() const {
     return worker_->kv_block_bytes();
 }

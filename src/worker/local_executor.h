@@ -35,6 +35,8 @@ class LocalExecutor final : public ModelExecutor {
     size_t kv_block_bytes() const override;
     void offload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
     void onload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
+    void* host_kv_data() override;
+    void wait_host_kv() override;
     void execute(const BatchInput& batch, std::vector<float>& logits) override;
     bool samples_on_device() const override;
     void execute_on_device(const BatchInput& batch) override;

@@ -330,6 +330,11 @@ void Worker::onload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs
     backend_->copy_blocks_from_host(host_kv_, kv_block_bytes(), pairs, cache_tensors_);
 }
 
+void Worker::wait_host_kv() {
+    backend_->make_current();
+    backend_->synchronize();
+}
+
 int Worker::num_kv_blocks() const {
     return cache_->shape().num_blocks;
 }

@@ -88,6 +88,9 @@ class Worker {
     int block_size() const;
     int num_host_kv_blocks() const { return host_blocks_; }
     size_t kv_block_bytes() const;  // one block of every layer's K and V
+    void* host_kv_data() { return host_kv_; }
+    // Every device <-> host-tier copy queued so far is done (the whole device, conservatively).
+    void wait_host_kv();
 
     // Copy-on-write of KV blocks, before the batch that writes them.
     void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs);

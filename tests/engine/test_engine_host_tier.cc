@@ -178,24 +178,7 @@ TokensById run_model(TestModel& m, const std::vector<Request>& reqs, int blocks,
 
 TEST(EngineHostTier, RealModelBitwiseWithATinyPool) {
     TestModel m(models_dir() + "/stories260K");
-    std::mt19937 rng(21);
-    std::vector<std::vector<int32_t>> systems(2);
-    for (auto& s : systems) {
-        s.push_back(1);
-        for (int i = 1; i < 64; ++i) s.push_back(3 + rng() % 500);
-    }
-    std::vector<Request> reqs;
-    for (int round = 0; round < 2; ++round)
-        for (int k = 0; k < 6; ++k) {
-            Request r;
-            r.id = "r" + std::to_string(round) + "_" + std::to_string(k);
-            r.prompt_ids = systems[k % 2];
-            for (int i = 0; i < 5 + k; ++i) r.prompt_ids.push_back(3 + (k * 37 + i * 11) % 500);
-            r.sampling.temperature = 0;
-            r.sampling.max_tokens = 12;
-            r.sampling.ignore_eos = true;
-            reqs.push_back(std::move(r));
-        }
+    const std::vector<Request> reqs = shared_system_requests(21, 2, 64, 5);
     const size_t block_bytes = m.model->kv_cache_shape(1, 16).bytes_per_block();
     EngineStats large_st, none_st, tier_st;
     const TokensById large = run_model(m, reqs, 256, 0, &large_st);

@@ -41,6 +41,7 @@ class FakeExecutor final : public ModelExecutor {
     void enable_host_tier(int slots) { host_.assign(static_cast<size_t>(slots) * block_size_, -1); }
     int num_host_kv_blocks() const override { return static_cast<int>(host_.size()) / block_size_; }
     size_t kv_block_bytes() const override { return static_cast<size_t>(block_size_) * sizeof(int32_t); }
+    void* host_kv_data() override { return host_.empty() ? nullptr : host_.data(); }
     void offload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override {
         for (const auto& [blk, slot] : pairs) {
             PG_CHECK(blk >= 0 && blk < num_blocks_ && slot >= 0 && slot < num_host_kv_blocks());
