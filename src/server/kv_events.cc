@@ -64,7 +64,15 @@ void* bind_socket(void* context, int type, const std::string& endpoint, const ch
 
 // vLLM's `medium` strings.
 const char* medium_name(KvCacheEvent::Medium m) {
-    return m == KvCacheEvent::Medium::Cpu ? "CPU" : "GPU";
+    switch (m) {
+        case KvCacheEvent::Medium::Cpu:
+            return "CPU";
+        case KvCacheEvent::Medium::Disk:
+            return "DISK";
+        case KvCacheEvent::Medium::Gpu:
+            break;
+    }
+    return "GPU";
 }
 
 }  // namespace

@@ -12,7 +12,9 @@
 //   with `medium` "GPU" for the engine's KV pool (whatever the backend: the primary tier) and
 //   "CPU" for the host tier (--kv-offload-memory): a block evicted from the pool to the host
 //   tier is a BlockRemoved "GPU" then a BlockStored "CPU"; one dropped from the host tier a
-//   BlockRemoved "CPU"; one copied back a BlockStored "GPU";
+//   BlockRemoved "CPU" (then a BlockStored "DISK" when it is written to the disk tier,
+//   --kv-offload-disk; a block leaving the disk tier is a BlockRemoved "DISK", one read back
+//   from it a BlockStored "CPU"); one copied back a BlockStored "GPU";
 //
 //   a ZMQ ROUTER socket bound at `replay_endpoint` (optional) answers a client's
 //   [empty frame, start sequence number (8 bytes, big-endian)] with every buffered batch from

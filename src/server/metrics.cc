@@ -217,6 +217,32 @@ std::string ServerMetrics::render(std::string_view model_name, const EngineStats
     gauge("peregrine:host_kv_cache_usage_perc", "Host-tier usage. 1 means 100 percent usage.",
           s.num_host_kv_blocks > 0 ? static_cast<double>(s.num_host_kv_blocks_used) / s.num_host_kv_blocks : 0.0);
     gauge("peregrine:host_kv_cache_blocks", "Blocks the host tier holds at most.", s.num_host_kv_blocks);
+    // The disk tier (--kv-offload-disk); zeros without one. Its hits are read back into the host
+    // tier, so they are counted again as host hits when the prompt is admitted.
+    counter("peregrine:disk_prefix_cache_queries",
+            "Disk-tier prefix cache queries, in tokens (prompt tokens after the last KV-cache and host-tier hit).",
+            static_cast<double>(s.disk_prefix_queries));
+    counter("peregrine:disk_prefix_cache_hits", "Disk-tier prefix cache hits, in tokens (read back to the host tier).",
+            static_cast<double>(s.disk_prefix_hits));
+    counter("peregrine:disk_kv_evictions", "Blocks dropped from the disk tier to make room for others.",
+            static_cast<double>(s.disk_evictions));
+    counter("peregrine:kv_disk_written_blocks", "KV blocks written from the host tier to the disk tier.",
+            static_cast<double>(s.kv_disk_written_blocks));
+    counter("peregrine:kv_disk_read_blocks", "KV blocks read from the disk tier back to the host tier.",
+            static_cast<double>(s.kv_disk_read_blocks));
+    counter("peregrine:kv_disk_written_bytes", "Bytes of KV blocks written to the disk tier (good writes).",
+            static_cast<double>(s.kv_disk_written_bytes));
+    counter("peregrine:kv_disk_read_bytes", "Bytes of KV blocks read from the disk tier (good reads).",
+            static_cast<double>(s.kv_disk_read_bytes));
+    counter("peregrine:disk_kv_write_failures", "Disk-tier writes that failed or were skipped (block dropped).",
+            static_cast<double>(s.disk_write_failures));
+    counter("peregrine:disk_kv_read_failures", "Disk-tier reads that failed (block dropped and recomputed).",
+            static_cast<double>(s.disk_read_failures));
+    gauge("peregrine:disk_kv_cache_usage_perc", "Disk-tier usage. 1 means 100 percent usage.",
+          s.num_disk_kv_blocks > 0 ? static_cast<double>(s.num_disk_kv_blocks_used) / s.num_disk_kv_blocks : 0.0);
+    gauge("peregrine:disk_kv_cache_blocks", "Blocks the disk tier holds at most.", s.num_disk_kv_blocks);
+    gauge("peregrine:disk_kv_cache_used_bytes", "Bytes of the disk tier's file holding blocks.",
+          static_cast<double>(static_cast<uint64_t>(s.num_disk_kv_blocks_used) * s.disk_slot_bytes));
     counter("peregrine:num_preemptions", "Cumulative number of preemptions from the engine.",
             static_cast<double>(s.preemptions));
     // Swap preemption (--preemption-mode swap): those copies are also in kv_{off,on}loaded_*.

@@ -1,5 +1,5 @@
-// The `medium` of KV events on the wire: "GPU" for the KV pool, "CPU" for the host tier (vLLM's
-// convention), as the last string of BlockStored and BlockRemoved.
+// The `medium` of KV events on the wire: "GPU" for the KV pool, "CPU" for the host tier, "DISK"
+// for the disk tier (vLLM's convention), as the last string of BlockStored and BlockRemoved.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -36,6 +36,19 @@ TEST(KvEventMedium, HostTierEventsSayCpu) {
     plain.kind = KvCacheEvent::Kind::BlockRemoved;
     plain.block_hashes = {1};
     EXPECT_EQ(count(encode_kv_event_batch(1.0, {plain}, 2, std::nullopt), gpu), 1u);
+}
+
+TEST(KvEventMedium, DiskTierEventsSayDisk) {
+    KvCacheEvent stored;
+    stored.kind = KvCacheEvent::Kind::BlockStored;
+    stored.medium = KvCacheEvent::Medium::Disk;
+    stored.block_hashes = {9};
+    stored.token_ids = {1, 2};
+    KvCacheEvent removed = stored;
+    removed.kind = KvCacheEvent::Kind::BlockRemoved;
+    removed.token_ids.clear();
+    const std::string payload = encode_kv_event_batch(1.0, {stored, removed}, 2, std::nullopt);
+    EXPECT_EQ(count(payload, std::string("\xa4") + "DISK"), 2u);  // msgpack fixstr of 4 bytes
 }
 
 }  // namespace

@@ -57,6 +57,15 @@ void handle_health(CompletionService& service, ApiCall& call) {
         j["host_kv_bytes_total"] = static_cast<uint64_t>(s.num_host_kv_blocks) * s.kv_block_bytes;
         j["host_kv_usage"] = static_cast<double>(s.num_host_kv_blocks_used) / s.num_host_kv_blocks;
     }
+    if (s.num_disk_kv_blocks > 0) {  // the disk tier (--kv-offload-disk)
+        j["disk_kv_blocks_used"] = s.num_disk_kv_blocks_used;
+        j["disk_kv_blocks_total"] = s.num_disk_kv_blocks;
+        j["disk_kv_bytes_used"] = static_cast<uint64_t>(s.num_disk_kv_blocks_used) * s.disk_slot_bytes;
+        j["disk_kv_bytes_total"] = static_cast<uint64_t>(s.num_disk_kv_blocks) * s.disk_slot_bytes;
+        j["disk_kv_usage"] = static_cast<double>(s.num_disk_kv_blocks_used) / s.num_disk_kv_blocks;
+        j["disk_kv_read_failures"] = s.disk_read_failures;
+        j["disk_kv_write_failures"] = s.disk_write_failures;
+    }
     j["preemptions"] = s.preemptions;
     j["swap_preemptions"] = s.swap_preemptions;
     j["pinned_prefix_tokens"] = s.pinned_prefix_tokens;  // --pin-prefix, held in the KV cache for good
