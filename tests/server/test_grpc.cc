@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "peregrine/v1/inference.grpc.pb.h"
+#include "server/grpc/proto_convert.h"
 
 namespace {
 
@@ -313,3 +314,18 @@ TEST(GrpcApi, ManyConcurrentStreams) {
 }
 
 }  // namespace
+
+// The proto's fields reach the same request the HTTP API builds: prompt_cache_key (issue #21's
+// conversation caches) and the priority.
+TEST(GrpcConvert, PromptCacheKeyAndPriorityReachTheRequest) {
+    pb::GenerateRequest req;
+    req.set_prompt("Once upon a time");
+    req.set_prompt_cache_key("conversation-7");
+    req.set_priority(-3);
+    const peregrine::server::CompletionParams c =
+        peregrine::server::completion_params_from_proto(req, peregrine::SamplingLimits{});
+    EXPECT_EQ(c.prompt_cache_key, "conversation-7");
+    EXPECT_EQ(c.priority, -3);
+    req.clear_prompt_cache_key();
+    EXPECT_EQ(peregrine::server::completion_params_from_proto(req, peregrine::SamplingLimits{}).prompt_cache_key, "");
+}

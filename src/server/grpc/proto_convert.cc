@@ -72,6 +72,7 @@ CompletionParams completion_params_from_proto(const pb::GenerateRequest& req, co
         c.chat_logprobs = chat;
     }
     c.priority = std::clamp(req.priority(), -1'000'000, 1'000'000);
+    c.prompt_cache_key = req.prompt_cache_key();
     switch (req.structured_case()) {
         case pb::GenerateRequest::kJsonSchema:
             s.structured = structured_output_of("json", Json(req.json_schema()), "json_schema");
