@@ -27,30 +27,36 @@ for rnd in range(2):
 json.dump(res, open(out, "w"))
 print(f"{out}: round-2 cached tokens {sum(r['cached'] for r in res if r['round'] == 1)}")
 PY
-# SKIP_CHECK=1: speed only. SHAPE (bench/models folder, default llama-3.2-1b), GPU_KV / HOST_KV
+# SKIP_CHECK=1: speed only; SKIP_SPEED=1: the check only. SHAPE (bench/models folder, default llama-3.2-1b), GPU_KV / HOST_KV
 # (bytes), ROUNDS: the speed run's settings.
 m=tests/data/llama3-tiny
-for mode in $([[ -n ${SKIP_CHECK:-} ]] || echo big tier notier); do
+for mode in $([[ -n ${SKIP_CHECK:-} ]] || echo big tier notier disk); do
     case $mode in
         big) args=(--kv-cache-memory 268435456) ;;
         tier) args=(--kv-cache-memory 131072 --kv-offload-memory 67108864) ;;
         notier) args=(--kv-cache-memory 131072) ;;
+        # 8 host slots: nearly every block goes on to the disk tier and comes back from it.
+        disk) mkdir -p /tmp/kt/disk
+              args=(--kv-cache-memory 131072 --kv-offload-memory 32768 --kv-offload-disk /tmp/kt/disk
+                    --kv-offload-disk-size 67108864) ;;
     esac
     "$pg/peregrine" serve --port 0 --model $m --batch-invariant "${args[@]}" > $logs/serve-$mode.log 2>&1 & pid=$!
     url=$(wait_ready $logs/serve-$mode.log)
     grep -E "KV cache:|host tier" $logs/serve-$mode.log | sed "s/^/$mode: /"
     timeout 120 python3 /tmp/kt/client.py "$url" $logs/$mode.json
-    curl -s "$url/metrics" | grep -E "^peregrine:(kv_(off|on)loaded_blocks|host_prefix_cache_hits)" | sed "s/^/$mode: /"
+    curl -s "$url/metrics" | grep -E "^peregrine:(kv_(off|on)loaded_blocks|host_prefix_cache_hits|disk_prefix_cache_hits|kv_disk_(written|read)_blocks|disk_kv_(read|write)_failures)" | sed "s/^/$mode: /"
     kill $pid; wait $pid 2>/dev/null
 done
 [[ -n ${SKIP_CHECK:-} ]] || python3 - "$logs" <<'PY'
 import json, sys
 d = sys.argv[1]
-big, tier, no = (json.load(open(f"{d}/{m}.json")) for m in ("big", "tier", "notier"))
+big, tier, no, disk = (json.load(open(f"{d}/{m}.json")) for m in ("big", "tier", "notier", "disk"))
 same = sum(a["text"] == b["text"] for a, b in zip(big, tier))
 print(f"greedy texts, tiny pool + host tier vs large pool: {same}/{len(big)} equal; "
-      f"tiny pool without the tier vs large: {sum(a['text'] == b['text'] for a, b in zip(big, no))}/{len(big)}")
+      f"tiny pool without the tier vs large: {sum(a['text'] == b['text'] for a, b in zip(big, no))}/{len(big)}; "
+      f"tiny pool + 8-slot host tier + disk tier vs large: {sum(a['text'] == b['text'] for a, b in zip(big, disk))}/{len(big)}")
 PY
+[[ -n ${SKIP_SPEED:-} ]] && exit 0
 
 # Speed: multi-turn, GPU pool limited (1B default: 640 MB, ~20k tokens), host tier (16 GB) vs none.
 shape=${SHAPE:-llama-3.2-1b}
