@@ -13,6 +13,7 @@
 
 #include <cstdlib>
 #include <random>
+#include <string>
 
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
@@ -95,22 +96,32 @@ std::vector<int32_t> trajectory(const std::shared_ptr<const TokenizedGrammar>& t
     return out;
 }
 
+// Token budgets (fill_next_token_bitmask's tokens_left): none; roomy (max_tokens far away: the
+// per-top check that leaves the mask as it is, what every request with room pays); tight (the
+// trajectory's remaining tokens, fewer than its remaining bytes: the token-by-token mask on
+// most steps, the worst case).
+enum Budget { kNone = 0, kRoomy = 1, kTight = 2 };
+
 struct Lane {
     std::unique_ptr<GrammarMatcher> m;
     std::vector<int32_t> traj;
     size_t at = 0;
+    int budget = kNone;
     void step(std::vector<uint32_t>& mask) {
         if (at == traj.size()) {
             m->reset();
             at = 0;
         }
-        m->fill_next_token_bitmask(mask);
+        const int64_t left = budget == kNone    ? GrammarMatcher::kNoBudget
+                             : budget == kRoomy ? int64_t(1) << 20
+                                                : int64_t(traj.size() - at);
+        m->fill_next_token_bitmask(mask, left);
         benchmark::DoNotOptimize(mask.data());
         m->accept_token(traj[at++]);
     }
 };
 
-void run_batch(benchmark::State& state, int which, int batch) {
+void run_batch(benchmark::State& state, int which, int batch, int budget = kNone) {
     auto tg = grammar_of(which);
     std::vector<Lane> lanes(static_cast<size_t>(batch));
     std::vector<uint32_t> mask(tg->vocab().vocab.mask_words());
@@ -120,6 +131,7 @@ void run_batch(benchmark::State& state, int which, int batch) {
         lanes[size_t(i)].traj = trajectory(tg, uint32_t(100 + i % 16));
         total += lanes[size_t(i)].traj.size();
         lanes[size_t(i)].at = size_t(i * 7) % lanes[size_t(i)].traj.size();
+        lanes[size_t(i)].budget = budget;
     }
     // Warm the cache: every lane's whole trajectory once.
     for (auto& l : lanes)
@@ -128,14 +140,16 @@ void run_batch(benchmark::State& state, int which, int batch) {
         for (auto& l : lanes) l.step(mask);
     state.SetItemsProcessed(int64_t(state.iterations()) * batch);
     state.counters["tokens_per_traj"] = double(total) / batch;
-    state.SetLabel(kNames[which]);
+    state.SetLabel(std::string(kNames[which]) + (budget == kRoomy   ? " roomy budget"
+                                                 : budget == kTight ? " tight budget"
+                                                                    : ""));
 }
 
 void BM_MaskBatch1(benchmark::State& state) {
-    run_batch(state, int(state.range(0)), 1);
+    run_batch(state, int(state.range(0)), 1, int(state.range(1)));
 }
 void BM_MaskBatch64(benchmark::State& state) {
-    run_batch(state, int(state.range(0)), 64);
+    run_batch(state, int(state.range(0)), 64, int(state.range(1)));
 }
 
 // Cold: compile the schema, bind it to the vocabulary, and walk one trajectory with an empty
@@ -163,8 +177,8 @@ void BM_Compile(benchmark::State& state) {
     state.SetLabel(kNames[which]);
 }
 
-BENCHMARK(BM_MaskBatch1)->DenseRange(0, 2)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_MaskBatch64)->DenseRange(0, 2)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MaskBatch1)->ArgsProduct({{0, 1, 2}, {kNone, kRoomy, kTight}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MaskBatch64)->ArgsProduct({{0, 1, 2}, {kNone, kRoomy, kTight}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Compile)->DenseRange(0, 2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ColdCompileAndFirstPass)->DenseRange(0, 2)->Unit(benchmark::kMillisecond)->Iterations(3);
 

@@ -358,7 +358,9 @@ void EngineCore::start_sampling(Launch& l, const std::vector<const Sequence*>& e
         RequestState& r = *requests_.at(seq->request_id);
         const bool want_lp = r.req.sampling.logprobs >= 0;
         // (Forked choices below copy the state and the mask: they draw from the same point.)
-        if (seq->grammar) seq->grammar->fill_next_token_bitmask(seq->allowed);
+        // The budget (max_tokens) bounds the grammar too: near its end the mask keeps only the
+        // tokens after which the structure still closes, EOS included, within it.
+        if (seq->grammar) seq->grammar->fill_next_token_bitmask(seq->allowed, seq->max_tokens - seq->num_output());
         l.rows.push_back(sample_row(*seq, r_row, want_lp));
         l.draws.push_back({r.req.id, seq->index, -1});
         if (!r.forked && r.req.sampling.n > 1 && seq->index == 0 && seq->num_output() == 0) {

@@ -448,6 +448,7 @@ CompiledGrammar compile_grammar(const Grammar& g, const CompileLimits& limits) {
     std::vector<char> nul = nullable_nodes(cg);
     check_left_recursion(cg, nul);
     compute_follow(cg, nul);
+    compute_min_bytes(cg);
     return cg;
 }
 

@@ -12,6 +12,7 @@
 //   - sizes are capped (CompileLimits): over a cap compile_grammar throws Error quickly.
 #pragma once
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -56,6 +57,9 @@ struct CompiledGrammar {
     // root, after which only EOS may come. Lets the token cache reject tokens that leave a rule
     // into a byte no caller accepts, without knowing the caller.
     std::vector<ByteSet> follow;
+    // Per node: the fewest bytes that take it to a final node of its rule (a call counted at its
+    // rule's shortest sentence); what the matcher's token budget is checked against.
+    std::vector<int32_t> min_bytes;
     int32_t root = -1;
 
     bool has_bytes(int32_t n) const { return nodes[size_t(n)].byte_begin != nodes[size_t(n)].byte_end; }
@@ -64,5 +68,10 @@ struct CompiledGrammar {
 // Throws Error for an undefined rule, left recursion, a grammar (or root) that matches nothing,
 // or a size over `limits`.
 CompiledGrammar compile_grammar(const Grammar& g, const CompileLimits& limits = {});
+// Fills cg.min_bytes (completion.cc); compile_grammar calls it.
+void compute_min_bytes(CompiledGrammar& cg);
+
+// A completion length that stands for "none" (never left after trimming) and caps sums.
+inline constexpr int32_t kNoCompletion = INT32_MAX / 4;
 
 }  // namespace peregrine::grammar

@@ -99,9 +99,11 @@ class Compiler {
     int any_string() { return quoted(g_.star(string_char())); }
     int any_number() {
         int digits = g_.plus(g_.byte_range('0', '9'));
-        int integer =
-            g_.seq({g_.opt(g_.literal("-")),
-                    g_.alt({g_.literal("0"), g_.seq({g_.byte_range('1', '9'), g_.star(g_.byte_range('0', '9'))})})});
+        // At most 16 integer digits (as llama.cpp's schema grammars): a longer one, or one times
+        // the exponent, may overflow a double (JSON.parse gives Infinity, not a number).
+        int integer = g_.seq(
+            {g_.opt(g_.literal("-")),
+             g_.alt({g_.literal("0"), g_.seq({g_.byte_range('1', '9'), g_.repeat(g_.byte_range('0', '9'), 0, 15)})})});
         int frac = g_.opt(g_.seq({g_.literal("."), digits}));
         // At most two exponent digits: larger exponents overflow a double in common parsers.
         int exp = g_.opt(

@@ -51,13 +51,40 @@ bool GrammarMatcher::rollback(size_t num_tokens) {
     return true;
 }
 
-void GrammarMatcher::fill_next_token_bitmask(std::span<uint32_t> mask) {
+namespace {
+
+void set_bit(std::span<uint32_t> mask, int32_t id) {
+    mask[size_t(id) >> 5] |= 1u << (id & 31);
+}
+
+void or_accepted(std::span<uint32_t> mask, const NodeTokens& nt) {
+    if (!nt.accepted_bits.empty()) {
+        const uint32_t* src = nt.accepted_bits.data();
+        uint32_t* dst = mask.data();
+        for (size_t w = 0, n = nt.accepted_bits.size(); w < n; ++w) dst[w] |= src[w];
+    } else {
+        for (int32_t id : nt.accepted_ids) set_bit(mask, id);
+    }
+}
+
+bool has_accepted(const NodeTokens& nt) {
+    return !nt.accepted_bits.empty() || !nt.accepted_ids.empty();
+}
+
+}  // namespace
+
+bool GrammarMatcher::fill_next_token_bitmask(std::span<uint32_t> mask, int64_t tokens_left) {
     const VocabIndex& vi = g_->vocab();
     PG_CHECK(mask.size() >= vi.vocab.mask_words(), "mask of ", mask.size(), " words, need ", vi.vocab.mask_words());
     std::fill(mask.begin(), mask.end(), 0u);
-    if (terminated_) return;
+    if (terminated_) return false;
     if (parser_.at_end())
-        for (int32_t id : vi.vocab.eos) mask[size_t(id) >> 5] |= 1u << (id & 31);
+        for (int32_t id : vi.vocab.eos) set_bit(mask, id);
+    // After this draw tokens_left - 1 remain, one of them for the EOS: a token's completion may
+    // need `room` bytes.
+    const bool budget = tokens_left != kNoBudget;
+    const int64_t room = std::max<int64_t>(tokens_left, 1) - 2;
+    bool tight = false;
 
     // Distinct top nodes: their cached accepted sets, and the uncertain tokens to check.
     std::span<const Top> tops = parser_.tops();
@@ -66,19 +93,17 @@ void GrammarMatcher::fill_next_token_bitmask(std::span<uint32_t> mask) {
     int32_t last_node = -1;
     for (size_t i = 0; i < tops.size(); ++i) {
         int32_t node = tops[i].node;
+        if (budget && !tight) {  // an accepted token's need, read from this top, is at most this
+            const NodeTokens& nt = g_->node_tokens(node);
+            tight = has_accepted(nt) && int64_t(nt.need_max) + parser_.frame_need(tops[i].frame) > room;
+        }
         if (node == last_node) continue;
         bool seen = false;
         for (size_t j = 0; j < i && !seen; ++j) seen = tops[j].node == node;
         if (seen) continue;
         last_node = node;
         const NodeTokens& nt = g_->node_tokens(node);
-        if (!nt.accepted_bits.empty()) {
-            const uint32_t* src = nt.accepted_bits.data();
-            uint32_t* dst = mask.data();
-            for (size_t w = 0, n = nt.accepted_bits.size(); w < n; ++w) dst[w] |= src[w];
-        } else {
-            for (int32_t id : nt.accepted_ids) mask[size_t(id) >> 5] |= 1u << (id & 31);
-        }
+        or_accepted(mask, nt);
         candidates_.insert(candidates_.end(), nt.uncertain.begin(), nt.uncertain.end());
         ++lists;
     }
@@ -86,11 +111,76 @@ void GrammarMatcher::fill_next_token_bitmask(std::span<uint32_t> mask) {
         std::sort(candidates_.begin(), candidates_.end());
         candidates_.erase(std::unique(candidates_.begin(), candidates_.end()), candidates_.end());
     }
+    std::pair<int64_t, int64_t> range{kNoCompletion, -1};
+    check_candidates(mask, true, kNoBudget, budget && !tight ? &range : nullptr);
+    if (!budget || (!tight && range.second <= room)) return false;
 
-    // Check the uncertain tokens against the whole state, in byte order. `prev`'s first
-    // `consumed` bytes are on the parser past `base`; if it died, its prefix of length
-    // dead + 1 is dead for every later token that shares it.
-    const TokenTrie& trie = vi.trie;
+    // Near the end of the budget: token by token.
+    std::vector<uint32_t> full(mask.begin(), mask.end());
+    if (!fill_within(mask, room) && !parser_.at_end()) {
+        // No token fits (the budget was below the shortest sentence): the least need instead.
+        int64_t least = kNoCompletion;
+        for (const Top& t : tops) {
+            const NodeTokens& nt = g_->node_tokens(t.node);
+            if (has_accepted(nt)) least = std::min<int64_t>(least, int64_t(nt.need_min) + parser_.frame_need(t.frame));
+        }
+        std::fill(mask.begin(), mask.end(), 0u);
+        range = {kNoCompletion, -1};
+        check_candidates(mask, false, -1, &range);
+        least = std::min(least, range.first);
+        fill_within(mask, least);
+    }
+    return !std::equal(full.begin(), full.end(), mask.begin());
+}
+
+bool GrammarMatcher::fill_within(std::span<uint32_t> mask, int64_t limit) {
+    const VocabIndex& vi = g_->vocab();
+    std::fill(mask.begin(), mask.end(), 0u);
+    std::span<const Top> tops = parser_.tops();
+    bool any = false;
+    for (size_t i = 0; i < tops.size(); ++i) {
+        const int32_t node = tops[i].node;
+        bool seen = false;
+        for (size_t j = 0; j < i && !seen; ++j) seen = tops[j].node == node;
+        if (seen) continue;
+        // The shallowest stack among the tops at this node: its tokens need the least.
+        int64_t frame_need = parser_.frame_need(tops[i].frame);
+        for (size_t j = i + 1; j < tops.size(); ++j)
+            if (tops[j].node == node) frame_need = std::min<int64_t>(frame_need, parser_.frame_need(tops[j].frame));
+        const NodeTokens& nt = g_->node_tokens(node);
+        if (!has_accepted(nt)) continue;
+        const int64_t k = limit - frame_need;
+        if (k >= nt.need_max) {
+            or_accepted(mask, nt);
+            any = true;
+        } else if (k >= nt.need_common) {  // all but the tokens that need more than k
+            scratch_.assign(mask.size(), 0u);
+            or_accepted(scratch_, nt);
+            for (auto it = nt.need_other.rbegin(); it != nt.need_other.rend() && it->first > k; ++it)
+                scratch_[size_t(it->second) >> 5] &= ~(1u << (it->second & 31));
+            for (size_t w = 0; w < mask.size(); ++w) mask[w] |= scratch_[w];
+            any = true;
+        } else {  // only the (rarer) tokens that need less than the common need
+            for (auto it = nt.need_other.begin(); it != nt.need_other.end() && it->first <= k; ++it) {
+                set_bit(mask, it->second);
+                any = true;
+            }
+        }
+    }
+    std::pair<int64_t, int64_t> range{kNoCompletion, -1};
+    check_candidates(mask, false, limit, &range);
+    any = any || range.first <= limit;
+    if (parser_.at_end())
+        for (int32_t id : vi.vocab.eos) set_bit(mask, id);
+    return any;
+}
+
+// Checks the uncertain tokens against the whole state, in byte order. `prev`'s first `consumed`
+// bytes are on the parser past `base`; if it died, its prefix of length dead + 1 is dead for
+// every later token that shares it.
+void GrammarMatcher::check_candidates(std::span<uint32_t> mask, bool skip_set, int64_t limit,
+                                      std::pair<int64_t, int64_t>* need_range) {
+    const TokenTrie& trie = g_->vocab().trie;
     const size_t base = parser_.num_steps();
     const std::string* prev = nullptr;
     size_t consumed = 0;
@@ -98,7 +188,7 @@ void GrammarMatcher::fill_next_token_bitmask(std::span<uint32_t> mask) {
     for (uint32_t node : candidates_) {
         const TokenTrie::TrieNode& tn = trie.nodes[node];
         int32_t first = trie.ids[tn.id_begin];
-        if (mask[size_t(first) >> 5] >> (first & 31) & 1) continue;  // already accepted by a cache
+        if (skip_set && (mask[size_t(first) >> 5] >> (first & 31) & 1)) continue;  // already accepted by a cache
         const std::string& s = trie.text(node);
         size_t lcp = 0;
         if (prev)
@@ -115,9 +205,16 @@ void GrammarMatcher::fill_next_token_bitmask(std::span<uint32_t> mask) {
                 break;
             }
         }
-        if (dead == SIZE_MAX)
-            for (uint32_t k = tn.id_begin; k < tn.id_end; ++k)
-                mask[size_t(trie.ids[k]) >> 5] |= 1u << (trie.ids[k] & 31);
+        if (dead != SIZE_MAX) continue;
+        if (need_range || limit != kNoBudget) {
+            const int64_t need = parser_.completion_bytes();
+            if (need_range) {
+                need_range->first = std::min(need_range->first, need);
+                need_range->second = std::max(need_range->second, need);
+            }
+            if (need > limit) continue;
+        }
+        for (uint32_t k = tn.id_begin; k < tn.id_end; ++k) set_bit(mask, trie.ids[k]);
     }
     parser_.truncate(base);
 }

@@ -1,5 +1,6 @@
 #include "grammar/number_range.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -39,6 +40,8 @@ uint64_t pow10(size_t n) {
     return v;
 }
 
+constexpr int kMaxOpenDigits = 16;
+
 // Non-negative integers in [lo, hi] (hi empty: unbounded), no leading zeros.
 int unsigned_range(Grammar& g, uint64_t lo, std::optional<uint64_t> hi) {
     std::vector<int> alts;
@@ -50,12 +53,25 @@ int unsigned_range(Grammar& g, uint64_t lo, std::optional<uint64_t> hi) {
         if (hi) b = std::min(b, *hi);
         if (a <= b) alts.push_back(same_length(g, std::to_string(a), std::to_string(b)));
     }
-    if (!hi)  // every number with more digits than lo
-        alts.push_back(g.seq({digit_range(g, '1', '9'), g.repeat(digit_range(g, '0', '9'), int(dlo), kUnbounded)}));
+    // Every number with more digits than lo, up to 16 digits (or lo's + 1): a longer one could
+    // overflow a double where validators read it (JSON.parse: Infinity, not an integer).
+    if (!hi)
+        alts.push_back(g.seq({digit_range(g, '1', '9'),
+                              g.repeat(digit_range(g, '0', '9'), int(dlo), std::max(int(dlo), kMaxOpenDigits - 1))}));
     return g.alt(std::move(alts));
 }
 
 constexpr double kLimit = 1e18;
+
+// Fraction digits that keep a decimal next to the integer `bound` distinct from it as a double:
+// within 10^-p of a d-digit integer, p = 15 - d leaves a gap over 4 times the double's spacing
+// there (2^-52 relative). 0 (no fraction) from 10^15 on.
+int fraction_digits(double bound) {
+    const double a = std::fabs(bound);
+    int d = 1;
+    for (double v = 10; v <= a && d < 16; v *= 10) ++d;
+    return std::max(0, 15 - d);
+}
 
 std::optional<int64_t> clamp_bound(std::optional<double> v) {
     if (!v || std::fabs(*v) > kLimit) return std::nullopt;
@@ -100,6 +116,16 @@ int number_range(Grammar& g, std::optional<double> lo, bool lo_open, std::option
         clamp_bound(lo ? std::optional<double>(lo_open ? std::floor(*lo) + 1 : std::ceil(*lo)) : std::nullopt);
     std::optional<int64_t> kmax = clamp_bound(hi ? std::optional<double>(std::floor(*hi) - 1) : std::nullopt);
     int64_t k0 = kmin ? std::max<int64_t>(*kmin, 0) : 0;
+    // Next to an open integer bound a long fraction would round onto it when read as a double
+    // ("4.99999999999999999" is 5.0, outside exclusiveMaximum 5): that integer part gets at
+    // most fraction_digits() digits.
+    if (kmax && hi_open && std::floor(*hi) == *hi && *kmax >= k0) {
+        const int p = fraction_digits(*hi);
+        if (p > 0)
+            alts.push_back(
+                g.seq({g.literal(std::to_string(*kmax)), g.literal("."), g.repeat(g.byte_range('0', '9'), 1, p)}));
+        --*kmax;
+    }
     if (!kmax || *kmax >= k0) {
         std::optional<uint64_t> khi;
         if (kmax) khi = uint64_t(*kmax);
@@ -110,18 +136,31 @@ int number_range(Grammar& g, std::optional<double> lo, bool lo_open, std::option
         clamp_bound(hi ? std::optional<double>(hi_open ? std::floor(-*hi) + 1 : std::ceil(-*hi)) : std::nullopt);
     std::optional<int64_t> mmax = clamp_bound(lo ? std::optional<double>(-std::ceil(*lo) - 1) : std::nullopt);
     int64_t m0 = mmin ? std::max<int64_t>(*mmin, 0) : 0;
+    if (mmax && lo_open && std::floor(*lo) == *lo && *mmax >= m0) {  // as above, for -(m+1) = lo
+        const int p = fraction_digits(*lo);
+        if (p > 0)
+            alts.push_back(g.seq(
+                {g.literal("-" + std::to_string(*mmax)), g.literal("."), g.repeat(g.byte_range('0', '9'), 1, p)}));
+        --*mmax;
+    }
     if (!mmax || *mmax >= m0) {
         std::optional<uint64_t> mhi;
         if (mmax) mhi = uint64_t(*mmax);
         alts.push_back(g.seq({g.literal("-"), unsigned_range(g, uint64_t(m0), mhi), frac}));
     }
     // An open integer bound: its own integer part with a non-zero fraction, e.g. 0.25 in (0, 1).
-    int nonzero =
-        g.seq({g.literal("."), g.star(g.byte_range('0', '9')), g.byte_range('1', '9'), g.star(g.byte_range('0', '9'))});
-    if (lo && lo_open && std::floor(*lo) == *lo && *lo >= 0 && *lo < kLimit && (!hi || *lo + 1 <= *hi))
-        alts.push_back(g.seq({g.literal(std::to_string(int64_t(*lo))), nonzero}));
-    if (hi && hi_open && std::floor(*hi) == *hi && *hi <= 0 && *hi > -kLimit && (!lo || *hi - 1 >= *lo))
-        alts.push_back(g.seq({g.literal("-" + std::to_string(int64_t(-*hi))), nonzero}));
+    // At most fraction_digits() digits, the last one non-zero, so that the value read as a
+    // double stays off the bound (and off the next integer, which may be the other bound).
+    auto nonzero = [&](double bound) {
+        const int p = fraction_digits(bound);
+        return g.seq({g.literal("."), g.repeat(g.byte_range('0', '9'), 0, p - 1), g.byte_range('1', '9')});
+    };
+    if (lo && lo_open && std::floor(*lo) == *lo && *lo >= 0 && *lo < kLimit && (!hi || *lo + 1 <= *hi) &&
+        fraction_digits(*lo) > 0)
+        alts.push_back(g.seq({g.literal(std::to_string(int64_t(*lo))), nonzero(*lo)}));
+    if (hi && hi_open && std::floor(*hi) == *hi && *hi <= 0 && *hi > -kLimit && (!lo || *hi - 1 >= *lo) &&
+        fraction_digits(*hi) > 0)
+        alts.push_back(g.seq({g.literal("-" + std::to_string(int64_t(-*hi))), nonzero(*hi)}));
     if (alts.empty())
         fail("number range holds no value this grammar can produce (bounds ", lo.value_or(NAN), ", ", hi.value_or(NAN),
              ")");

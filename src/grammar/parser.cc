@@ -1,5 +1,7 @@
 #include "grammar/parser.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace peregrine::grammar {
@@ -23,6 +25,7 @@ Parser::Parser(const CompiledGrammar& g) : g_(g) {
 
 void Parser::reset(int32_t node) {
     frames_.clear();
+    frame_need_.clear();
     frame_keys_.assign(1024, 0);
     frame_vals_.assign(1024, -1);
     tops_.clear();
@@ -58,6 +61,8 @@ int32_t Parser::intern_frame(int32_t node, int32_t parent) {
     frame_keys_[h] = k;
     frame_vals_[h] = int32_t(frames_.size());
     frames_.push_back(Top{node, parent});
+    const int64_t need = int64_t(g_.min_bytes[size_t(node)]) + (parent >= 0 ? frame_need_[size_t(parent)] : 0);
+    frame_need_.push_back(int32_t(std::min<int64_t>(need, kNoCompletion)));
     return frame_vals_[h];
 }
 

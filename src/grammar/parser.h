@@ -45,13 +45,20 @@ class Parser {
     size_t num_steps() const { return step_begin_.size(); }
     std::span<const Top> tops() const { return {tops_.data() + step_begin_.back(), tops_.size() - step_begin_.back()}; }
     bool at_end() const { return step_end_.back() != 0; }
+    // The fewest bytes after which the input can be a complete sentence of the start rule: 0 at
+    // the end, else the least over the tops of the node's min_bytes plus its stack's (exact:
+    // a stack completes by completing each frame's rule in turn). completion.cc.
+    int32_t completion_bytes() const;
+    // The bytes that complete every frame of a stack in turn (0 for the bottom, -1).
+    int32_t frame_need(int32_t frame) const { return frame < 0 ? 0 : frame_need_[size_t(frame)]; }
 
   private:
     void close(int32_t node, int32_t frame);
     int32_t intern_frame(int32_t node, int32_t parent);
 
     const CompiledGrammar& g_;
-    std::vector<Top> frames_;  // {return node, parent}
+    std::vector<Top> frames_;          // {return node, parent}
+    std::vector<int32_t> frame_need_;  // per frame: min_bytes of its return node plus its parent's
     // Open-addressing map (return node, parent) -> frame index; keys 0 are free slots.
     std::vector<uint64_t> frame_keys_;
     std::vector<int32_t> frame_vals_;

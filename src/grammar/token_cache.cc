@@ -42,6 +42,7 @@ std::unique_ptr<NodeTokens> TokenizedGrammar::compute(int32_t node) const {
     alive[0] = !p.tops().empty();
     ended[0] = 0;  // leaving at depth 0 is another top's business (the state's closure holds it)
     std::vector<int32_t> accepted;
+    std::vector<std::pair<int32_t, int32_t>> needs;  // (need, id) per accepted token
     auto out = std::make_unique<NodeTokens>();
     const auto& nodes = trie.nodes;
     for (uint32_t t = 0; t < nodes.size();) {
@@ -64,8 +65,29 @@ std::unique_ptr<NodeTokens> TokenizedGrammar::compute(int32_t node) const {
         alive[d] = !p.tops().empty();
         ended[d] = p.at_end();
         leaves[d] = leave;
-        for (uint32_t k = tn.id_begin; k < tn.id_end; ++k) accepted.push_back(trie.ids[k]);
+        if (tn.id_end > tn.id_begin) {
+            const int32_t need = p.completion_bytes();
+            for (uint32_t k = tn.id_begin; k < tn.id_end; ++k) {
+                accepted.push_back(trie.ids[k]);
+                needs.emplace_back(need, trie.ids[k]);
+            }
+        }
         ++t;
+    }
+    if (!needs.empty()) {
+        std::sort(needs.begin(), needs.end());
+        // The most common need: the longest run of equal needs.
+        size_t best = 0, best_len = 0;
+        for (size_t i = 0, j; i < needs.size(); i = j) {
+            for (j = i; j < needs.size() && needs[j].first == needs[i].first;) ++j;
+            if (j - i > best_len) best = i, best_len = j - i;
+        }
+        out->need_common = needs[best].first;
+        out->need_min = needs.front().first;
+        out->need_max = needs.back().first;
+        out->need_other.reserve(needs.size() - best_len);
+        for (const auto& e : needs)
+            if (e.first != out->need_common) out->need_other.push_back(e);
     }
     const Vocabulary& v = vocab_->vocab;
     if (accepted.size() * 32 > v.size()) {

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "grammar/automaton.h"
@@ -29,6 +30,13 @@ struct NodeTokens {
     std::vector<uint32_t> accepted_bits;
     std::vector<int32_t> accepted_ids;
     std::vector<uint32_t> uncertain;  // trie nodes, ascending (= byte order)
+    // Per accepted token, its need: the fewest bytes that complete the node's rule after it
+    // (0 when the token ends where the rule completes). A top (node, stack) that reads the token
+    // then needs that plus its stack's frame_need: what the matcher checks a token budget
+    // against. Stored as the most common need, the largest and the smallest, and the accepted
+    // tokens whose need differs from the common one, as (need, id) by need ascending.
+    int32_t need_common = 0, need_max = 0, need_min = 0;
+    std::vector<std::pair<int32_t, int32_t>> need_other;
 };
 
 class TokenizedGrammar {

@@ -97,16 +97,12 @@ TEST_F(StructuredOutputTest, JsonSchemaTextParsesAndFits) {
 }
 
 TEST_F(StructuredOutputTest, JsonObjectRegexChoiceAndGrammar) {
-    // Any object: the model may go on adding members past max_tokens (then "length"); what ends
-    // by itself is a whole object.
+    // Any object: the model would go on adding members; the budget closes the object before
+    // max_tokens, so every answer is a whole one.
     for (uint64_t seed = 1; seed <= 3; ++seed) {
         const Generated obj = run(request(StructuredOutput::Kind::JsonObject, "", 1.0f, seed));
-        if (obj.finish == FinishReason::Stop) {
-            EXPECT_TRUE(nlohmann::json::parse(obj.text, nullptr, false).is_object()) << obj.text;
-        } else {
-            EXPECT_EQ(obj.finish, FinishReason::Length);
-        }
-        EXPECT_EQ(obj.text.rfind("{", 0), 0u) << obj.text;
+        EXPECT_EQ(obj.finish, FinishReason::Stop) << obj.text;
+        EXPECT_TRUE(nlohmann::json::parse(obj.text, nullptr, false).is_object()) << obj.text;
     }
     const Generated re = run(request(StructuredOutput::Kind::Regex, R"([A-Z][a-z]{2,8} (is|was) \d{1,3})", 1.0f, 7));
     EXPECT_TRUE(std::regex_match(re.text, std::regex(R"([A-Z][a-z]{2,8} (is|was) \d{1,3})"))) << re.text;
@@ -115,6 +111,51 @@ TEST_F(StructuredOutputTest, JsonObjectRegexChoiceAndGrammar) {
     const Generated g = run(
         request(StructuredOutput::Kind::Grammar, R"g(root ::= "(" [0-9]{1,3} ("+" [0-9]{1,3}){0,4} ")")g", 1.0f, 7));
     EXPECT_TRUE(std::regex_match(g.text, std::regex(R"(\([0-9]{1,3}(\+[0-9]{1,3}){0,4}\))"))) << g.text;
+}
+
+// max_tokens bounds the grammar: a schema with an unbounded string (which this model, knowing no
+// JSON, fills until the budget) still ends with EOS within max_tokens, as valid JSON and "stop",
+// from the shortest document + EOS up; and a request with room sees the unbudgeted masks: with
+// max_tokens = its text's bytes + 1 (every completion then fits even one byte a token) it
+// yields the very same tokens as with 400.
+TEST_F(StructuredOutputTest, TheBudgetClosesTheStructureAndLeavesRoomAlone) {
+    const std::string schema = R"({"type": "object", "properties": {"story": {"type": "string"},
+        "n": {"type": "integer", "exclusiveMinimum": 0}}, "required": ["story", "n"], "additionalProperties": false})";
+    const size_t shortest = std::string(R"({"story":"","n":1})").size();
+    for (float temperature : {0.0f, 1.0f}) {
+        for (size_t budget : {shortest + 1, shortest + 2, shortest + 7, size_t(40), size_t(100)}) {
+            Request r = request(StructuredOutput::Kind::JsonSchema, schema, temperature, budget);
+            r.sampling.max_tokens = int(budget);
+            const Generated g = run(std::move(r));
+            SCOPED_TRACE("temperature " + std::to_string(temperature) + ", max_tokens " + std::to_string(budget) +
+                         ": " + g.text);
+            EXPECT_EQ(g.finish, FinishReason::Stop);
+            EXPECT_LE(g.ids.size(), budget);
+            const nlohmann::json j = nlohmann::json::parse(g.text, nullptr, false);
+            ASSERT_TRUE(j.is_object());
+            EXPECT_TRUE(j.contains("story") && j["story"].is_string());
+            ASSERT_TRUE(j.contains("n") && j["n"].is_number_integer());
+            EXPECT_GT(j["n"].get<int64_t>(), 0);
+        }
+    }
+    const std::vector<std::pair<StructuredOutput::Kind, std::string>> roomy = {
+        {StructuredOutput::Kind::Regex, R"([A-Z][a-z]{2,8} (is|was) \d{1,3})"},
+        {StructuredOutput::Kind::Choice, R"(["yes", "no", "maybe later"])"},
+        {StructuredOutput::Kind::JsonSchema,
+         R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "age"]})"},
+    };
+    for (const auto& [kind, spec] : roomy) {
+        for (uint64_t seed = 1; seed <= 3; ++seed) {
+            const Generated free = run(request(kind, spec, 1.0f, seed));
+            ASSERT_EQ(free.finish, FinishReason::Stop) << free.text;
+            Request r = request(kind, spec, 1.0f, seed);
+            r.sampling.max_tokens = int(free.text.size()) + 1;
+            const Generated tight = run(std::move(r));
+            EXPECT_EQ(tight.ids, free.ids) << spec << ": " << tight.text << " vs " << free.text;
+            EXPECT_EQ(tight.finish, FinishReason::Stop) << tight.text;
+        }
+    }
 }
 
 // n > 1: each choice forks the grammar's state with the prompt and follows its own draws.

@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 
@@ -84,6 +85,16 @@ inline Vocabulary qwen3_vocab() {
 }
 inline Vocabulary stories_vocab() {
     return load_hf_vocab(std::string(PG_MODELS_DIR) + "/stories260K/tokenizer.json", {"</s>"});
+}
+
+// The two vocabularies as shared indexes, built once per test process; and a grammar bound to one.
+inline std::shared_ptr<const VocabIndex> stories_index() {
+    static auto v = std::make_shared<const VocabIndex>(stories_vocab());
+    return v;
+}
+inline std::shared_ptr<const VocabIndex> llama3_index() {
+    static auto v = std::make_shared<const VocabIndex>(llama3_vocab());
+    return v;
 }
 
 }  // namespace peregrine::grammar::testing

@@ -13,14 +13,8 @@ namespace {
 
 using testing::allowed;
 
-std::shared_ptr<const VocabIndex> stories() {
-    static auto v = std::make_shared<const VocabIndex>(testing::stories_vocab());
-    return v;
-}
-std::shared_ptr<const VocabIndex> llama3() {
-    static auto v = std::make_shared<const VocabIndex>(testing::llama3_vocab());
-    return v;
-}
+using testing::llama3_index;
+using testing::stories_index;
 
 std::shared_ptr<const TokenizedGrammar> tokenized(const Grammar& g, std::shared_ptr<const VocabIndex> v) {
     return std::make_shared<const TokenizedGrammar>(compile_grammar(g), std::move(v));
@@ -54,7 +48,7 @@ void expect_mask_exact(const std::shared_ptr<const TokenizedGrammar>& tg, uint32
 }
 
 TEST(GrammarTokenMask, ExactOnSmallVocabulary) {
-    auto v = stories();
+    auto v = stories_index();
     expect_mask_exact(tokenized(compile_regex(R"([a-z ]{0,12}(\d+|x)!)"), v), 1, 30);
     expect_mask_exact(tokenized(compile_gbnf(R"G(root ::= "(" list ")"
 list ::= item ("," " "? item)*
@@ -70,7 +64,7 @@ item ::= [a-z]+ | "(" list ")")G"),
 }
 
 TEST(GrammarTokenMask, ExactOnLlama3Vocabulary) {
-    auto v = llama3();
+    auto v = llama3_index();
     const char* schema = R"({"type": "object", "properties": {"city": {"type": "string"},
         "unit": {"enum": ["celsius", "fahrenheit"]}, "days": {"type": "integer", "minimum": 1, "maximum": 14}},
         "required": ["city", "unit"]})";
@@ -79,7 +73,7 @@ TEST(GrammarTokenMask, ExactOnLlama3Vocabulary) {
 }
 
 TEST(GrammarTokenMask, EosOnlyWhenCompleteAndSpecialNever) {
-    auto v = llama3();
+    auto v = llama3_index();
     auto tg = tokenized(compile_regex("ab|abc"), v);
     const Vocabulary& voc = v->vocab;
     GrammarMatcher m(tg);
@@ -113,7 +107,7 @@ TEST(GrammarTokenMask, EosOnlyWhenCompleteAndSpecialNever) {
 }
 
 TEST(GrammarTokenMask, RandomWalksProduceSchemaValidJson) {
-    auto v = llama3();
+    auto v = llama3_index();
     nlohmann::ordered_json schema = nlohmann::ordered_json::parse(R"({
         "type": "object",
         "properties": {

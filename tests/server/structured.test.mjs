@@ -42,10 +42,10 @@ async function pool(items, width, fn) {
 const messages = [{ role: 'user', content: 'Tell me about it.' }];
 
 describe('structured output', () => {
-    // The embedded model (512-token context) knows no JSON: inside an unbounded string it may
-    // write until max_tokens ("length": a prefix of a valid answer, not one). Every answer that
-    // ends by itself must validate; how many ran out is printed (and bounded, so a grammar that
-    // stops ending its strings shows up).
+    // The embedded model (512-token context) knows no JSON: inside an unbounded string it would
+    // write on past max_tokens. The grammar closes the structure within the budget instead
+    // (src/grammar/matcher.h: tokens_left), so every answer ends by itself ("stop") and
+    // validates; how many the budget narrowed is not visible here (the grammar tests count it).
     test('json_schema: every answer of the corpus validates (ajv), greedy and temperature 1', async () => {
         // Draft 2020-12 (prefixItems), except the schemas written in draft 4's boolean
         // exclusiveMinimum / exclusiveMaximum.
@@ -54,8 +54,7 @@ describe('structured output', () => {
         const draft04 = (schema) => /"exclusive(Minimum|Maximum)":(true|false)/.test(JSON.stringify(schema)) ||
             String(schema.$schema ?? '').includes('draft-04');
         const failures = [];
-        const cut = [];
-        let stopped = 0;
+        let valid = 0;
         for (const temperature of [0, 1]) {
             await pool(corpus, 6, async (entry, i) => {
                 const r = await client.chat.completions.create({
@@ -63,36 +62,35 @@ describe('structured output', () => {
                     response_format: { type: 'json_schema', json_schema: { name: entry.name, schema: entry.schema, strict: true } },
                 });
                 const text = r.choices[0].message.content;
-                if (r.choices[0].finish_reason !== 'stop') {
-                    assert.equal(r.choices[0].finish_reason, 'length');
-                    cut.push(`${entry.name} (T=${temperature})`);
-                    return;
-                }
-                stopped++;
+                const where = `${entry.name} (T=${temperature}, ${r.usage.completion_tokens} tokens)`;
+                if (r.choices[0].finish_reason !== 'stop')
+                    failures.push(`${where}: finish_reason ${r.choices[0].finish_reason}: ${text.slice(0, 200)}`);
                 let value;
                 try {
                     value = JSON.parse(text);
                 } catch (e) {
-                    failures.push(`${entry.name} (T=${temperature}): not JSON: ${text.slice(0, 200)}`);
+                    failures.push(`${where}: not JSON: ${text.slice(0, 200)}`);
                     return;
                 }
                 const ajv = draft04(entry.schema) ? ajv04 : ajv2020;
                 const validate = ajv.compile(entry.schema);
                 if (!validate(value))
-                    failures.push(`${entry.name} (T=${temperature}): ${ajv.errorsText(validate.errors)}: ${text.slice(0, 200)}`);
+                    failures.push(`${where}: ${ajv.errorsText(validate.errors)}: ${text.slice(0, 200)}`);
+                else
+                    valid++;
             });
         }
-        console.log(`json_schema corpus: ${stopped} of ${corpus.length * 2} answers ended by themselves, all ` +
-                    `checked by ajv; ${cut.length} reached max_tokens: ${cut.join(', ')}`);
+        console.log(`json_schema corpus: ${valid} of ${corpus.length * 2} answers (greedy and T=1) end by ` +
+                    `themselves within max_tokens and validate (ajv)`);
         assert.deepEqual(failures, []);
-        assert.ok(stopped >= corpus.length, `only ${stopped} answers ended by themselves`);
+        assert.equal(valid, corpus.length * 2);
     });
 
     test('json_object, guided_regex / guided_choice / guided_grammar, structured_outputs, streaming', async () => {
         const obj = await client.chat.completions.create({
             model: 'stories260K', messages, temperature: 0, max_tokens: 480, response_format: { type: 'json_object' } });
-        if (obj.choices[0].finish_reason === 'stop') assert.equal(typeof JSON.parse(obj.choices[0].message.content), 'object');
-        else assert.match(obj.choices[0].message.content, /^\{/);
+        assert.equal(obj.choices[0].finish_reason, 'stop');
+        assert.equal(typeof JSON.parse(obj.choices[0].message.content), 'object');
 
         const re = await client.completions.create({
             model: 'stories260K', prompt: 'Once upon a time', temperature: 1, seed: 3, max_tokens: 50,
