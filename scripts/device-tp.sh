@@ -11,7 +11,8 @@
 # layer / row on the same shapes). The llama.cpp build runs in the background from the start,
 # at low priority, and is waited for before any timing. One line per result; the logs come back
 # as $OUT/tp-logs.tar.xz (the device tool returns at most 8 files).
-# usage: scripts/device-tp.sh BUNDLE_DIR [STEPS]   (ROUNDS=N 8b rounds, default 2; OFFLINE=0 skips 8b offline)
+# usage: scripts/device-tp.sh BUNDLE_DIR [STEPS]   (ROUNDS=N 8b rounds, default 2; OFFLINE=0 skips 8b
+#        offline; TPS="2 4" the 8b tensor-parallel sizes, default 2; TP70 the 70b's, default 2 or 4)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 dir=$1
@@ -90,8 +91,10 @@ if [[ $steps == *8b* ]]; then
     m8=$(model_dir llama-3.1-8b)
     for round in $(seq ${ROUNDS:-2}); do
         lat 8b_tp1_r$round "$m8" 1
-        lat 8b_tp2_peer_r$round "$m8" 2
-        lat 8b_tp2_nccl_r$round "$m8" 2 --disable-custom-all-reduce
+        for tp in ${TPS:-2}; do
+            lat 8b_tp${tp}_peer_r$round "$m8" $tp
+            lat 8b_tp${tp}_nccl_r$round "$m8" $tp --disable-custom-all-reduce
+        done
     done
     grep -h "tensor parallel:" $logs/8b_tp2_peer_r1.log | head -1
     if [[ ${OFFLINE:-1} == 1 ]]; then
@@ -99,10 +102,12 @@ if [[ $steps == *8b* ]]; then
         thr 8b_offline256_tp2 "$m8" 2
     fi
 fi
-if [[ $steps == *70b* ]] && (( gpu_gib >= 120 )); then
+# The 70B's bf16 weights need 2 GPUs of >= 120 GiB, or 4.
+tp70=${TP70:-$( (( gpu_gib >= 120 )) && echo 2 || echo 4)}
+if [[ $steps == *70b* ]] && (( tp70 <= $(nvidia-smi -L | wc -l) )); then
     m70=$(model_dir llama-3.1-70b)
-    lat 70b_tp2_peer "$m70" 2
-    lat 70b_tp2_nccl "$m70" 2 --disable-custom-all-reduce
+    lat 70b_tp${tp70}_peer "$m70" $tp70
+    lat 70b_tp${tp70}_nccl "$m70" $tp70 --disable-custom-all-reduce
 fi
 if [[ $steps == *llamacpp* && -x /tmp/lc/llama.cpp/build/bin/llama-bench ]]; then
     lb=/tmp/lc/llama.cpp/build/bin/llama-bench
