@@ -73,20 +73,19 @@ if [[ $steps == *llamacpp* ]]; then
     ls -la /tmp/lc/*.gguf
 fi
 
-lat() {  # label model tp [flags]
-    local label=$1 model=$2 tp=$3; shift 3
-    timeout 240 "$pg/peregrine" bench latency --model "$model" --load-format dummy --tensor-parallel-size $tp "$@" \
-        --batch-size 1 --input-len 128 --output-len 128 > $logs/$label.log 2>&1
-    stamp "$label: rc $? $(grep -E '^latency \(best' $logs/$label.log)"
-    grep -iE "error|NCCL WARN|peer all-reduce off" $logs/$label.log | head -3
+# bench KIND LABEL MODEL TP [flags]: `peregrine bench latency` (batch 1) or `bench throughput`
+# (256 prompts), 128-token prompts and outputs, random weights; one line with its result.
+bench() {
+    local kind=$1 label=$2 model=$3 tp=$4 size limit
+    shift 4
+    if [[ $kind == latency ]]; then size=(--batch-size 1) limit=240; else size=(--num-prompts 256) limit=300; fi
+    timeout $limit "$pg/peregrine" bench $kind --model "$model" --load-format dummy --tensor-parallel-size $tp "$@" \
+        "${size[@]}" --input-len 128 --output-len 128 > $logs/$label.log 2>&1
+    stamp "$label: rc $? $(grep -E "^$kind \(best" $logs/$label.log)"
+    grep -iE "error|NCCL WARN|NCCL only" $logs/$label.log | head -3
 }
-thr() {  # label model tp [flags]
-    local label=$1 model=$2 tp=$3; shift 3
-    timeout 300 "$pg/peregrine" bench throughput --model "$model" --load-format dummy --tensor-parallel-size $tp "$@" \
-        --num-prompts 256 --input-len 128 --output-len 128 > $logs/$label.log 2>&1
-    stamp "$label: rc $? $(grep -E '^throughput \(best' $logs/$label.log)"
-    grep -iE "error|NCCL WARN" $logs/$label.log | head -3
-}
+lat() { bench latency "$@"; }
+thr() { bench throughput "$@"; }
 if [[ $steps == *8b* ]]; then
     m8=$(model_dir llama-3.1-8b)
     for round in $(seq ${ROUNDS:-2}); do

@@ -205,7 +205,7 @@ int run(ServeArgs& a) {
     hopts.read_timeout_s = a.read_timeout_s;
     raise_descriptor_limit();
     hopts.max_connections = a.max_connections;  // 0: the server sizes it from the (raised) limit
-    hopts.tls = a.tls;                          // the files are read here: a bad one fails before the weights load
+    hopts.tls = a.tls;                          // its files were checked by check_tls_flags, before the weights load
     server::HttpServer http(hopts, [app](const server::HttpRequest& req, std::shared_ptr<server::Exchange> ex) {
         app->handle(req, std::move(ex));
     });

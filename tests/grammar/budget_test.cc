@@ -23,10 +23,7 @@ using testing::allowed;
 
 using testing::llama3_index;
 using testing::stories_index;
-
-std::shared_ptr<const TokenizedGrammar> tokenized(const Grammar& g, std::shared_ptr<const VocabIndex> v) {
-    return std::make_shared<const TokenizedGrammar>(compile_grammar(g), std::move(v));
-}
+using testing::tokenized;
 
 // The parser state after `text` as a comparable key (tops and end flag); frames are interned
 // per parser, so keys compare only within one parser.

@@ -190,4 +190,9 @@ inline std::string check_schema(const nlohmann::ordered_json& value, const nlohm
     return "";
 }
 
+// `g` compiled and tokenized over `v`, as the engine's structured output does.
+inline std::shared_ptr<const TokenizedGrammar> tokenized(const Grammar& g, std::shared_ptr<const VocabIndex> v) {
+    return std::make_shared<const TokenizedGrammar>(compile_grammar(g), std::move(v));
+}
+
 }  // namespace peregrine::grammar::testing

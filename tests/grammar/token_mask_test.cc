@@ -15,10 +15,7 @@ using testing::allowed;
 
 using testing::llama3_index;
 using testing::stories_index;
-
-std::shared_ptr<const TokenizedGrammar> tokenized(const Grammar& g, std::shared_ptr<const VocabIndex> v) {
-    return std::make_shared<const TokenizedGrammar>(compile_grammar(g), std::move(v));
-}
+using testing::tokenized;
 
 // Every token the mask allows is accepted and every token it refuses is refused, checked by
 // feeding each token to a copy of the state (brute force), along a random walk.

@@ -102,10 +102,9 @@ __global__ void __launch_bounds__(kThreads)
 template <int R>
 void launch_ranks(int mode, const PeerBases& p, int rank, uint32_t* epochs, const float4* x, float4* out, uint32_t n4,
                   cudaStream_t stream) {
-    constexpr int B = PeerCollectives::kBlocks;
-    if (mode == kReduceAdd) launch_pdl(peer_kernel<R, kReduceAdd>, B, kThreads, 0, stream, p, rank, epochs, x, out, n4);
-    if (mode == kReduce) launch_pdl(peer_kernel<R, kReduce>, B, kThreads, 0, stream, p, rank, epochs, x, out, n4);
-    if (mode == kGather) launch_pdl(peer_kernel<R, kGather>, B, kThreads, 0, stream, p, rank, epochs, x, out, n4);
+    static constexpr decltype(&peer_kernel<R, kReduceAdd>) kernels[] = {
+        peer_kernel<R, kReduceAdd>, peer_kernel<R, kReduce>, peer_kernel<R, kGather>};
+    launch_pdl(kernels[mode], PeerCollectives::kBlocks, kThreads, 0, stream, p, rank, epochs, x, out, n4);
 }
 
 std::string hex(const void* p, size_t n) {

@@ -18,7 +18,7 @@
 // makes the same calls, so the epochs agree; a rank can be one call ahead of a peer that is
 // still reading, and then writes the other parity. Each element is summed in the same order on
 // every rank, so all ranks end with the same bits: the f32 rank-order sum of the Communicator
-// contract, unlike NCCL's bf16-free but ring-ordered sums.
+// contract, unlike NCCL's ring-ordered ones.
 //
 // The kernels are launched with programmatic dependent launch (pdl.cuh): the next kernel of
 // the step may start streaming its weights while a call waits for its peers. A CTA waiting for

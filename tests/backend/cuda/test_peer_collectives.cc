@@ -9,8 +9,6 @@
 // (skipped otherwise). PG_PEER_BENCH=1 also times a call at decode-step sizes.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -23,8 +21,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/peer_collectives.h"
 #include "dist/shm_communicator.h"
-
-extern char** environ;
+#include "support/self_ranks.h"
 
 namespace peregrine {
 namespace {
@@ -243,34 +240,11 @@ TEST(PeerCollectives, RankHelper) {
 }
 
 int run_ranks(int size) {
-    char exe[4096];
-    const ssize_t len = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (len <= 0) return -1;
-    exe[len] = 0;
     const std::string group = "peer-ar-test-" + std::to_string(::getpid()) + "-" + std::to_string(size);
-    std::vector<pid_t> pids;
-    for (int r = 0; r < size; ++r) {
-        std::vector<std::string> env_s;
-        for (char** e = environ; *e; ++e) env_s.push_back(*e);
-        env_s.push_back("PG_PEER_RANK=" + std::to_string(r));
-        env_s.push_back("PG_PEER_SIZE=" + std::to_string(size));
-        env_s.push_back("PG_PEER_GROUP=" + group);
-        std::vector<char*> envp;
-        for (std::string& e : env_s) envp.push_back(e.data());
-        envp.push_back(nullptr);
-        std::string filter = "--gtest_filter=PeerCollectives.RankHelper";
-        char* argv[] = {exe, filter.data(), nullptr};
-        pid_t pid = 0;
-        if (::posix_spawn(&pid, exe, nullptr, nullptr, argv, envp.data()) != 0) return -1;
-        pids.push_back(pid);
-    }
-    int failed = 0;
-    for (pid_t pid : pids) {
-        int status = 0;
-        ::waitpid(pid, &status, 0);
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
-    }
-    return failed;
+    return testing::run_self_ranks("PeerCollectives.RankHelper", size, [&](int r) {
+        return std::vector<std::string>{"PG_PEER_RANK=" + std::to_string(r), "PG_PEER_SIZE=" + std::to_string(size),
+                                        "PG_PEER_GROUP=" + group};
+    });
 }
 
 TEST(PeerCollectives, TwoAndMoreGpus) {

@@ -6,8 +6,6 @@
 // rank on the same GPU. The ranks are this test binary started again (posix_spawn: a fresh
 // process, not a fork of one that already holds a CUDA context) running RankHelper.
 #include <gtest/gtest.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,8 +27,7 @@
 #include "model/loader.h"
 #include "support/golden_util.h"
 #include "support/parallel_steps.h"
-
-extern char** environ;
+#include "support/self_ranks.h"
 
 namespace peregrine::testing {
 namespace {
@@ -113,35 +110,15 @@ TEST(CudaTensorParallel, RankHelper) {
 
 // Starts `size` ranks of this binary on `model`; returns rank 0's logits.
 std::vector<float> run_ranks(const std::string& model, int size) {
-    char exe[4096];
-    const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    PG_CHECK(n > 0);
-    exe[n] = 0;
     const std::string group = "cuda-tp-test-" + std::to_string(::getpid());
     const std::string out0 = "/tmp/" + group + "-0.f32";
-    std::vector<pid_t> pids;
-    for (int r = 0; r < size; ++r) {
-        std::vector<std::string> env_s;
-        for (char** e = environ; *e; ++e) env_s.push_back(*e);
-        env_s.push_back("PG_CUDA_TP_RANK=" + std::to_string(r));
-        env_s.push_back("PG_CUDA_TP_SIZE=" + std::to_string(size));
-        env_s.push_back("PG_CUDA_TP_GROUP=" + group);
-        env_s.push_back("PG_CUDA_TP_MODEL=" + model);
-        env_s.push_back("PG_CUDA_TP_OUT=/tmp/" + group + "-" + std::to_string(r) + ".f32");
-        std::vector<char*> envp;
-        for (std::string& e : env_s) envp.push_back(e.data());
-        envp.push_back(nullptr);
-        std::string filter = "--gtest_filter=CudaTensorParallel.RankHelper";
-        char* argv[] = {exe, filter.data(), nullptr};
-        pid_t pid = 0;
-        PG_CHECK(::posix_spawn(&pid, exe, nullptr, nullptr, argv, envp.data()) == 0);
-        pids.push_back(pid);
-    }
-    for (pid_t pid : pids) {
-        int status = 0;
-        ::waitpid(pid, &status, 0);
-        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a rank failed: " << status;
-    }
+    const int failed = run_self_ranks("CudaTensorParallel.RankHelper", size, [&](int r) {
+        return std::vector<std::string>{"PG_CUDA_TP_RANK=" + std::to_string(r),
+                                        "PG_CUDA_TP_SIZE=" + std::to_string(size), "PG_CUDA_TP_GROUP=" + group,
+                                        "PG_CUDA_TP_MODEL=" + model,
+                                        "PG_CUDA_TP_OUT=/tmp/" + group + "-" + std::to_string(r) + ".f32"};
+    });
+    EXPECT_EQ(failed, 0) << "a rank failed (its output is above)";
     std::ifstream in(out0, std::ios::binary);
     const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
     std::vector<float> out(bytes.size() / 4);
