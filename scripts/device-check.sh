@@ -3,7 +3,7 @@
 # here by scripts/pack-device.sh: the CUDA tests, compute-sanitizer on the kernel tests, and
 # the benchmarks of issue #7 on the Llama 3.2 1B / 3.1 8B shapes (random bf16 weights), then
 # prints a short table. Logs go to $OUT (or /tmp/out).
-# usage: scripts/device-check.sh [tests] [memcheck] [bench] [decode] [nopdl] [bench8b] [serve] [profile]
+# usage: scripts/device-check.sh [tests] [memcheck] [bench] [decode] [nopdl] [fp8] [bench8b] [serve] [profile]
 #        (decode: batch-1 decode of the 1B, the 8B and Qwen3 1.7B)
 #        (default: all but profile; profile = per-kernel times of 1B decode steps under ncu)
 set -uo pipefail
@@ -78,6 +78,31 @@ fi
 if want nopdl; then  # the same decode with programmatic dependent launch off, for comparison
     m=$(model_dir llama-3.2-1b)
     PEREGRINE_PDL=0 run_bench 1b_decode_b1_nopdl latency --model "$m" --batch-size 1 --input-len 128 --output-len 128
+fi
+if want fp8; then  # --quantization fp8 beside bf16 (issue #23): decode, offline throughput, prefill
+    # (FP8_DECODE_ONLY=1: decode alone)
+    for shape in llama-3.2-1b llama-3.1-8b; do
+        m=$(model_dir "$shape")
+        tag=${shape#llama-}
+        for q in none fp8; do
+            run_bench "${tag}_decode_b1_$q" latency --model "$m" --batch-size 1 --input-len 128 --output-len 128 \
+                --quantization $q
+            [[ -n ${FP8_DECODE_ONLY:-} ]] && continue
+            run_bench "${tag}_offline_256_$q" throughput --model "$m" --num-prompts 256 --input-len 128 \
+                --output-len 128 --iters 2 --quantization $q
+            run_bench "${tag}_prefill_512_$q" throughput --model "$m" --num-prompts 64 --input-len 512 \
+                --output-len 1 --max-num-batched-tokens 8192 --quantization $q
+        done
+    done
+fi
+if want fp8depth; then  # the persistent decode kernel's FP8 depth (gemv.cu fp8_persistent_depth)
+    for shape in llama-3.2-1b llama-3.1-8b; do
+        m=$(model_dir "$shape")
+        for d in half same double; do
+            PEREGRINE_FP8_PERSISTENT_DEPTH=$d run_bench "${shape#llama-}_decode_b1_fp8_$d" latency --model "$m" \
+                --batch-size 1 --input-len 128 --output-len 128 --quantization fp8
+        done
+    done
 fi
 if want bench8b; then
     m=$(model_dir llama-3.1-8b)

@@ -41,6 +41,9 @@ struct EngineConfig {
     double gpu_memory_utilization = 0.9;  // CUDA: share of GPU memory for weights, activations and KV cache
     bool enforce_eager = false;           // CUDA: no graph recording
     bool batch_invariant = false;         // CUDA: a request's tokens do not depend on the rest of the batch
+    // Weight quantization applied at load: "none" or "fp8" (CUDA: every layer matrix to E4M3 with
+    // a factor per output row; the embedding and LM head stay as loaded).
+    std::string quantization = "none";
 
     // --- the KV cache
     int block_size = 16;              // tokens per block

@@ -109,6 +109,10 @@ void add_engine_options(CLI::App* cmd, EngineConfig& o) {
     cmd->add_flag("--batch-invariant", o.batch_invariant,
                   "CUDA: batch-invariant kernels: a request's tokens do not depend on what else is in the batch "
                   "or on how its prompt was chunked (greedy output as when run alone; slower)");
+    cmd->add_option("--quantization", o.quantization,
+                    "Weights quantized at load: none | fp8 (CUDA: layer matrices to FP8 E4M3 with a factor per "
+                    "output row, activations quantized per token; embedding and LM head stay as loaded). Default none")
+        ->check(CLI::IsMember({"none", "fp8"}));
     cmd->add_option("--dummy-seed", o.dummy_seed, "Seed of --load-format dummy weights (default 0)");
 
     // Parallelism (docs/PARALLEL.md); vLLM's and SGLang's spellings.

@@ -29,6 +29,8 @@ Info info(DType t) {
             return {"q4_k", 256, 144};
         case DType::Q6_K:
             return {"q6_k", 256, 210};
+        case DType::F8_E4M3:
+            return {"f8_e4m3", 1, 1};
     }
     PG_CHECK(false, "unknown dtype ", static_cast<int>(t));
 }

@@ -16,6 +16,9 @@ enum class DType : uint8_t {
     Q4_0,  // blocks of 32: f16 scale, 16 bytes of 4-bit values (offset 8)
     Q4_K,  // super-blocks of 256: f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of 4-bit values
     Q6_K,  // super-blocks of 256: 128 bytes low 4 bits, 64 bytes high 2 bits, 16 x int8 scales, f16 d
+    // OCP FP8 E4M3 (1 sign, 4 exponent bits biased by 7, 3 mantissa bits; max 448, no infinity).
+    // As a weight it carries per-row factors in Tensor::scale: element = value * scale[row].
+    F8_E4M3,
 };
 
 std::string_view dtype_name(DType t);

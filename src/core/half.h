@@ -70,4 +70,35 @@ inline uint16_t f32_to_f16(float f) {
     return static_cast<uint16_t>(sign | (r >> 13));
 }
 
+// FP8 E4M3 (OCP): exponent bias 7, 3 mantissa bits, subnormals in steps of 2^-9, largest
+// finite 448 (0x7e), NaN 0x7f / 0xff, no infinity.
+inline float f8e4m3_to_f32(uint8_t b) {
+    const int e = (b >> 3) & 15, m = b & 7;
+    float v;
+    if (e == 0)
+        v = std::ldexp(static_cast<float>(m), -9);
+    else if (e == 15 && m == 7)
+        v = std::nanf("");
+    else
+        v = std::ldexp(1.0f + static_cast<float>(m) / 8.0f, e - 7);
+    return (b & 0x80) ? -v : v;
+}
+
+// Round to nearest even, saturating to +-448 (what the GPU's cvt.rn.satfinite does); NaN -> 0x7f.
+inline uint8_t f32_to_f8e4m3(float f) {
+    if (std::isnan(f)) return 0x7f;
+    const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+    const float a = std::fabs(f);
+    if (a >= 448.0f) return sign | 0x7e;
+    if (a < 0.015625f)  // below 2^-6: subnormal steps of 2^-9; 8 steps carry into 0x08 exactly
+        return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+    int ex = 0;
+    std::frexp(a, &ex);  // a = f * 2^ex, f in [0.5, 1): the unbiased exponent is ex - 1
+    int e = ex - 1;
+    int m = static_cast<int>(std::nearbyint((std::ldexp(a, -e) - 1.0f) * 8.0f));
+    if (m == 8) m = 0, ++e;
+    const int code = ((e + 7) << 3) | m;
+    return sign | static_cast<uint8_t>(code > 0x7e ? 0x7e : code);
+}
+
 }  // namespace peregrine

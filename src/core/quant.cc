@@ -136,6 +136,9 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
         case DType::Q6_K:
             dequantize_q6_k(s, dst, nblocks);
             return;
+        case DType::F8_E4M3:  // the values alone: a row's factor (Tensor::scale) is the caller's
+            for (int64_t i = 0; i < n; ++i) dst[i] = f8e4m3_to_f32(s[i]);
+            return;
         case DType::I32:
             break;
     }

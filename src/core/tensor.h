@@ -22,6 +22,9 @@ struct Tensor {
     Device device = Device::CPU;
     int ndim = 0;
     std::array<int64_t, kMaxDims> shape{};
+    // F8_E4M3 weights: [rows()] f32 factors on the tensor's device, element (r, c) of the matrix
+    // being value(r, c) * scale[r]. Null for every other tensor.
+    const float* scale = nullptr;
 
     Tensor() = default;
     Tensor(void* d, DType t, std::initializer_list<int64_t> dims, Device dev = Device::CPU)

@@ -33,6 +33,7 @@ void EngineConfig::validate() const {
         fail("dtype must be auto, float32, bfloat16 or float16 (half), got '", dtype, "'");
     if (!one_of(kv_eviction, {"lru", "lfu", "fifo"}))
         fail("kv_eviction must be lru, lfu or fifo, got '", kv_eviction, "'");
+    if (!one_of(quantization, {"none", "fp8"})) fail("quantization must be none or fp8, got '", quantization, "'");
     if (threads < 0) fail("threads must be >= 0 (0 = one per core), got ", threads);
     if (!(gpu_memory_utilization >= 0.05 && gpu_memory_utilization <= 1.0))
         fail("gpu_memory_utilization must be in [0.05, 1], got ", gpu_memory_utilization);

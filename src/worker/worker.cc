@@ -36,6 +36,7 @@ std::unique_ptr<Backend> make_backend(const EngineConfig& c, int device_index) {
         CudaOptions co;
         co.graphs = !c.enforce_eager;
         co.batch_invariant = c.batch_invariant;
+        co.fp8_weights = c.quantization == "fp8";
         co.max_graph_batch = c.max_num_seqs > 0 ? std::min(c.max_num_seqs, 256) : 256;
         // cuda:K picks the GPU of a replica alone; a model-parallel rank gets its place's.
         co.device = device_index > 0 ? device_index : std::max(0, cuda_device_index(c.device));
@@ -49,6 +50,10 @@ std::unique_ptr<Backend> make_backend(const EngineConfig& c, int device_index) {
     if (f16)
         fail("--dtype ", c.dtype,
              ": the CPU backend has no float16 activation path; use --dtype float32, bfloat16 or auto");
+    if (c.quantization != "none")
+        fail("--quantization ", c.quantization,
+             ": quantization at load runs on the CUDA backend only (the CPU backend runs GGUF quantized types "
+             "as stored: load a q8_0 / q4_k GGUF instead)");
     return std::make_unique<CpuBackend>(c.threads, cpu_precision_from_name(c.dtype));
 }
 

@@ -423,3 +423,36 @@ TEST(HalfFloat, Bf16KnownValues) {
 
 }  // namespace
 }  // namespace peregrine
+
+namespace peregrine {
+namespace {
+
+// The host's E4M3 conversions (the FP8 weights' reference): every finite code decodes and
+// encodes back to itself, the landmarks of the format, and round-half-to-even with saturation.
+TEST(Fp8E4M3, CodesRoundTripAndRound) {
+    for (int b = 0; b < 256; ++b) {
+        if ((b & 0x7f) == 0x7f) {
+            EXPECT_TRUE(std::isnan(f8e4m3_to_f32(static_cast<uint8_t>(b))));
+            continue;
+        }
+        EXPECT_EQ(f32_to_f8e4m3(f8e4m3_to_f32(static_cast<uint8_t>(b))), b) << b;
+    }
+    EXPECT_EQ(f8e4m3_to_f32(0x38), 1.0f);
+    EXPECT_EQ(f8e4m3_to_f32(0x7e), 448.0f);
+    EXPECT_EQ(f8e4m3_to_f32(0x08), 0.015625f);     // smallest normal, 2^-6
+    EXPECT_EQ(f8e4m3_to_f32(0x01), 0.001953125f);  // smallest subnormal, 2^-9
+    EXPECT_EQ(f8e4m3_to_f32(0xb8), -1.0f);
+    EXPECT_EQ(f32_to_f8e4m3(1.0625f), 0x38);  // halfway 1 | 1.125: to the even mantissa
+    EXPECT_EQ(f32_to_f8e4m3(1.1875f), 0x3a);  // halfway 1.125 | 1.25: to 1.25
+    EXPECT_EQ(f32_to_f8e4m3(1.07f), 0x39);
+    EXPECT_EQ(f32_to_f8e4m3(0.0029296875f), 0x02);  // 1.5 subnormal steps: to 2
+    EXPECT_EQ(f32_to_f8e4m3(0.0146484375f), 0x08);  // 7.5 steps: carries into the smallest normal
+    EXPECT_EQ(f32_to_f8e4m3(1000.0f), 0x7e);        // saturates
+    EXPECT_EQ(f32_to_f8e4m3(-1000.0f), 0xfe);
+    EXPECT_EQ(f32_to_f8e4m3(464.0f), 0x7e);
+    EXPECT_EQ(f32_to_f8e4m3(std::nanf("")), 0x7f);
+    EXPECT_EQ(f32_to_f8e4m3(1e-9f), 0x00);
+}
+
+}  // namespace
+}  // namespace peregrine

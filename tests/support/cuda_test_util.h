@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -101,6 +102,23 @@ inline std::vector<float> from_bf16(const std::vector<uint16_t>& x) {
 // Rounds every value to the nearest bf16 (what a bf16 input really holds).
 inline std::vector<float> round_bf16(const std::vector<float>& x) {
     return from_bf16(to_bf16(x));
+}
+
+// e4m3 codes of x [rows, cols] with one factor a row, as cuda::quantize_rows_e4m3 makes them:
+// factor amax / 448, code = f32_to_f8e4m3(x * (448 / amax)); an all-zero row gets factor 0.
+inline std::vector<uint8_t> quantize_e4m3(const std::vector<float>& x, int64_t rows, int64_t cols,
+                                          std::vector<float>& scale) {
+    std::vector<uint8_t> q(x.size());
+    scale.assign(static_cast<size_t>(rows), 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* row = x.data() + r * cols;
+        float amax = 0.0f;
+        for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(row[c]));
+        const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
+        scale[static_cast<size_t>(r)] = amax / 448.0f;
+        for (int64_t c = 0; c < cols; ++c) q[static_cast<size_t>(r * cols + c)] = f32_to_f8e4m3(row[c] * inv);
+    }
+    return q;
 }
 
 // ---- random inputs and comparisons ------------------------------------------------------------

@@ -38,6 +38,8 @@ cudaDataType_t cuda_type(DType t) {
             return CUDA_R_16BF;
         case DType::F16:
             return CUDA_R_16F;
+        case DType::F8_E4M3:
+            return CUDA_R_8F_E4M3;
         default:
             fail("CUDA backend: no matmul type for ", dtype_name(t));
     }
@@ -46,6 +48,19 @@ cudaDataType_t cuda_type(DType t) {
 cuda::bf16_t* bf(const Tensor& t) {
     PG_CHECK(t.dtype == DType::BF16, "expected a bf16 tensor, got ", dtype_name(t.dtype));
     return t.ptr<cuda::bf16_t>();
+}
+
+// A product's weight for the decode kernels: bf16, or e4m3 with its row factors.
+cuda::GemvWeight gemv_weight(const Tensor& w) {
+    if (w.dtype == DType::F8_E4M3) {
+        PG_CHECK(w.scale != nullptr, "f8_e4m3 weight ", w.shape_str(), " without row factors");
+        return cuda::GemvWeight(w.ptr<uint8_t>(), w.scale);
+    }
+    return cuda::GemvWeight(bf(w));
+}
+
+bool is_product_weight(const Tensor& w) {
+    return w.dtype == DType::BF16 || w.dtype == DType::F8_E4M3;
 }
 
 // The padded decode sizes that get a CUDA graph each (vLLM's buckets: 1, 2, 4, then steps of 8).
@@ -104,6 +119,8 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
     if (prop.major < 9)
         fail("--device cuda: ", device_name_, " is compute capability ", prop.major, ".", prop.minor,
              "; this build has kernels for sm_90a (Hopper) only");
+    if (options_.fp8_weights && options_.batch_invariant)
+        fail("--quantization fp8 with --batch-invariant: the batch-invariant products are bf16 only; drop one");
     PG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     cublasLtHandle_t h = nullptr;
     PG_LT_CHECK(cublasLtCreate(&h));
@@ -117,6 +134,8 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
 
 CudaBackend::~CudaBackend() {
     scratch_.clear();
+    for (Tensor* t : {&f8_input_, &f8_scale_, &f8_product_})
+        if (!t->empty()) release(*t);
     cudaStreamSynchronize(stream_);
     graphs_.clear();
     gemms_.clear();
@@ -283,6 +302,41 @@ Tensor CudaBackend::place_stacked(const std::vector<Tensor>& parts, bool matrix)
     }
     synchronize();
     return dev;
+}
+
+void CudaBackend::ensure_fp8_buffers(int64_t input, int64_t rows, int64_t product) {
+    if (f8_input_.numel() >= input && f8_scale_.numel() >= rows && f8_product_.numel() >= product) return;
+    PG_CHECK(!capturing(), "CUDA backend: an FP8 product larger than any before while recording a graph");
+    clear_graphs();  // recordings hold the old addresses
+    input = std::max(input, f8_input_.numel());
+    rows = std::max(rows, f8_scale_.numel());
+    product = std::max(product, f8_product_.numel());
+    for (Tensor* t : {&f8_input_, &f8_scale_, &f8_product_})
+        if (!t->empty()) release(*t);
+    f8_input_ = allocate(DType::F8_E4M3, {input});
+    f8_scale_ = allocate(DType::F32, {rows});
+    f8_product_ = allocate(DType::BF16, {product});
+}
+
+Tensor CudaBackend::quantize_weight(const Tensor& w) {
+    if (w.empty() || w.dtype != DType::BF16 || w.ndim != 2 || w.cols() % 16 != 0) return w;
+    const int64_t rows = w.rows(), cols = w.cols();
+    Tensor q(nullptr, DType::F8_E4M3, {rows, cols}, Device::CUDA);
+    allocate_weight(q);
+    Tensor s(nullptr, DType::F32, {rows}, Device::CUDA);
+    allocate_weight(s);
+    cuda::quantize_rows_e4m3(bf(w), q.ptr<uint8_t>(), s.ptr<float>(), rows, cols, stream_);
+    q.scale = s.ptr<float>();
+    // The bf16 matrix goes where this backend made it (stacked or converted from the host); a
+    // device tensor handed in (dummy weights) belongs to its loader.
+    if (auto it = std::find(owned_.begin(), owned_.end(), w.data); it != owned_.end()) {
+        synchronize();
+        PG_CUDA_CHECK(cudaFree(w.data));
+        owned_.erase(it);
+        weight_bytes_ -= w.nbytes();
+        std::erase_if(placed_, [&](const auto& kv) { return kv.second.data == w.data; });
+    }
+    return q;
 }
 
 void CudaBackend::fill_random(const Tensor& t, uint64_t seed, float lo, float hi) {
@@ -452,7 +506,8 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, c
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
     PG_CHECK(w.cols() == k && out.rows() == n && out.cols() == m, "matmul shapes: x ", x.shape_str(), " w ",
              w.shape_str(), " out ", out.shape_str());
-    PG_CHECK(x.dtype == DType::BF16 && w.dtype == DType::BF16, "CUDA matmul takes bf16 inputs");
+    PG_CHECK(x.dtype == DType::BF16 && is_product_weight(w),
+             "CUDA matmul takes bf16 inputs and bf16 or f8_e4m3 weights");
     if (n == 0) return;
     if (options_.batch_invariant) {
         // One k order per element whatever n is (tensor cores, no split-K across CTAs).
@@ -460,7 +515,7 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, c
                              static_cast<int>(k), stream_);
     } else if (options_.gemv && cuda::gemv_supported(static_cast<int>(n), static_cast<int>(k), x.data, w.data)) {
         // Batch-1..4 decode: our weight-streaming kernel beats cuBLASLt's skinny tiles.
-        cuda::gemv(bf(x), bf(w), out.data, out.dtype == DType::F32, static_cast<int>(n), static_cast<int>(m),
+        cuda::gemv(bf(x), gemv_weight(w), out.data, out.dtype == DType::F32, static_cast<int>(n), static_cast<int>(m),
                    static_cast<int>(k), stream_);
     } else {
         cublas_matmul(x, w, out);
@@ -473,7 +528,7 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, c
 
 bool CudaBackend::use_gemv(const Tensor& x, const Tensor& w) const {
     // Batch-invariant mode keeps every product on one kernel for all n.
-    return options_.gemv && !options_.batch_invariant && x.dtype == DType::BF16 && w.dtype == DType::BF16 &&
+    return options_.gemv && !options_.batch_invariant && x.dtype == DType::BF16 && is_product_weight(w) &&
            cuda::gemv_supported(static_cast<int>(x.rows()), static_cast<int>(x.cols()), x.data, w.data);
 }
 
@@ -486,12 +541,12 @@ void CudaBackend::matmul_silu(const Tensor& x, const Tensor& w_gate_up, const Te
     }
     PG_CHECK(w_gate_up.cols() == k && out.rows() == n && 2 * out.cols() == m && out.dtype == DType::BF16,
              "matmul_silu shapes: x ", x.shape_str(), " w ", w_gate_up.shape_str(), " out ", out.shape_str());
-    cuda::gemv_silu(bf(x), bf(w_gate_up), bf(out), static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
-                    stream_);
+    cuda::gemv_silu(bf(x), gemv_weight(w_gate_up), bf(out), static_cast<int>(n), static_cast<int>(m),
+                    static_cast<int>(k), stream_);
 }
 
 bool CudaBackend::use_gemv_norm(const Tensor& x, const Tensor& norm_weight, const Tensor& w) const {
-    return options_.gemv && !options_.batch_invariant && x.dtype == DType::F32 && w.dtype == DType::BF16 &&
+    return options_.gemv && !options_.batch_invariant && x.dtype == DType::F32 && is_product_weight(w) &&
            norm_weight.dtype == DType::F32 && norm_weight.numel() == x.cols() &&
            reinterpret_cast<uintptr_t>(norm_weight.data) % 16 == 0 &&
            cuda::gemv_supported(static_cast<int>(x.rows()), static_cast<int>(x.cols()), x.data, w.data);
@@ -507,7 +562,7 @@ void CudaBackend::norm_matmul(const Tensor& x, const Tensor& norm_weight, float 
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
     PG_CHECK(w.cols() == k && out.rows() == n && out.cols() == m, "norm_matmul shapes: x ", x.shape_str(), " w ",
              w.shape_str(), " out ", out.shape_str());
-    cuda::gemv_norm(x.ptr<float>(), norm_weight.ptr<float>(), eps, bf(w), out.data, out.dtype == DType::F32,
+    cuda::gemv_norm(x.ptr<float>(), norm_weight.ptr<float>(), eps, gemv_weight(w), out.data, out.dtype == DType::F32,
                     static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), stream_);
     if (!bias.empty()) {
         PG_CHECK(out.dtype == DType::BF16 && bias.dtype == DType::F32 && bias.numel() == m);
@@ -525,18 +580,18 @@ void CudaBackend::norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, f
     const int64_t n = x.rows(), k = x.cols(), m = w_gate_up.rows();
     PG_CHECK(w_gate_up.cols() == k && out.rows() == n && 2 * out.cols() == m && out.dtype == DType::BF16,
              "norm_matmul_silu shapes: x ", x.shape_str(), " w ", w_gate_up.shape_str(), " out ", out.shape_str());
-    cuda::gemv_norm_silu(x.ptr<float>(), norm_weight.ptr<float>(), eps, bf(w_gate_up), bf(out), static_cast<int>(n),
-                         static_cast<int>(m), static_cast<int>(k), stream_);
+    cuda::gemv_norm_silu(x.ptr<float>(), norm_weight.ptr<float>(), eps, gemv_weight(w_gate_up), bf(out),
+                         static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), stream_);
 }
 
 void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& residual, const Tensor& scratch) {
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
     PG_CHECK(w.cols() == k && residual.rows() == n && residual.cols() == m && residual.dtype == DType::F32 &&
-                 x.dtype == DType::BF16 && w.dtype == DType::BF16,
+                 x.dtype == DType::BF16 && is_product_weight(w),
              "matmul_add shapes: x ", x.shape_str(), " w ", w.shape_str(), " residual ", residual.shape_str());
     if (n == 0) return;
     if (use_gemv(x, w)) {
-        cuda::gemv_add(bf(x), bf(w), residual.ptr<float>(), static_cast<int>(n), static_cast<int>(m),
+        cuda::gemv_add(bf(x), gemv_weight(w), residual.ptr<float>(), static_cast<int>(n), static_cast<int>(m),
                        static_cast<int>(k), stream_);
     } else if (!options_.batch_invariant) {
         cublas_matmul(x, w, residual, 1.0f, scratch);  // cuBLASLt adds into D = C (beta 1)
@@ -554,23 +609,53 @@ void CudaBackend::add(const Tensor& x, const Tensor& out) {
 
 void CudaBackend::cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& out, float beta,
                                 const Tensor& tune_out) {
-    const Tensor& tune = tune_out.empty() ? out : tune_out;
     PG_CHECK(beta == 0.0f || !tune_out.empty(), "cublas_matmul: accumulating needs a scratch to time candidates in");
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
-    const auto key = std::make_tuple(n, m, k, static_cast<int>(out.dtype));
+    if (w.dtype == DType::F8_E4M3) {
+        fp8_matmul(x, w, out, beta);
+        return;
+    }
+    lt_matmul(w.data, x.data, false, n, m, k, out.data, out.dtype, beta, tune_out.empty() ? out.data : tune_out.data);
+}
+
+void CudaBackend::fp8_matmul(const Tensor& x, const Tensor& w, const Tensor& out, float beta) {
+    PG_CHECK(w.scale != nullptr, "f8_e4m3 weight ", w.shape_str(), " without row factors");
+    const int64_t n = x.rows(), k = x.cols(), m = w.rows();
+    // Rows of x a GEMM takes at a time: bounds the bf16 product buffer (2048 x 28,672 x 2 bytes =
+    // 117 MB for the 8B shape's gate | up) whatever the step's token count.
+    constexpr int64_t kRowsPerGemm = 2048;
+    const int64_t rows = std::min(n, kRowsPerGemm);
+    ensure_fp8_buffers(n * k, n, rows * m);
+    cuda::quantize_rows_e4m3(bf(x), static_cast<uint8_t*>(f8_input_.data), f8_scale_.ptr<float>(), n, k, stream_);
+    const size_t out_row = dtype_row_bytes(out.dtype, m);
+    for (int64_t r0 = 0; r0 < n; r0 += rows) {
+        const int64_t nn = std::min(rows, n - r0);
+        lt_matmul(w.data, static_cast<const uint8_t*>(f8_input_.data) + r0 * k, true, nn, m, k, f8_product_.data,
+                  DType::BF16, 0.0f, f8_product_.data);
+        cuda::scale_fp8_product(f8_product_.ptr<cuda::bf16_t>(), w.scale, f8_scale_.ptr<float>() + r0,
+                                static_cast<char*>(out.data) + r0 * out_row, out.dtype == DType::F32, beta != 0.0f, nn,
+                                m, stream_);
+    }
+}
+
+void CudaBackend::lt_matmul(const void* w, const void* x, bool fp8, int64_t n, int64_t m, int64_t k, void* out,
+                            DType out_dtype, float beta, void* tune) {
+    const auto key = std::make_tuple(n, m, k, static_cast<int>(out_dtype) | (fp8 ? 0x100 : 0));
     auto it = gemms_.find(key);
     if (it == gemms_.end()) {
         PG_CHECK(!capturing(), "CUDA backend: new GEMM shape while recording a graph");
         // Row-major out[n, m] = x[n, k] · w[m, k]ᵀ is column-major D[m, n] = Wᵀ-op(A)[m, k] · B[k, n]
-        // with A = w seen column-major as [k, m] (ld k) and B = x seen as [k, n] (ld k).
+        // with A = w seen column-major as [k, m] (ld k) and B = x seen as [k, n] (ld k). FP8 needs
+        // exactly this "TN" form on Hopper.
         auto g = std::make_unique<Gemm>();
         PG_LT_CHECK(cublasLtMatmulDescCreate(&g->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
         PG_LT_CHECK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
         PG_LT_CHECK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
-        PG_LT_CHECK(cublasLtMatrixLayoutCreate(&g->a, CUDA_R_16BF, k, m, k));
-        PG_LT_CHECK(cublasLtMatrixLayoutCreate(&g->b, CUDA_R_16BF, k, n, k));
-        PG_LT_CHECK(cublasLtMatrixLayoutCreate(&g->d, cuda_type(out.dtype), m, n, m));
+        const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+        PG_LT_CHECK(cublasLtMatrixLayoutCreate(&g->a, in_type, k, m, k));
+        PG_LT_CHECK(cublasLtMatrixLayoutCreate(&g->b, in_type, k, n, k));
+        PG_LT_CHECK(cublasLtMatrixLayoutCreate(&g->d, cuda_type(out_dtype), m, n, m));
         cublasLtMatmulPreference_t pref = nullptr;
         PG_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         PG_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -582,7 +667,8 @@ void CudaBackend::cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& 
                                                                  kCandidates, results, &found);
         cublasLtMatmulPreferenceDestroy(pref);
         if (st != CUBLAS_STATUS_SUCCESS || found == 0)
-            fail("cuBLASLt: no algorithm for a ", n, "x", k, " by ", m, "x", k, " bf16 matmul");
+            fail("cuBLASLt: no algorithm for a ", n, "x", k, " by ", m, "x", k, fp8 ? " fp8" : " bf16", " matmul into ",
+                 dtype_name(out_dtype));
         g->algo = results[0].algo;
         // Decode-sized products (the shapes CUDA graphs replay) are timed once on the real
         // operands and the fastest candidate kept: the heuristic's first pick for a skinny
@@ -595,9 +681,8 @@ void CudaBackend::cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& 
             float best = 1e30f;
             for (int i = 0; i < found; ++i) {
                 auto run = [&] {
-                    return cublasLtMatmul(lt_handle(lt_), g->desc, &alpha, w.data, g->a, x.data, g->b, &zero, tune.data,
-                                          g->d, tune.data, g->d, &results[i].algo, lt_workspace_, lt_workspace_bytes_,
-                                          stream_);
+                    return cublasLtMatmul(lt_handle(lt_), g->desc, &alpha, w, g->a, x, g->b, &zero, tune, g->d, tune,
+                                          g->d, &results[i].algo, lt_workspace_, lt_workspace_bytes_, stream_);
                 };
                 if (run() != CUBLAS_STATUS_SUCCESS) continue;
                 PG_CUDA_CHECK(cudaEventRecord(e0, stream_));
@@ -618,8 +703,8 @@ void CudaBackend::cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& 
     }
     const Gemm& g = *it->second;
     const float alpha = 1.0f;
-    PG_LT_CHECK(cublasLtMatmul(lt_handle(lt_), g.desc, &alpha, w.data, g.a, x.data, g.b, &beta, out.data, g.d, out.data,
-                               g.d, &g.algo, lt_workspace_, lt_workspace_bytes_, stream_));
+    PG_LT_CHECK(cublasLtMatmul(lt_handle(lt_), g.desc, &alpha, w, g.a, x, g.b, &beta, out, g.d, out, g.d, &g.algo,
+                               lt_workspace_, lt_workspace_bytes_, stream_));
 }
 
 void CudaBackend::rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& v, const BatchInput& batch,

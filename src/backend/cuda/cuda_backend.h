@@ -26,6 +26,10 @@ struct CudaOptions {
     // Batch-invariant mode (--batch-invariant): every product through gemm_invariant and the
     // attention's invariant path, so a token's results never depend on the rest of the batch.
     bool batch_invariant = false;
+    // --quantization fp8: place_layer quantizes every layer matrix (not the embedding or LM head)
+    // to E4M3 with one factor per output row; decode products read the FP8 bytes (gemv), larger
+    // ones run cuBLASLt FP8 GEMMs on inputs quantized per token.
+    bool fp8_weights = false;
 };
 
 // Whether a CUDA device is present (never throws).
@@ -99,7 +103,7 @@ class CudaBackend final : public Backend {
     // out = rms_norm(x) * weight. x, out: f32 or bf16 [rows, dim]; weight: [dim] f32.
     void rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps, const Tensor& out);
     // out [n, m] (f32 or bf16) = x [n, k] · w [m, k]ᵀ (+ bias [m] f32). `exact` is ignored
-    // (bf16 inputs with f32 accumulation in every mode).
+    // (bf16 inputs with f32 accumulation in every mode). w bf16, or f8_e4m3 with row factors.
     void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out, bool exact = false);
     // As CpuBackend::rope_and_cache: rotates q, k in place, writes k, v to the cache.
     void rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& v, const BatchInput& batch,
@@ -161,9 +165,24 @@ class CudaBackend final : public Backend {
     Tensor place_stacked(const std::vector<Tensor>& parts, bool matrix);
     struct Gemm;  // a cached cuBLASLt plan for one (n, m, k, out dtype)
     struct Graph;
+    // An f8_e4m3 copy of a placed bf16 matrix (per-row factors); the bf16 one is freed where this
+    // backend owns it. Matrices whose k is not a multiple of 16 (cuBLASLt FP8) stay bf16.
+    Tensor quantize_weight(const Tensor& w);
+    // Room for an FP8 product: `input` e4m3 values of x, `rows` factors, `product` bf16 values of
+    // one GEMM's unscaled output. Grows outside graph recording only (the largest step runs first).
+    void ensure_fp8_buffers(int64_t input, int64_t rows, int64_t product);
+    // out (+)= x · wᵀ for an f8_e4m3 w: x quantized per token, cuBLASLt FP8 GEMMs (unit factors;
+    // Hopper's cuBLASLt has no per-row x per-column scaling) into a bf16 buffer, then
+    // scale_fp8_product applies both factor vectors (beta 1: adds into out).
+    void fp8_matmul(const Tensor& x, const Tensor& w, const Tensor& out, float beta);
+    // D [n, m] (row-major) = x [n, k] · w [m, k]ᵀ + beta D through a cached cuBLASLt plan, bf16 or
+    // (fp8) e4m3 operands; `tune` receives the candidates' outputs while a new plan is timed.
+    void lt_matmul(const void* w, const void* x, bool fp8, int64_t n, int64_t m, int64_t k, void* out, DType out_dtype,
+                   float beta, void* tune);
     void ensure_meta(int tokens, int seqs, int stride);
     void allocate_weight(Tensor& t);  // device memory for a placed weight, owned until destruction
-    // out = x . w^T + beta * out through cuBLASLt (a cached plan per shape). The first use of a
+    // out = x . w^T + beta * out through cuBLASLt (a cached plan per shape; an f8_e4m3 w goes to
+    // fp8_matmul). The first use of a
     // decode-sized shape times the candidates, writing into `tune_out` (default: out; give a
     // scratch of out's shape when beta != 0, so out keeps what is accumulated into).
     void cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& out, float beta = 0.0f,
@@ -205,6 +224,7 @@ class CudaBackend final : public Backend {
     // Weights placed on the device, by host address (tied embeddings are placed once).
     std::unordered_map<const void*, Tensor> placed_;
     std::vector<void*> owned_;
+    Tensor f8_input_, f8_scale_, f8_product_;  // see ensure_fp8_buffers
     size_t weight_bytes_ = 0;
 
     // The current step's metadata (layout in begin_step): one device buffer and two pinned host

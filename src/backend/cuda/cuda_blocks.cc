@@ -31,6 +31,8 @@ LayerWeights CudaBackend::place_layer(const LayerWeights& l) {
     p.ffn_norm = vec(l.ffn_norm);
     p.w_gate_up = place_stacked({l.w_gate, l.w_up}, true);
     p.w_down = matrix(l.w_down);
+    if (options_.fp8_weights)
+        for (Tensor* t : {&p.wqkv, &p.wq, &p.wk, &p.wv, &p.wo, &p.w_gate_up, &p.w_down}) *t = quantize_weight(*t);
     return p;
 }
 

@@ -107,23 +107,39 @@ void fill_random_f32(float* out, int64_t n, uint64_t seed, float lo, float hi, c
 // out[i, :] = bias (f32 [m]) added to x [n, m] bf16, in place.
 void add_bias(bf16_t* x, const float* bias, int64_t n, int64_t m, cudaStream_t stream);
 
-// Skinny product for decode: out[n, m] = x[n, k] . w[m, k]^T, bf16 in, f32 accumulate, out f32
-// (out_f32) or bf16. n <= kMaxGemvRows, k a multiple of 8, x and w 16-byte aligned.
+// A decode product's weight [m, k]: bf16, or (scale set) FP8 E4M3 values with one f32 factor per
+// row, element (r, c) = value(r, c) * scale[r].
+struct GemvWeight {
+    const void* data = nullptr;
+    const float* scale = nullptr;
+    GemvWeight(const bf16_t* w) : data(w) {}  // NOLINT: a bf16 matrix converts implicitly
+    GemvWeight(const uint8_t* w, const float* row_scale) : data(w), scale(row_scale) {}
+};
+
+// Skinny product for decode: out[n, m] = x[n, k] . w[m, k]^T, bf16 (or e4m3) in, f32 accumulate,
+// out f32 (out_f32) or bf16. n <= kMaxGemvRows, k a multiple of 8, x and w 16-byte aligned.
 constexpr int kMaxGemvRows = 4;
 bool gemv_supported(int n, int k, const void* x, const void* w);
-void gemv(const bf16_t* x, const bf16_t* w, void* out, bool out_f32, int n, int m, int k, cudaStream_t stream);
+void gemv(const bf16_t* x, GemvWeight w, void* out, bool out_f32, int n, int m, int k, cudaStream_t stream);
 // gemv with gate | up fused: w_gate_up [m, k] holds gate rows then up rows (m even);
 // out [n, m/2] bf16 = silu(x . gate^T) * (x . up^T), computed in f32.
-void gemv_silu(const bf16_t* x, const bf16_t* w_gate_up, bf16_t* out, int n, int m, int k, cudaStream_t stream);
+void gemv_silu(const bf16_t* x, GemvWeight w_gate_up, bf16_t* out, int n, int m, int k, cudaStream_t stream);
 // The products of rms_norm(x) * norm for x f32 [n, k] (the residual stream), norm f32 [k]: the
 // norm folded into the product (x^2 summed in the same pass, the dot products scaled by
 // 1 / sqrt(mean(x^2) + eps)), so no normalised copy of x is written. norm 16-byte aligned.
-void gemv_norm(const float* x, const float* norm, float eps, const bf16_t* w, void* out, bool out_f32, int n, int m,
-               int k, cudaStream_t stream);
-void gemv_norm_silu(const float* x, const float* norm, float eps, const bf16_t* w_gate_up, bf16_t* out, int n, int m,
+void gemv_norm(const float* x, const float* norm, float eps, GemvWeight w, void* out, bool out_f32, int n, int m, int k,
+               cudaStream_t stream);
+void gemv_norm_silu(const float* x, const float* norm, float eps, GemvWeight w_gate_up, bf16_t* out, int n, int m,
                     int k, cudaStream_t stream);
 // out [n, m] f32 += x . w^T: the o / down products added straight into the residual stream.
-void gemv_add(const bf16_t* x, const bf16_t* w, float* out, int n, int m, int k, cudaStream_t stream);
+void gemv_add(const bf16_t* x, GemvWeight w, float* out, int n, int m, int k, cudaStream_t stream);
+// FP8: q [rows, cols] e4m3 and scale [rows] f32 from x [rows, cols] bf16, one factor a row
+// (amax / 448; q = x * 448 / amax rounded to nearest even, saturating). cols a multiple of 8.
+void quantize_rows_e4m3(const bf16_t* x, uint8_t* q, float* scale, int64_t rows, int64_t cols, cudaStream_t stream);
+// An FP8 GEMM's epilogue: out [n, m] (f32, or bf16) = d * w_scale[col] * x_scale[row], or
+// (accumulate) out += that; d [n, m] bf16 is the GEMM's output with unit factors.
+void scale_fp8_product(const bf16_t* d, const float* w_scale, const float* x_scale, void* out, bool out_f32,
+                       bool accumulate, int64_t n, int64_t m, cudaStream_t stream);
 // out += x, both f32 with n elements.
 void add_f32(const float* x, float* out, int64_t n, cudaStream_t stream);
 // Test hook: rows per CTA and 16-byte chunks in flight per row and thread, one of 2x1, 2x2,

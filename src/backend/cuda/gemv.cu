@@ -9,13 +9,21 @@
 //   scales its dot products by 1 / sqrt(mean(x^2) + eps) at the end: no normalised copy of x.
 // (A residual-add + RMSNorm epilogue done by the last CTA to finish was tried and cost 10-20% of
 // decode speed on an H100: not kept.)
+// FP8 weights (F8 = true): E4M3 values with one f32 factor per row; a thread's 16-byte chunk then
+// holds 16 values (two 8-element pieces of x), converted in registers, each row's sum scaled by its
+// factor at the end. A 16-byte chunk either way, so the bytes in flight of a configuration are the
+// same for both (measured for bf16; not re-tuned for FP8).
 // Two kernels: gemv_kernel, one CTA per row block (thousands of short CTAs), and at n = 1 for
 // some products gemv_persistent_kernel, one CTA per resident slot walking a range of row blocks
 // with x staged once in shared memory (launch_persistent_by_k says which, with the numbers).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
@@ -46,8 +54,9 @@ struct Args {
     const void* x;      // [n, k] bf16, or f32 with a norm
     const float* norm;  // [k] RMSNorm weight (NORM) or nullptr
     float eps;
-    const uint16_t* w;  // [m, k]
-    void* out;          // [n, m] (silu: [n, m/2] bf16; add: f32, accumulated into)
+    const void* w;         // [m, k] bf16, or (F8) e4m3
+    const float* w_scale;  // F8: [m] factors per row
+    void* out;             // [n, m] (silu: [n, m/2] bf16; add: f32, accumulated into)
     bool out_f32;
     int m, k;
 };
@@ -65,11 +74,51 @@ __device__ __forceinline__ uint16_t to_bf16(float v) {
     return *reinterpret_cast<const uint16_t*>(&h);
 }
 
+// A thread's 16-byte weight chunk: 8 bf16 or 16 e4m3 values, in kPieces pieces of 8 elements
+// (each multiplies one 8-element piece of x).
+template <bool F8>
+struct WeightChunk {
+    static constexpr int kBytes = 2;  // per element
+    static constexpr int kPieces = 1;
+    __device__ static void unpack(const uint4& v, int, float f[8]) { unpack8(v, f); }
+};
+template <>
+struct WeightChunk<true> {
+    static constexpr int kBytes = 1;
+    static constexpr int kPieces = 2;
+    __device__ static void unpack(const uint4& v, int piece, float f[8]) {
+        const uint32_t w[2] = {piece == 0 ? v.x : v.z, piece == 0 ? v.y : v.w};
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // the low byte pair first: element order
+                const __half2_raw r =
+                    __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[i] >> (16 * h)), __NV_E4M3);
+                const float2 p = __half22float2(*reinterpret_cast<const __half2*>(&r));
+                f[4 * i + 2 * h] = p.x;
+                f[4 * i + 2 * h + 1] = p.y;
+            }
+        }
+    }
+};
+// Chunk c of row `row` (k elements a row).
+template <bool F8>
+__device__ __forceinline__ uint4 load_chunk(const void* w, int row, int k, int c) {
+    const char* p = static_cast<const char*>(w) + static_cast<int64_t>(row) * k * WeightChunk<F8>::kBytes;
+    return __ldg(reinterpret_cast<const uint4*>(p) + c);
+}
+// The factor a row's sum is scaled by: 1 for bf16.
+template <bool F8>
+__device__ __forceinline__ float row_factor(const Args& a, int row) {
+    if constexpr (F8) return __ldg(a.w_scale + row);
+    return 1.0f;
+}
+
 // A normed product's 16-byte chunk c of token j: x (f32, written by the kernel before: plain
 // loads) into v and the norm weight into g, 8 elements each.
 __device__ __forceinline__ void load_normed_chunk(const Args& a, int j, int c, float (&v)[8], float (&g)[8]) {
-    const float4* xr = reinterpret_cast<const float4*>(static_cast<const float*>(a.x) + static_cast<int64_t>(j) * a.k) +
-                       2 * c;
+    const float4* xr =
+        reinterpret_cast<const float4*>(static_cast<const float*>(a.x) + static_cast<int64_t>(j) * a.k) + 2 * c;
     const float4 x0 = xr[0], x1 = xr[1];
     const float4 g0 = __ldg(reinterpret_cast<const float4*>(a.norm) + 2 * c);
     const float4 g1 = __ldg(reinterpret_cast<const float4*>(a.norm) + 2 * c + 1);
@@ -81,40 +130,40 @@ __device__ __forceinline__ void load_normed_chunk(const Args& a, int j, int c, f
 // chunks c = threadIdx.x + 128 j of every row and keeps D chunks per row in flight (a group),
 // loading the next group while it multiplies the current one; the four warps' partial sums
 // are added in a fixed order at the end.
-template <int N, int R, int D, int EPI, bool NORM>
+template <int N, int R, int D, int EPI, bool NORM, bool F8>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
     static_assert(EPI != kSilu || R == 2, "silu pairs a gate row with its up row");
-    const uint16_t* __restrict__ w = a.w;
+    using WC = WeightChunk<F8>;
+    using Chunk = uint4;
+    constexpr int P = WC::kPieces;
     const int m = a.m, k = a.k;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     auto row_of = [&](int r) {
         return EPI == kSilu ? static_cast<int>(blockIdx.x) + r * (m / 2) : static_cast<int>(blockIdx.x) * R + r;
     };
     float acc[R][N] = {};
-    float ss[N] = {};  // NORM: sum of x^2 per token over this thread's chunks
-    const int chunks = k / 8;  // 16-byte chunks per row
-    auto load_group = [&](int base, uint4(&g)[D][R]) {
+    float ss[N] = {};                // NORM: sum of x^2 per token over this thread's chunks
+    const int chunks = k / (8 * P);  // 16-byte weight chunks per row
+    auto load_group = [&](int base, Chunk(&g)[D][R]) {
 #pragma unroll
         for (int d = 0; d < D; ++d) {
             const int c = base + d * kThreads;
 #pragma unroll
             for (int r = 0; r < R; ++r)
-                g[d][r] = row_of(r) < m && c < chunks
-                              ? __ldg(reinterpret_cast<const uint4*>(w + static_cast<int64_t>(row_of(r)) * k) + c)
-                              : make_uint4(0, 0, 0, 0);
+                g[d][r] = row_of(r) < m && c < chunks ? load_chunk<F8>(a.w, row_of(r), k, c) : make_uint4(0, 0, 0, 0);
         }
     };
     // Under programmatic launch this runs while the previous kernel finishes: the first weight
     // group goes to registers and the rest of this CTA's rows towards L2 (weights are constant
     // during a step), then wait for x.
     pdl_launch_dependents();
-    uint4 next[D][R];
+    Chunk next[D][R];
     load_group(threadIdx.x, next);
-    const int lines = (k * 2 + 127) / 128;
+    const int lines = (k * WC::kBytes + 127) / 128;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         if (row_of(r) >= m) break;
-        const char* row = reinterpret_cast<const char*>(w + static_cast<int64_t>(row_of(r)) * k);
+        const char* row = static_cast<const char*>(a.w) + static_cast<int64_t>(row_of(r)) * k * WC::kBytes;
         for (int i = threadIdx.x; i < lines; i += kThreads)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(row + static_cast<int64_t>(i) * 128));
     }
@@ -128,7 +177,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
             resid = static_cast<const float*>(a.out)[static_cast<int64_t>(j) * m + row_of(r)];
     }
     for (int base = threadIdx.x; base < chunks; base += D * kThreads) {
-        uint4 cur[D][R];
+        Chunk cur[D][R];
 #pragma unroll
         for (int d = 0; d < D; ++d)
 #pragma unroll
@@ -139,27 +188,31 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
             const int c = base + d * kThreads;
             if (c >= chunks) break;
 #pragma unroll
-            for (int j = 0; j < N; ++j) {
-                float xf[8];  // x loads are plain: x was written by the kernel just before
-                if constexpr (NORM) {
-                    float v[8], g[8];
-                    load_normed_chunk(a, j, c, v, g);
+            for (int p = 0; p < P; ++p) {
+                const int x8 = c * P + p;  // the 8-element piece of x
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) {
-                        ss[j] = fmaf(v[e], v[e], ss[j]);
-                        xf[e] = v[e] * g[e];
+                for (int j = 0; j < N; ++j) {
+                    float xf[8];  // x loads are plain: x was written by the kernel just before
+                    if constexpr (NORM) {
+                        float v[8], g[8];
+                        load_normed_chunk(a, j, x8, v, g);
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) {
+                            ss[j] = fmaf(v[e], v[e], ss[j]);
+                            xf[e] = v[e] * g[e];
+                        }
+                    } else {
+                        unpack8(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) +
+                                                               static_cast<int64_t>(j) * k)[x8],
+                                xf);
                     }
-                } else {
-                    unpack8(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) +
-                                                           static_cast<int64_t>(j) * k)[c],
-                            xf);
-                }
 #pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    float wf[8];
-                    unpack8(cur[d][r], wf);
+                    for (int r = 0; r < R; ++r) {
+                        float wf[8];
+                        WC::unpack(cur[d][r], p, wf);
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[r][j] = fmaf(wf[e], xf[e], acc[r][j]);
+                        for (int e = 0; e < 8; ++e) acc[r][j] = fmaf(wf[e], xf[e], acc[r][j]);
+                    }
                 }
             }
         }
@@ -183,8 +236,9 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
         return v;
     };
     auto total = [&](int r, int j) {  // the output value of row r, token j
-        if constexpr (NORM) return sum(r, j) / sqrtf(sum(R, j) / static_cast<float>(k) + a.eps);
-        return sum(r, j);
+        const float v = sum(r, j) * row_factor<F8>(a, row_of(r));
+        if constexpr (NORM) return v / sqrtf(sum(R, j) / static_cast<float>(k) + a.eps);
+        return v;
     };
 
     if constexpr (EPI == kSilu) {
@@ -216,7 +270,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
 // streams its row blocks, the next weight group in flight while it multiplies the current one.
 // The chunk each thread takes and every sum order are those of gemv_kernel with the same R and
 // D, so both give bitwise the same output.
-template <int N, int R, int D, int EPI, bool NORM>
+template <int N, int R, int D, int EPI, bool NORM, bool F8>
 __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a) {
     static_assert(EPI != kSilu || R % 2 == 0, "silu pairs gate rows with up rows");
     constexpr int U = EPI == kSilu ? R / 2 : R;  // units a row block
@@ -226,8 +280,11 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
     extern __shared__ uint4 x_smem[];
     __shared__ float part[2][kWarps][R][N];  // per-warp row sums, two buffers: one barrier a block
     __shared__ float ss_part[kWarps][N];     // NORM: per-warp sums of x^2
-    const uint16_t* __restrict__ w = a.w;
-    const int m = a.m, k = a.k, chunks = k / 8;
+    using WC = WeightChunk<F8>;
+    using Chunk = uint4;
+    constexpr int P = WC::kPieces;
+    const int m = a.m, k = a.k;
+    const int chunks = k / (8 * P), xchunks = k / 8;  // 16-byte weight chunks; 8-element pieces of x
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int units = EPI == kSilu ? m / 2 : m;
     const int u_begin = static_cast<int>(static_cast<int64_t>(blockIdx.x) * units / gridDim.x);
@@ -237,27 +294,26 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
     auto row_of = [&](int u, int r) { return EPI == kSilu && r >= U ? m / 2 + u + r - U : u + r; };
     auto valid = [&](int u, int r) { return u + r % U < u_end; };
     // Loads the weight group g of the row block at unit u.
-    auto load_group = [&](int u, int g, uint4(&dst)[D][R]) {
+    auto load_group = [&](int u, int g, Chunk(&dst)[D][R]) {
 #pragma unroll
         for (int d = 0; d < D; ++d) {
             const int c = threadIdx.x + (g * D + d) * kThreads;
 #pragma unroll
             for (int r = 0; r < R; ++r)
-                dst[d][r] = valid(u, r) && c < chunks
-                                ? __ldg(reinterpret_cast<const uint4*>(w + static_cast<int64_t>(row_of(u, r)) * k) + c)
-                                : make_uint4(0, 0, 0, 0);
+                dst[d][r] =
+                    valid(u, r) && c < chunks ? load_chunk<F8>(a.w, row_of(u, r), k, c) : make_uint4(0, 0, 0, 0);
         }
     };
     pdl_launch_dependents();
-    uint4 next[D][R];
+    Chunk next[D][R];
     load_group(u_begin, 0, next);
     {  // The rest of this CTA's rows towards L2, up to its share of kPrefetchBytes.
-        const int64_t row_bytes = static_cast<int64_t>(k) * 2;
+        const int64_t row_bytes = static_cast<int64_t>(k) * WC::kBytes;
         const int64_t cap = kPrefetchBytes / gridDim.x / (EPI == kSilu ? 2 : 1);
         const int64_t bytes = min(static_cast<int64_t>(u_end - u_begin) * row_bytes, cap);
 #pragma unroll
         for (int half = 0; half < (EPI == kSilu ? 2 : 1); ++half) {
-            const char* p = reinterpret_cast<const char*>(w + static_cast<int64_t>(row_of(u_begin, half * U)) * k);
+            const char* p = static_cast<const char*>(a.w) + static_cast<int64_t>(row_of(u_begin, half * U)) * row_bytes;
             for (int64_t i = threadIdx.x; i * 128 < bytes; i += kThreads)
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i * 128));
         }
@@ -265,7 +321,7 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
     pdl_wait();
     // x into shared memory (NORM: with this thread's sums of x^2, in gemv_kernel's order).
     float ss[N] = {};
-    for (int c = threadIdx.x; c < chunks; c += kThreads) {
+    for (int c = threadIdx.x; c < xchunks; c += kThreads) {
 #pragma unroll
         for (int j = 0; j < N; ++j) {
             if constexpr (NORM) {
@@ -273,11 +329,11 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
                 load_normed_chunk(a, j, c, v, g);
 #pragma unroll
                 for (int e = 0; e < 8; ++e) ss[j] = fmaf(v[e], v[e], ss[j]);
-                float4* xs = reinterpret_cast<float4*>(x_smem) + static_cast<int64_t>(j) * 2 * chunks;
+                float4* xs = reinterpret_cast<float4*>(x_smem) + static_cast<int64_t>(j) * 2 * xchunks;
                 xs[c] = make_float4(v[0] * g[0], v[1] * g[1], v[2] * g[2], v[3] * g[3]);
-                xs[chunks + c] = make_float4(v[4] * g[4], v[5] * g[5], v[6] * g[6], v[7] * g[7]);
+                xs[xchunks + c] = make_float4(v[4] * g[4], v[5] * g[5], v[6] * g[6], v[7] * g[7]);
             } else {
-                x_smem[static_cast<int64_t>(j) * chunks + c] =
+                x_smem[static_cast<int64_t>(j) * xchunks + c] =
                     reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + static_cast<int64_t>(j) * k)[c];
             }
         }
@@ -319,7 +375,7 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
     int next_u = u_begin, next_g = 0;  // the group in `next`
     int buf = 0;
     for (int s = 0; s < steps; ++s) {
-        uint4 cur[D][R];
+        Chunk cur[D][R];
 #pragma unroll
         for (int d = 0; d < D; ++d)
 #pragma unroll
@@ -335,27 +391,32 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
             const int c = threadIdx.x + (g * D + d) * kThreads;
             if (c >= chunks) break;
 #pragma unroll
-            for (int j = 0; j < N; ++j) {
-                float xf[8];
-                if constexpr (NORM) {
-                    const float4* xs = reinterpret_cast<const float4*>(x_smem) + static_cast<int64_t>(j) * 2 * chunks;
-                    const float4 x0 = xs[c], x1 = xs[chunks + c];
-                    xf[0] = x0.x, xf[1] = x0.y, xf[2] = x0.z, xf[3] = x0.w;
-                    xf[4] = x1.x, xf[5] = x1.y, xf[6] = x1.z, xf[7] = x1.w;
-                } else {
-                    unpack8(x_smem[static_cast<int64_t>(j) * chunks + c], xf);
-                }
+            for (int p = 0; p < P; ++p) {
+                const int x8 = c * P + p;  // the 8-element piece of x
 #pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    float wf[8];
-                    unpack8(cur[d][r], wf);
+                for (int j = 0; j < N; ++j) {
+                    float xf[8];
+                    if constexpr (NORM) {
+                        const float4* xs =
+                            reinterpret_cast<const float4*>(x_smem) + static_cast<int64_t>(j) * 2 * xchunks;
+                        const float4 x0 = xs[x8], x1 = xs[xchunks + x8];
+                        xf[0] = x0.x, xf[1] = x0.y, xf[2] = x0.z, xf[3] = x0.w;
+                        xf[4] = x1.x, xf[5] = x1.y, xf[6] = x1.z, xf[7] = x1.w;
+                    } else {
+                        unpack8(x_smem[static_cast<int64_t>(j) * xchunks + x8], xf);
+                    }
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[r][j] = fmaf(wf[e], xf[e], acc[r][j]);
+                    for (int r = 0; r < R; ++r) {
+                        float wf[8];
+                        WC::unpack(cur[d][r], p, wf);
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) acc[r][j] = fmaf(wf[e], xf[e], acc[r][j]);
+                    }
                 }
             }
         }
         if (++g < groups) continue;
-        // The row block at u is complete: sum the warps' parts in a fixed order and write.
+            // The row block at u is complete: sum the warps' parts in a fixed order and write.
 #pragma unroll
         for (int r = 0; r < R; ++r) {
 #pragma unroll
@@ -372,6 +433,7 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
             float v = 0;
 #pragma unroll
             for (int q = 0; q < kWarps; ++q) v += part[buf][q][r][j];
+            v *= row_factor<F8>(a, row_of(u, r));
             if constexpr (NORM) v /= rms;
             return v;
         };
@@ -403,15 +465,15 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
     }
 }
 
-template <int N, int R, int D, int EPI, bool NORM>
+template <int N, int R, int D, int EPI, bool NORM, bool F8>
 void launch_rd(const Args& a, cudaStream_t stream) {
     const int blocks = EPI == kSilu ? a.m / 2 : (a.m + R - 1) / R;
-    launch_pdl(gemv_kernel<N, R, D, EPI, NORM>, static_cast<unsigned>(blocks), kThreads, 0, stream, a);
+    launch_pdl(gemv_kernel<N, R, D, EPI, NORM, F8>, static_cast<unsigned>(blocks), kThreads, 0, stream, a);
 }
 
 // Resident CTAs per SM of one persistent instantiation (x in `smem` bytes), cached per device
 // with the smem it was computed for (an instantiation usually meets one k).
-template <int N, int R, int D, int EPI, bool NORM>
+template <int N, int R, int D, int EPI, bool NORM, bool F8>
 int resident_ctas(size_t smem) {
     static std::atomic<uint64_t> cached[64];
     int dev = 0;
@@ -419,7 +481,7 @@ int resident_ctas(size_t smem) {
     std::atomic<uint64_t>& slot = cached[dev & 63];
     const uint64_t c = slot.load(std::memory_order_relaxed);
     if (c != 0 && (c >> 32) == smem) return static_cast<int>(c & 0xffffffffu);
-    auto kernel = gemv_persistent_kernel<N, R, D, EPI, NORM>;
+    auto kernel = gemv_persistent_kernel<N, R, D, EPI, NORM, F8>;
     PG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     int v = 0;
     PG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kernel, kThreads, smem));
@@ -428,17 +490,17 @@ int resident_ctas(size_t smem) {
     return v;
 }
 
-template <int N, int R, int D, int EPI, bool NORM>
+template <int N, int R, int D, int EPI, bool NORM, bool F8>
 void launch_persistent(const Args& a, cudaStream_t stream) {
     const size_t smem = static_cast<size_t>(N) * a.k * (NORM ? 4 : 2);
-    const int per_sm = resident_ctas<N, R, D, EPI, NORM>(smem);
+    const int per_sm = resident_ctas<N, R, D, EPI, NORM, F8>(smem);
     // Every CTA the same number of units, whole row blocks (the last CTA fewer): a CTA with one
     // more unit than the rest would set the kernel's end.
     constexpr int U = EPI == kSilu ? R / 2 : R;
     const int units = EPI == kSilu ? a.m / 2 : a.m, slots = sm_count() * per_sm;
     const int per_cta = (units + slots * U - 1) / (slots * U) * U;
     const int grid = (units + per_cta - 1) / per_cta;
-    launch_pdl(gemv_persistent_kernel<N, R, D, EPI, NORM>, static_cast<unsigned>(grid), kThreads, smem, stream, a);
+    launch_pdl(gemv_persistent_kernel<N, R, D, EPI, NORM, F8>, static_cast<unsigned>(grid), kThreads, smem, stream, a);
 }
 
 // Launches the persistent kernel where it was measured faster (H100, `bench latency` batch 1,
@@ -450,7 +512,37 @@ void launch_persistent(const Args& a, cudaStream_t stream) {
 //   better than a full persistent grid does).
 // Plain products (the LM head persistent as well: 1B 927-932 against 940) and n > 1 (not
 // measured) stay on gemv_kernel, as does an x too large to stage in shared memory.
-template <int N, int EPI, bool NORM>
+// FP8 chunks carry twice the elements (twice the arithmetic a load). The one-CTA-per-row-block
+// kernel wants half the chunks in flight per thread (H200, CudaGemvPerf.Report, fp8 n 1: 28672 x
+// 4096 31.7 us at 2x1 against 43.0 at bf16's 2x4; 4096 x 14336 19.3 at 1x4 against 22.7 at 1x8).
+// The persistent kernel's depth for FP8, a factor on bf16's: PEREGRINE_FP8_PERSISTENT_DEPTH =
+// half | same | double (measurement knob; default below).
+int fp8_persistent_depth() {
+    static const int v = [] {
+        const char* e = std::getenv("PEREGRINE_FP8_PERSISTENT_DEPTH");
+        const std::string s = e ? e : "";
+        return s == "half" ? 0 : s == "double" ? 2 : 1;
+    }();
+    return v;
+}
+
+template <int N, int R, int D, int EPI, bool NORM, bool F8>
+void launch_persistent_scaled(const Args& a, cudaStream_t stream) {
+    if constexpr (!F8) {
+        launch_persistent<N, R, D, EPI, NORM, F8>(a, stream);
+    } else {
+        switch (fp8_persistent_depth()) {
+            case 0:
+                return launch_persistent<N, R, D / 2, EPI, NORM, F8>(a, stream);
+            case 2:
+                return launch_persistent<N, R, D * 2, EPI, NORM, F8>(a, stream);
+            default:
+                return launch_persistent<N, R, D, EPI, NORM, F8>(a, stream);
+        }
+    }
+}
+
+template <int N, int EPI, bool NORM, bool F8>
 bool launch_persistent_by_k(const Args& a, cudaStream_t stream) {
     if constexpr (N != 1 || !(NORM || EPI == kAdd)) {
         return false;
@@ -459,16 +551,16 @@ bool launch_persistent_by_k(const Args& a, cudaStream_t stream) {
         if (g_rows > 0 || (NORM && k < 4096) || static_cast<size_t>(k) * (NORM ? 4 : 2) > kMaxStagedX) return false;
         if constexpr (!NORM) {
             if (k <= 2048) {
-                launch_persistent<N, 2, 2, EPI, NORM>(a, stream);
+                launch_persistent_scaled<N, 2, 2, EPI, NORM, F8>(a, stream);
                 return true;
             }
         }
         if constexpr (EPI == kSilu) {  // two rows a block by construction
-            launch_persistent<N, 2, 4, EPI, NORM>(a, stream);
+            launch_persistent_scaled<N, 2, 4, EPI, NORM, F8>(a, stream);
         } else if (k <= 4096) {
-            launch_persistent<N, 2, 4, EPI, NORM>(a, stream);
+            launch_persistent_scaled<N, 2, 4, EPI, NORM, F8>(a, stream);
         } else {
-            launch_persistent<N, 1, 8, EPI, NORM>(a, stream);
+            launch_persistent_scaled<N, 1, 8, EPI, NORM, F8>(a, stream);
         }
         return true;
     }
@@ -477,46 +569,56 @@ bool launch_persistent_by_k(const Args& a, cudaStream_t stream) {
 // Chunks in flight per thread by k (measured on an H100 over the Llama 1B/8B shapes,
 // CudaGemvPerf.Report): rows up to 4096 long want two rows per CTA so there are enough loads
 // at once, longer rows one row with deeper groups. set_gemv_config overrides it.
-template <int N, int EPI, bool NORM>
+template <int N, int EPI, bool NORM, bool F8>
 void launch(const Args& a, cudaStream_t stream) {
-    if (launch_persistent_by_k<N, EPI, NORM>(a, stream)) return;
+    if (launch_persistent_by_k<N, EPI, NORM, F8>(a, stream)) return;
     const int k = a.k;
     int rows = k <= 4096 ? 2 : 1;
     int depth = k <= 2048 ? (N == 1 ? 2 : 1) : k <= 4096 ? 4 : 8;
+    if (F8) depth = std::max(1, depth / 2);  // see fp8_persistent_depth
     if (g_rows > 0) rows = g_rows, depth = g_depth;
     // The normed q|k|v product (x read as f32 with the norm weight, 4x the bytes of a bf16 x)
     // wants x shared by more rows: 4 rows per CTA (H100, 1B decode 898 -> 908 tok/s).
     if constexpr (NORM && EPI == kPlain)
-        if (k <= 2048 && g_rows == 0) return launch_rd<N, 4, 1, EPI, NORM>(a, stream);
+        if (k <= 2048 && g_rows == 0) return launch_rd<N, 4, 1, EPI, NORM, F8>(a, stream);
     if constexpr (EPI == kSilu) {  // two rows per CTA by construction
-        if (depth <= 1) return launch_rd<N, 2, 1, EPI, NORM>(a, stream);
-        if (depth == 2) return launch_rd<N, 2, 2, EPI, NORM>(a, stream);
-        return launch_rd<N, 2, 4, EPI, NORM>(a, stream);
+        if (depth <= 1) return launch_rd<N, 2, 1, EPI, NORM, F8>(a, stream);
+        if (depth == 2) return launch_rd<N, 2, 2, EPI, NORM, F8>(a, stream);
+        return launch_rd<N, 2, 4, EPI, NORM, F8>(a, stream);
     } else {
-        if (rows == 2 && depth == 2) return launch_rd<N, 2, 2, EPI, NORM>(a, stream);
-        if (rows == 2 && depth == 4) return launch_rd<N, 2, 4, EPI, NORM>(a, stream);
-        if (rows == 1 && depth == 4) return launch_rd<N, 1, 4, EPI, NORM>(a, stream);
-        if (rows == 1 && depth == 8) return launch_rd<N, 1, 8, EPI, NORM>(a, stream);
-        return launch_rd<N, 2, 1, EPI, NORM>(a, stream);
+        if (rows == 2 && depth == 2) return launch_rd<N, 2, 2, EPI, NORM, F8>(a, stream);
+        if (rows == 2 && depth == 4) return launch_rd<N, 2, 4, EPI, NORM, F8>(a, stream);
+        if (rows == 1 && depth == 4) return launch_rd<N, 1, 4, EPI, NORM, F8>(a, stream);
+        if (rows == 1 && depth == 8) return launch_rd<N, 1, 8, EPI, NORM, F8>(a, stream);
+        return launch_rd<N, 2, 1, EPI, NORM, F8>(a, stream);
+    }
+}
+
+template <int EPI, bool NORM, bool F8>
+void dispatch_n(const Args& a, int n, cudaStream_t stream) {
+    switch (n) {
+        case 1:
+            return launch<1, EPI, NORM, F8>(a, stream);
+        case 2:
+            return launch<2, EPI, NORM, F8>(a, stream);
+        case 3:
+            return launch<3, EPI, NORM, F8>(a, stream);
+        default:
+            return launch<4, EPI, NORM, F8>(a, stream);
     }
 }
 
 template <int EPI, bool NORM>
 void dispatch(const Args& a, int n, cudaStream_t stream) {
-    switch (n) {
-        case 1:
-            return launch<1, EPI, NORM>(a, stream);
-        case 2:
-            return launch<2, EPI, NORM>(a, stream);
-        case 3:
-            return launch<3, EPI, NORM>(a, stream);
-        default:
-            return launch<4, EPI, NORM>(a, stream);
-    }
+    if (a.w_scale)
+        dispatch_n<EPI, NORM, true>(a, n, stream);
+    else
+        dispatch_n<EPI, NORM, false>(a, n, stream);
 }
 
-void check_args(const char* what, int n, int k, const void* x, const void* w) {
-    if (!gemv_supported(n, k, x, w)) fail(what, ": unsupported shape n ", n, " k ", k, " or misaligned operands");
+void check_args(const char* what, int n, int k, const void* x, GemvWeight w) {
+    if (!gemv_supported(n, k, x, w.data) || (w.scale && k % 16 != 0))
+        fail(what, ": unsupported shape n ", n, " k ", k, " or misaligned operands");
 }
 
 }  // namespace
@@ -531,44 +633,44 @@ bool gemv_supported(int n, int k, const void* x, const void* w) {
            reinterpret_cast<uintptr_t>(w) % 16 == 0;
 }
 
-void gemv(const bf16_t* x, const bf16_t* w, void* out, bool out_f32, int n, int m, int k, cudaStream_t stream) {
+void gemv(const bf16_t* x, GemvWeight w, void* out, bool out_f32, int n, int m, int k, cudaStream_t stream) {
     if (m <= 0 || n <= 0) return;
     check_args("gemv", n, k, x, w);
-    dispatch<kPlain, false>(Args{x, nullptr, 0.0f, w, out, out_f32, m, k}, n, stream);
+    dispatch<kPlain, false>(Args{x, nullptr, 0.0f, w.data, w.scale, out, out_f32, m, k}, n, stream);
     check_launch("gemv");
 }
 
-void gemv_silu(const bf16_t* x, const bf16_t* w_gate_up, bf16_t* out, int n, int m, int k, cudaStream_t stream) {
+void gemv_silu(const bf16_t* x, GemvWeight w_gate_up, bf16_t* out, int n, int m, int k, cudaStream_t stream) {
     if (m <= 0 || n <= 0) return;
     check_args("gemv_silu", n, k, x, w_gate_up);
     if (m % 2 != 0) fail("gemv_silu: ", m, " rows is not gate | up");
-    dispatch<kSilu, false>(Args{x, nullptr, 0.0f, w_gate_up, out, false, m, k}, n, stream);
+    dispatch<kSilu, false>(Args{x, nullptr, 0.0f, w_gate_up.data, w_gate_up.scale, out, false, m, k}, n, stream);
     check_launch("gemv_silu");
 }
 
-void gemv_norm(const float* x, const float* norm, float eps, const bf16_t* w, void* out, bool out_f32, int n, int m,
-               int k, cudaStream_t stream) {
+void gemv_norm(const float* x, const float* norm, float eps, GemvWeight w, void* out, bool out_f32, int n, int m, int k,
+               cudaStream_t stream) {
     if (m <= 0 || n <= 0) return;
     check_args("gemv_norm", n, k, x, w);
     check_args("gemv_norm", n, k, norm, w);
-    dispatch<kPlain, true>(Args{x, norm, eps, w, out, out_f32, m, k}, n, stream);
+    dispatch<kPlain, true>(Args{x, norm, eps, w.data, w.scale, out, out_f32, m, k}, n, stream);
     check_launch("gemv_norm");
 }
 
-void gemv_norm_silu(const float* x, const float* norm, float eps, const bf16_t* w_gate_up, bf16_t* out, int n, int m,
+void gemv_norm_silu(const float* x, const float* norm, float eps, GemvWeight w_gate_up, bf16_t* out, int n, int m,
                     int k, cudaStream_t stream) {
     if (m <= 0 || n <= 0) return;
     check_args("gemv_norm_silu", n, k, x, w_gate_up);
     check_args("gemv_norm_silu", n, k, norm, w_gate_up);
     if (m % 2 != 0) fail("gemv_norm_silu: ", m, " rows is not gate | up");
-    dispatch<kSilu, true>(Args{x, norm, eps, w_gate_up, out, false, m, k}, n, stream);
+    dispatch<kSilu, true>(Args{x, norm, eps, w_gate_up.data, w_gate_up.scale, out, false, m, k}, n, stream);
     check_launch("gemv_norm_silu");
 }
 
-void gemv_add(const bf16_t* x, const bf16_t* w, float* out, int n, int m, int k, cudaStream_t stream) {
+void gemv_add(const bf16_t* x, GemvWeight w, float* out, int n, int m, int k, cudaStream_t stream) {
     if (m <= 0 || n <= 0) return;
     check_args("gemv_add", n, k, x, w);
-    dispatch<kAdd, false>(Args{x, nullptr, 0.0f, w, out, true, m, k}, n, stream);
+    dispatch<kAdd, false>(Args{x, nullptr, 0.0f, w.data, w.scale, out, true, m, k}, n, stream);
     check_launch("gemv_add");
 }
 

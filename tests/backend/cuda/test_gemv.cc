@@ -199,9 +199,9 @@ TEST(CudaGemv, FusedNormAndResidualAddMatchSeparateSteps) {
 // products take the persistent kernel: shapes with one, several or partial row blocks per CTA,
 // one or several weight groups per row block, and a normed x too large to stage (k = 32768).
 // Then bitwise against the one-block-per-CTA kernel (set_gemv_config 2x1), which sums in the
-// same order.
-TEST(CudaGemv, EveryEntryPointMatchesReferenceAndOneBlockPerCta) {
-    PG_SKIP_WITHOUT_CUDA();
+// same order. With fp8 the weights are e4m3 codes with a factor per row (quantized on the host as
+// quantize_rows_e4m3 does) and the reference multiplies the decoded values.
+void check_every_entry_point(bool fp8) {
     using cuda_test::DeviceBuffer;
     std::mt19937 rng(17);
     cudaStream_t stream;
@@ -215,8 +215,17 @@ TEST(CudaGemv, EveryEntryPointMatchesReferenceAndOneBlockPerCta) {
             const std::vector<float> xr =
                 cuda_test::random_floats(static_cast<size_t>(n) * k, rng, -3.0f, 3.0f);  // residual
             const std::vector<float> g = cuda_test::random_floats(k, rng, 0.5f, 1.5f);
-            const std::vector<float> w =
+            std::vector<float> w =
                 cuda_test::round_bf16(cuda_test::random_floats(static_cast<size_t>(m) * k, rng, -0.05f, 0.05f));
+            std::vector<uint8_t> codes;
+            std::vector<float> row_scale;
+            if (fp8) {
+                codes = cuda_test::quantize_e4m3(w, m, k, row_scale);
+                for (int r = 0; r < m; ++r)
+                    for (int c = 0; c < k; ++c)
+                        w[static_cast<size_t>(r) * k + c] =
+                            f8e4m3_to_f32(codes[static_cast<size_t>(r) * k + c]) * row_scale[r];
+            }
             const std::vector<float> res = cuda_test::random_floats(static_cast<size_t>(n) * m, rng);
             // Double references: plain[j][r] (x . w), normed[j][r] (rms_norm(xr) * g . w).
             std::vector<double> plain(static_cast<size_t>(n) * m), normed(static_cast<size_t>(n) * m);
@@ -258,6 +267,9 @@ TEST(CudaGemv, EveryEntryPointMatchesReferenceAndOneBlockPerCta) {
             const double tol[] = {1e-5, 8e-3, 8e-3, 1e-5, 8e-3, 1e-5};
 
             DeviceBuffer<uint16_t> dx(cuda_test::to_bf16(x)), dw(cuda_test::to_bf16(w));
+            DeviceBuffer<uint8_t> dcodes(codes);
+            DeviceBuffer<float> dscale(row_scale);
+            const cuda::GemvWeight wt = fp8 ? cuda::GemvWeight(dcodes.get(), dscale.get()) : cuda::GemvWeight(dw.get());
             DeviceBuffer<float> dxr(xr), dg(g), of(static_cast<size_t>(n) * m), oa(static_cast<size_t>(n) * m);
             DeviceBuffer<uint16_t> ob(static_cast<size_t>(n) * m), os(static_cast<size_t>(n) * (m / 2));
             // Runs all six with the current config; returns each output's raw bytes.
@@ -276,27 +288,27 @@ TEST(CudaGemv, EveryEntryPointMatchesReferenceAndOneBlockPerCta) {
                     oa.upload(res);
                     switch (i) {
                         case 0:
-                            cuda::gemv(dx.get(), dw.get(), of.get(), true, n, m, k, stream);
+                            cuda::gemv(dx.get(), wt, of.get(), true, n, m, k, stream);
                             keep(of);
                             break;
                         case 1:
-                            cuda::gemv(dx.get(), dw.get(), ob.get(), false, n, m, k, stream);
+                            cuda::gemv(dx.get(), wt, ob.get(), false, n, m, k, stream);
                             keep(ob);
                             break;
                         case 2:
-                            cuda::gemv_silu(dx.get(), dw.get(), os.get(), n, m, k, stream);
+                            cuda::gemv_silu(dx.get(), wt, os.get(), n, m, k, stream);
                             keep(os);
                             break;
                         case 3:
-                            cuda::gemv_norm(dxr.get(), dg.get(), eps, dw.get(), of.get(), true, n, m, k, stream);
+                            cuda::gemv_norm(dxr.get(), dg.get(), eps, wt, of.get(), true, n, m, k, stream);
                             keep(of);
                             break;
                         case 4:
-                            cuda::gemv_norm_silu(dxr.get(), dg.get(), eps, dw.get(), os.get(), n, m, k, stream);
+                            cuda::gemv_norm_silu(dxr.get(), dg.get(), eps, wt, os.get(), n, m, k, stream);
                             keep(os);
                             break;
                         case 5:
-                            cuda::gemv_add(dx.get(), dw.get(), oa.get(), n, m, k, stream);
+                            cuda::gemv_add(dx.get(), wt, oa.get(), n, m, k, stream);
                             keep(oa);
                             break;
                     }
@@ -315,61 +327,85 @@ TEST(CudaGemv, EveryEntryPointMatchesReferenceAndOneBlockPerCta) {
                 }
                 ASSERT_EQ(cuda_test::count_nonfinite(f), 0u) << names[i] << " n " << n << " m " << m << " k " << k;
                 EXPECT_LT(cuda_test::rel_error(f, want[i]), tol[i])
-                    << names[i] << " n " << n << " m " << m << " k " << k;
+                    << names[i] << (fp8 ? " fp8" : "") << " n " << n << " m " << m << " k " << k;
             }
             cuda::set_gemv_config(2, 1);
             const auto one_block = run_all();
             cuda::set_gemv_config(0, 0);
             for (int i = 0; i < 6; ++i)
-                EXPECT_TRUE(got[i] == one_block[i]) << names[i] << " n " << n << " m " << m << " k " << k;
+                EXPECT_TRUE(got[i] == one_block[i])
+                    << names[i] << (fp8 ? " fp8" : "") << " n " << n << " m " << m << " k " << k;
         }
     }
     PG_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
-// Decode-product speed on the Llama 1B / 8B shapes, n = 1: a chain of launches over rotating
-// weight copies (> 256 MB, so L2 holds none of them), as a decode step reads each weight once.
+TEST(CudaGemv, EveryEntryPointMatchesReferenceAndOneBlockPerCta) {
+    PG_SKIP_WITHOUT_CUDA();
+    check_every_entry_point(false);
+}
+
+TEST(CudaGemv, Fp8WeightsEveryEntryPointMatchesReference) {
+    PG_SKIP_WITHOUT_CUDA();
+    check_every_entry_point(true);
+}
+
+// Decode-product speed on the Llama 1B / 8B shapes, n = 1 and 4, bf16 and FP8 weights: a chain
+// of launches over rotating weight copies (> 256 MB, so L2 holds none of them), as a decode step
+// reads each weight once.
 TEST(CudaGemvPerf, Report) {
     if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
     CudaBackend b;
-    const std::pair<int, int> shapes[] = {{3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}, {128256, 2048},
-                                          {6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
-    const std::pair<int, int> configs[] = {{0, 0}, {2, 1}, {2, 2}, {2, 4}, {1, 4}, {1, 8}};
-    for (int n : {1, 4}) {
-        for (auto [m, k] : shapes) {
-            const size_t bytes = static_cast<size_t>(m) * k * 2;
-            const int copies = static_cast<int>(std::max<size_t>(2, (size_t{256} << 20) / bytes + 1));
-            std::vector<Tensor> ws;
-            for (int c = 0; c < copies; ++c) {
-                ws.push_back(b.allocate(DType::BF16, {m, k}));
-                b.fill_random(ws.back(), 11 + c, -0.05f, 0.05f);
+    for (bool fp8 : {false, true}) {
+        const std::pair<int, int> shapes[] = {{3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}, {128256, 2048},
+                                              {6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+        const std::pair<int, int> configs[] = {{0, 0}, {2, 1}, {2, 2}, {2, 4}, {1, 4}, {1, 8}};
+        for (int n : {1, 4}) {
+            for (auto [m, k] : shapes) {
+                const size_t bytes = static_cast<size_t>(m) * k * (fp8 ? 1 : 2);
+                const int copies = static_cast<int>(std::max<size_t>(2, (size_t{256} << 20) / bytes + 1));
+                std::vector<Tensor> ws, scales;
+                for (int c = 0; c < copies; ++c) {
+                    ws.push_back(b.allocate(DType::BF16, {m, k}));
+                    b.fill_random(ws.back(), 11 + c, -0.05f, 0.05f);
+                    if (fp8) {  // codes and factors in place of the bf16 copy
+                        Tensor q = b.allocate(DType::F8_E4M3, {m, k}), sc = b.allocate(DType::F32, {m});
+                        cuda::quantize_rows_e4m3(ws.back().ptr<uint16_t>(), q.ptr<uint8_t>(), sc.ptr<float>(), m, k,
+                                                 b.stream());
+                        b.release(ws.back());
+                        ws.back() = q;
+                        ws.back().scale = sc.ptr<float>();
+                        scales.push_back(sc);
+                    }
+                }
+                Tensor x = b.allocate(DType::BF16, {n, k}), out = b.allocate(DType::F32, {n, m});
+                b.fill_random(x, 3, -1.0f, 1.0f);
+                std::printf("gemv %s n %d m %6d k %5d (%6.1f MB):", fp8 ? "fp8 " : "bf16", n, m, k, bytes / 1e6);
+                for (auto [rows, depth] : configs) {
+                    cuda::set_gemv_config(rows, depth);
+                    const int reps = std::max(copies, 20);
+                    for (int r = 0; r < copies; ++r) b.matmul(x, ws[r % copies], Tensor(), out);
+                    cudaEvent_t e0, e1;
+                    cudaEventCreate(&e0);
+                    cudaEventCreate(&e1);
+                    cudaEventRecord(e0, b.stream());
+                    for (int r = 0; r < reps; ++r) b.matmul(x, ws[r % copies], Tensor(), out);
+                    cudaEventRecord(e1, b.stream());
+                    cudaEventSynchronize(e1);
+                    float ms = 0;
+                    cudaEventElapsedTime(&ms, e0, e1);
+                    const double us = 1e3 * ms / reps;
+                    std::printf("  %dx%d %6.1f us %4.2f TB/s", rows, depth, us, bytes / us / 1e6);
+                    cudaEventDestroy(e0);
+                    cudaEventDestroy(e1);
+                }
+                std::printf("\n");
+                cuda::set_gemv_config(0, 0);
+                for (Tensor& t : ws) b.release(t);
+                for (Tensor& t : scales) b.release(t);
+                b.release(x);
+                b.release(out);
             }
-            Tensor x = b.allocate(DType::BF16, {n, k}), out = b.allocate(DType::F32, {n, m});
-            b.fill_random(x, 3, -1.0f, 1.0f);
-            std::printf("gemv n %d m %6d k %5d (%6.1f MB):", n, m, k, bytes / 1e6);
-            for (auto [rows, depth] : configs) {
-                cuda::set_gemv_config(rows, depth);
-                const int reps = std::max(copies, 20);
-                for (int r = 0; r < copies; ++r) b.matmul(x, ws[r % copies], Tensor(), out);
-                cudaEvent_t e0, e1;
-                cudaEventCreate(&e0);
-                cudaEventCreate(&e1);
-                cudaEventRecord(e0, b.stream());
-                for (int r = 0; r < reps; ++r) b.matmul(x, ws[r % copies], Tensor(), out);
-                cudaEventRecord(e1, b.stream());
-                cudaEventSynchronize(e1);
-                float ms = 0;
-                cudaEventElapsedTime(&ms, e0, e1);
-                const double us = 1e3 * ms / reps;
-                std::printf("  %dx%d %6.1f us %4.2f TB/s", rows, depth, us, bytes / us / 1e6);
-                cudaEventDestroy(e0);
-                cudaEventDestroy(e1);
-            }
-            std::printf("\n");
-            cuda::set_gemv_config(0, 0);
-            for (Tensor& t : ws) b.release(t);
-            b.release(x);
-            b.release(out);
         }
     }
 }
