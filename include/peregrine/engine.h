@@ -74,6 +74,11 @@ struct ModelInfo {
     GenerationDefaults generation_defaults;  // as EngineConfig::generation_config chose
     std::string model_dir;                   // folder of tokenizer files and chat template (HF); empty for GGUF
     std::shared_ptr<GgufFile> gguf;          // the open GGUF file (tokenizer and template inside); null for HF
+    int hidden_size = 0;                     // an embedding's values at most
+    // EngineConfig::task embed: the pooling of embedding requests, as resolved at load (dimensions
+    // 0); unset for a generating engine.
+    std::optional<PoolingParams> pooling;
+    std::string pooling_source;  // where `pooling` came from: "flags", "modules.json", "default"
 };
 
 class Engine {

@@ -31,6 +31,14 @@ struct EngineConfig {
     // generation_config.json), "vllm" (none: the built-in defaults) or a folder holding a
     // generation_config.json.
     std::string generation_config = "auto";
+    // What requests the engine serves: "generate" (text) or "embed" (vectors pooled from the
+    // final hidden states: Request::pooling; vLLM's --task embed). For embed, the pooling comes
+    // from these when set, else from the model folder's sentence-transformers files (modules.json,
+    // 1_Pooling/config.json, a Normalize module), else last-token for qwen3 and mean otherwise,
+    // normalised: ModelInfo::pooling holds the result.
+    std::string task = "generate";
+    std::string pooling_type;  // "" (the model's) | last | mean | cls
+    int normalize = -1;        // -1: the model's; 0: raw vectors; 1: L2-normalised
     // Called with (bytes done, bytes total) while weights are paged in; may be empty.
     std::function<void(size_t, size_t)> load_progress;
 

@@ -76,6 +76,18 @@ struct FieldError {
 // fields; empty when the parameters are valid.
 std::vector<FieldError> validate(const SamplingParams& params, const SamplingLimits& limits);
 
+// Embeddings: how a sequence's hidden states (after the model's final norm, as Hugging Face's
+// last_hidden_state) become one vector. Last: the last token's row (Qwen3-Embedding); Mean: the
+// average over every token; Cls: the first token's row.
+enum class PoolingType { Last, Mean, Cls };
+const char* pooling_type_name(PoolingType t);  // "last" | "mean" | "cls"
+
+struct PoolingParams {
+    PoolingType type = PoolingType::Last;
+    bool normalize = true;  // L2-normalise the result (after the truncation below)
+    int dimensions = 0;     // > 0: keep only the first `dimensions` values (Matryoshka); 0: all
+};
+
 struct Request {
     std::string id;
     std::vector<int32_t> prompt_ids;
@@ -88,6 +100,9 @@ struct Request {
     // Requests of one client call (the prompts of one /v1/completions request) share one fair
     // share of the running slots; empty: the request is its own group.
     std::string group;
+    // Set: an embedding request. Its prompt is prefilled only (nothing sampled, `sampling` unused)
+    // and its one output carries the pooled vector in `embedding`, with finish reason "stop".
+    std::optional<PoolingParams> pooling;
 };
 
 // A change to the prefix cache (the KV blocks other requests can reuse), as vLLM's KV-cache
@@ -144,6 +159,7 @@ struct RequestOutput {
     std::string stop_reason;              // the stop string or token that ended the choice
     std::optional<Usage> usage;           // set on the request's last output
     std::optional<RequestTiming> timing;  // likewise
+    std::vector<float> embedding;         // an embedding request's vector (Request::pooling)
 };
 
 }  // namespace peregrine

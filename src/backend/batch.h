@@ -17,6 +17,9 @@ struct BatchInput {
     int32_t max_blocks_per_seq = 0;
     std::vector<int32_t> slot_mapping;    // [num_tokens] cache slot (block * block_size + offset) to write
     std::vector<int32_t> logits_indices;  // token rows whose logits the step returns, in output order
+    // Embeddings: [2 * k] token-row ranges [begin, end); Model::pool sums each range's final-normed
+    // hidden states into its pooled row i. Empty for a step with no embedding sequence.
+    std::vector<int32_t> pool_ranges;
 
     int num_tokens() const { return static_cast<int>(token_ids.size()); }
     int num_seqs() const { return static_cast<int>(context_lens.size()); }

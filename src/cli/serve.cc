@@ -112,6 +112,8 @@ std::unique_ptr<server::ServedModel> load(const ServeArgs& a) {
     m->path = info.path;
     m->max_model_len = info.max_model_len;
     m->vocab_size = info.vocab_size;
+    m->hidden_size = info.hidden_size;
+    m->pooling = info.pooling;
     m->tokenizer = m->engine->tokenizer();
     m->bos_token = token_text(*m->tokenizer, m->tokenizer->bos_id());
     m->eos_token = token_text(*m->tokenizer, m->tokenizer->eos_id());
@@ -273,6 +275,27 @@ std::function<int()> add_serve(CLI::App& app) {
     add_engine_options(cmd, args->engine);
     cmd->add_option("model", args->engine.model, "The model, as --model (positional, as in `vllm serve MODEL`)")
         ->excludes(cmd->get_option("--model"));
+    // Embeddings (POST /v1/embeddings): vLLM's --task embed, and its newer --runner pooling.
+    cmd->add_option("--task", args->engine.task,
+                    "What the server answers: generate (completions, chat) or embed (POST /v1/embeddings, vectors "
+                    "pooled from the final hidden states) (default generate)")
+        ->check(CLI::IsMember({"generate", "embed"}));
+    cmd->add_option_function<std::string>(
+           "--runner", [args](const std::string& r) { args->engine.task = r == "pooling" ? "embed" : "generate"; },
+           "vLLM's newer spelling of --task: pooling (= --task embed) | generate")
+        ->check(CLI::IsMember({"generate", "pooling"}))
+        ->excludes(cmd->get_option("--task"));
+    cmd->add_option("--pooling-type", args->engine.pooling_type,
+                    "--task embed: how hidden states become one vector: last (the last token's, Qwen3-Embedding) | "
+                    "mean | cls (default: the model folder's sentence-transformers modules.json and "
+                    "1_Pooling/config.json, else last for qwen3 and mean otherwise)")
+        ->check(CLI::IsMember({"last", "mean", "cls"}));
+    cmd->add_flag_callback(
+        "--normalize", [args] { args->engine.normalize = 1; },
+        "--task embed: L2-normalise embeddings (default: as the folder's modules.json says, a Normalize module; "
+        "normalised when it has no modules.json)");
+    cmd->add_flag_callback(
+        "--no-normalize", [args] { args->engine.normalize = 0; }, "--task embed: return raw pooled vectors");
     cmd->add_option("--seed", args->engine.seed,
                     "Seed of requests that give none: the k-th such request of a run samples the same tokens in "
                     "every run (default: random)")

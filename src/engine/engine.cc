@@ -11,6 +11,7 @@
 #include "engine/tokenizer_text.h"
 #include "model/config_hf.h"
 #include "model/loader.h"
+#include "model/sentence_transformers.h"
 #include "tokenizer/tokenizer.h"
 #include "worker/parallel_executor.h"
 
@@ -131,6 +132,13 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
     info.generation_defaults = generation_defaults(config, loaded.config.generation_defaults);
     info.model_dir = loaded.model_dir;
     info.gguf = loaded.gguf;
+    info.hidden_size = loaded.config.hidden_size;
+    if (config.task == "embed") {
+        info.pooling = resolve_pooling(config, info.model_dir, loaded.config.arch, &info.pooling_source);
+        std::fprintf(stderr, "  task embed: %s pooling (%s), %s, %d dimensions\n",
+                     pooling_type_name(info.pooling->type), info.pooling_source.c_str(),
+                     info.pooling->normalize ? "normalised" : "not normalised", info.hidden_size);
+    }
     if (!tokenizer) tokenizer = model_tokenizer(config, loaded);
     // Another model's tokenizer must not name tokens this model cannot produce or read.
     if (!config.tokenizer.empty() && tokenizer->size() > info.vocab_size)

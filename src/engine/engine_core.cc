@@ -5,6 +5,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "engine/pooling.h"
 
 namespace peregrine {
 
@@ -51,6 +52,15 @@ void check_prompt(const Request& r, int vocab, int max_model_len, int kv_tokens)
     if (r.prompt_ids.empty()) fail("the prompt is empty");
     for (int32_t t : r.prompt_ids)
         if (t < 0 || t >= vocab) fail("prompt token id ", t, " is outside the vocabulary (0..", vocab - 1, ")");
+    if (r.pooling) {  // an embedding's input may fill the context: nothing is generated after it
+        if (r.sampling.n != 1) fail("'n' must be 1 for an embedding request, got ", r.sampling.n);
+        if (static_cast<int>(r.prompt_ids.size()) > max_model_len)
+            fail("the prompt has ", r.prompt_ids.size(), " tokens, more than the model's context of ", max_model_len,
+                 " tokens");
+        if (static_cast<int>(r.prompt_ids.size()) > kv_tokens)
+            fail("the prompt has ", r.prompt_ids.size(), " tokens; the KV cache holds only ", kv_tokens);
+        return;
+    }
     if (static_cast<int>(r.prompt_ids.size()) >= max_model_len)
         fail("the prompt has ", r.prompt_ids.size(), " tokens, which leaves no room in the model's context of ",
              max_model_len, " tokens");
@@ -166,7 +176,8 @@ void EngineCore::add_request(Request request, std::shared_ptr<const grammar::Tok
     seq->num_prompt_tokens = static_cast<int>(seq->tokens.size());
     // A sequence must fit the model's context and, alone, the whole KV cache.
     const int room = std::min(executor_.max_model_len(), kv_room_tokens());
-    seq->max_tokens = std::min(p.max_tokens, room - seq->num_prompt_tokens);
+    seq->max_tokens = r->req.pooling ? 0 : std::min(p.max_tokens, room - seq->num_prompt_tokens);
+    if (r->req.pooling) seq->pooling = &*r->req.pooling;
     seq->seed = choice_seed(r->base_seed, 0);
     seq->rng.seed(seq->seed);
     if (grammar) {
@@ -267,6 +278,10 @@ bool EngineCore::can_overlap(const Launch& l) const {
     if (!config_.async_scheduling || !l.on_device || l.rows.empty() ||
         static_cast<int>(l.rows.size()) > executor_.max_fed_draws())
         return false;
+    // A step with embedding sequences reads its hidden states back right after it runs (launch),
+    // before another step may overwrite them: such steps are never queued ahead.
+    for (const auto& [id, r] : requests_)
+        if (r->req.pooling) return false;
     for (const auto& [id, r] : requests_)
         for (const auto& s : r->seqs)
             if (s->status != SeqStatus::Finished && !sample_row(*s, 0, r->req.sampling.logprobs >= 0).allows_overlap())
@@ -329,6 +344,11 @@ std::optional<EngineCore::Launch> EngineCore::launch(bool overlapped) {
         executor_.execute_on_device(batch_);
     else
         executor_.execute(batch_, logits_);
+    if (!batch_.pool_ranges.empty()) {
+        executor_.pool(batch_, l.pooled);
+        for (const ScheduledSeq& s : l.sched.seqs)
+            if (s.seq->pooling) l.pools.push_back({s.seq->request_id, s.seq->num_computed});
+    }
     const Clock::time_point t2 = Clock::now();
     totals_.schedule_seconds += std::chrono::duration<double>(t1 - t0).count();
     totals_.execute_seconds += std::chrono::duration<double>(t2 - t1).count();
@@ -396,6 +416,7 @@ void EngineCore::collect(Launch& l, std::vector<RequestOutput>& outputs, std::ve
         }
     }
     PG_CHECK(tokens.size() == l.rows.size());
+    collect_pooled(l, outputs);
 
     // The draws of one request are consecutive (a sequence, or a prompt's n choices).
     for (size_t g = 0; g < l.draws.size();) {
@@ -454,6 +475,33 @@ void EngineCore::collect(Launch& l, std::vector<RequestOutput>& outputs, std::ve
         if (r.num_finished == r.req.sampling.n) finish_request(r, outputs.back());
     }
     totals_.postprocess_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Adds each embedding sequence's pooled rows of the step to its sum; a sequence whose prompt is
+// now computed ends with its embedding (one output, finish reason "stop").
+void EngineCore::collect_pooled(Launch& l, std::vector<RequestOutput>& outputs) {
+    if (l.pools.empty()) return;
+    const size_t hidden = l.pooled.size() / l.pools.size();
+    PG_CHECK(hidden * l.pools.size() == l.pooled.size() && hidden > 0, "pooled rows do not match the step");
+    for (size_t i = 0; i < l.pools.size(); ++i) {
+        const auto it = requests_.find(l.pools[i].request_id);
+        if (it == requests_.end()) continue;  // aborted
+        RequestState& r = *it->second;
+        Sequence& seq = *r.seqs[0];
+        if (r.finished[0]) continue;
+        if (l.pools[i].begin == 0 || seq.pooled.size() != hidden) seq.pooled.assign(hidden, 0.0);
+        const float* row = l.pooled.data() + i * hidden;
+        for (size_t c = 0; c < hidden; ++c) seq.pooled[c] += row[c];
+        if (seq.num_computed < seq.num_tokens()) continue;  // more chunks to come
+        r.has_token = true;                                 // the embedding stands for the first token in the timings
+        r.first_token = Clock::now();
+        RequestOutput out;
+        out.request_id = r.req.id;
+        out.embedding = finish_embedding(seq.pooled, seq.num_prompt_tokens, *seq.pooling);
+        finish_choice(r, seq, FinishReason::Stop, "", out);
+        outputs.push_back(std::move(out));
+        finish_request(r, outputs.back());
+    }
 }
 
 std::vector<RequestOutput> EngineCore::step() {

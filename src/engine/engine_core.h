@@ -100,11 +100,20 @@ class EngineCore {
         };
         std::vector<Draw> draws;  // one per row
         bool on_device = false;
+        // Embedding sequences of the step, in batch order, and their pooled sums from the model:
+        // pooled [pools.size(), hidden].
+        struct Pool {
+            std::string request_id;
+            int begin = 0;  // the chunk's first position
+        };
+        std::vector<Pool> pools;
+        std::vector<float> pooled;
     };
     std::optional<Launch> launch(bool overlapped);
     bool can_overlap(const Launch& l) const;
     void collect(Launch& l, std::vector<RequestOutput>& outputs, std::vector<const Sequence*>& ended);
     void start_sampling(Launch& l, const std::vector<const Sequence*>& ended);
+    void collect_pooled(Launch& l, std::vector<RequestOutput>& outputs);
     void finish_choice(RequestState& r, Sequence& seq, FinishReason reason, std::string stop, RequestOutput& out);
     void finish_request(RequestState& r, RequestOutput& last);
     void fork_choices(RequestState& r, Sequence& parent);

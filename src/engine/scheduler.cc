@@ -88,7 +88,7 @@ SchedulerOutput Scheduler::schedule() {
             }
             if (seq->status != SeqStatus::Running) continue;  // it was the victim
             blocks_.allocate(*seq, num_new, {}, out.block_copies);
-            out.seqs.push_back({seq, num_new, seq->num_computed + num_new == seq->num_tokens()});
+            out.seqs.push_back({seq, num_new, seq->samples_at(seq->num_computed + num_new)});
             budget -= num_new;
         }
     }
@@ -106,7 +106,7 @@ SchedulerOutput Scheduler::schedule() {
         // A swap-preempted sequence resumes where it stopped, its blocks copied back.
         const bool swapped = blocks_.is_swapped(*seq);
         std::vector<PrefixHit> hits;
-        if (!swapped) hits = blocks_.match_prefix(*seq);
+        if (!swapped && seq->reuses_prefix()) hits = blocks_.match_prefix(*seq);
         if (!swapped && blocks_.disk() && !take_disk_hits(*seq, hits)) break;  // head of line waits for disk reads
         const int hit_tokens = static_cast<int>(hits.size()) * blocks_.block_size();
         const int num_new = std::min(seq->num_tokens() - (swapped ? seq->num_computed : hit_tokens), budget);
@@ -132,7 +132,7 @@ SchedulerOutput Scheduler::schedule() {
             blocks_.count_prefix_query(seq->num_prompt_tokens, seq->num_cached_prompt_tokens, host_queried, host_hit);
         }
         add_running(seq);
-        out.seqs.push_back({seq, num_new, seq->num_computed + num_new == seq->num_tokens()});
+        out.seqs.push_back({seq, num_new, seq->samples_at(seq->num_computed + num_new)});
         budget -= num_new;
     }
     for (const ScheduledSeq& s : out.seqs) out.num_tokens += s.num_new;

@@ -42,6 +42,12 @@ struct Sequence {
     bool disk_looked_up = false;
     std::vector<int32_t> block_table;  // logical block i -> physical block
 
+    // An embedding request's (owned by the request; null: a generating sequence): its prompt is
+    // prefilled, never sampled after (engine/pooling.h). `pooled` [hidden]: the sum of the rows
+    // pooled so far.
+    const PoolingParams* pooling = nullptr;
+    std::vector<double> pooled;
+
     // Structured output: the grammar's state after the output so far, and the mask of the next
     // draw ([vocab words], bit t of word t/32 = token t allowed), refilled before each draw.
     std::optional<grammar::GrammarMatcher> grammar;
@@ -56,6 +62,12 @@ struct Sequence {
     int num_uncomputed() const { return num_tokens() - num_computed; }
     // Running slots (of max_num_seqs) this sequence takes while it runs.
     int seats() const { return fork_pending ? sampling->n : 1; }
+    // Whether a step that computes tokens up to `end` samples a token after them: at the end of
+    // the tokens, unless the sequence only pools.
+    bool samples_at(int end) const { return end == num_tokens() && pooling == nullptr; }
+    // Whether admission may skip prompt blocks found in the prefix cache: not for mean or cls
+    // pooling, which need the hidden state of every (the first) prompt row, not just its K/V.
+    bool reuses_prefix() const { return pooling == nullptr || pooling->type == PoolingType::Last; }
 };
 
 }  // namespace peregrine

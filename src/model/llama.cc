@@ -110,7 +110,7 @@ Tensor LlamaModel::forward_device(const BatchInput& batch, KvCache& cache) {
 
     // A decode-only step (one token per sequence, every one sampled in order) may be replayed
     // from a recording made for its padded size.
-    const bool decode = n == batch.num_seqs() && batch.logits_of_every_token();
+    const bool decode = n == batch.num_seqs() && batch.logits_of_every_token() && batch.pool_ranges.empty();
     const int bucket = decode ? backend_.step_bucket(batch.num_seqs()) : -1;
     const BatchInput* run = &batch;
     if (bucket > 0) {

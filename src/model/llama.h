@@ -36,6 +36,8 @@ class LlamaModel final : public Model {
     // The same, leaving the logits in the backend's memory: a view [logits_indices.size(), vocab]
     // valid until the next step (empty when no row is wanted).
     Tensor forward_device(const BatchInput& batch, KvCache& cache) override;
+    // Reads the residual stream the step left (llama_pool.cc).
+    void pool(const BatchInput& batch, std::vector<float>& out) override;
 
   private:
     // The model's own buffers, grown to the largest batch seen (no allocation in steady state);
@@ -73,6 +75,8 @@ class LlamaModel final : public Model {
     int first_layer_ = 0, num_stage_layers_ = 0;  // this stage's layers: [first, first + num)
     RopeTable rope_;
     Workspace ws_;
+    std::vector<float> final_norm_host_;  // [hidden]: the final norm's weight, read back once for pool()
+    std::vector<float> pool_rows_;        // [rows, hidden]: pool()'s download of residual rows
 };
 
 }  // namespace peregrine

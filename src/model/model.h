@@ -37,6 +37,11 @@ class Model {
     // The same, leaving the logits in the backend's memory: a view [logits_indices.size(), vocab]
     // valid until the next step (empty when no row is wanted).
     virtual Tensor forward_device(const BatchInput& batch, KvCache& cache) = 0;
+    // Embeddings, right after forward / forward_device of the same batch (before the next one):
+    // out [batch.pool_ranges.size() / 2, hidden] f32 on the host, row i the sum over the token
+    // rows [begin_i, end_i) of the final norm's output, rms_norm(hidden) * final_norm (zeros for an
+    // empty range). The base refuses: a model that cannot pool.
+    virtual void pool(const BatchInput& batch, std::vector<float>& out);
 };
 
 }  // namespace peregrine

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "peregrine/engine.h"
@@ -27,6 +28,10 @@ struct ServedModel {
     std::unique_ptr<Engine> engine;
     int max_model_len = 0;
     int vocab_size = 0;
+    int hidden_size = 0;  // an embedding's values (dimensions may ask for fewer)
+    // serve --task embed: the pooling of /v1/embeddings (ModelInfo::pooling); unset: a server that
+    // generates, which refuses /v1/embeddings (and an embedding server refuses completions).
+    std::optional<PoolingParams> pooling;
     size_t max_token_bytes = 0;  // the longest token's text (set_model): bytes per token at most
     // How tool_choice "auto" finds calls in the answer (serve --tool-call-parser, by default from
     // the chat template); None: the answer is content.

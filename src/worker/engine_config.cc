@@ -34,6 +34,12 @@ void EngineConfig::validate() const {
     if (!one_of(kv_eviction, {"lru", "lfu", "fifo"}))
         fail("kv_eviction must be lru, lfu or fifo, got '", kv_eviction, "'");
     if (!one_of(quantization, {"none", "fp8"})) fail("quantization must be none or fp8, got '", quantization, "'");
+    if (!one_of(task, {"generate", "embed"})) fail("task must be generate or embed, got '", task, "'");
+    if (!one_of(pooling_type, {"", "last", "mean", "cls"}))
+        fail("pooling_type must be last, mean or cls, got '", pooling_type, "'");
+    if (normalize < -1 || normalize > 1) fail("normalize must be -1 (the model's), 0 or 1, got ", normalize);
+    if (task == "embed" && pipeline_parallel_size > 1)
+        fail("task embed is not supported with pipeline parallelism (the last stage holds the hidden states)");
     if (threads < 0) fail("threads must be >= 0 (0 = one per core), got ", threads);
     if (!(gpu_memory_utilization >= 0.05 && gpu_memory_utilization <= 1.0))
         fail("gpu_memory_utilization must be in [0.05, 1], got ", gpu_memory_utilization);

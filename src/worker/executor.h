@@ -51,6 +51,9 @@ class ModelExecutor {
     virtual void collect_samples(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& logprobs);
     // DeviceSampler::max_fed_draws: 0 when the next batch cannot take draws before they return.
     virtual int max_fed_draws() const { return 0; }
+    // Embeddings, right after execute / execute_on_device of a batch with pool_ranges (before
+    // anything else is queued): Model::pool's sums, [pool_ranges.size() / 2, hidden] f32.
+    virtual void pool(const BatchInput& batch, std::vector<float>& out);
 };
 
 }  // namespace peregrine

@@ -13,6 +13,9 @@ void ModelExecutor::launch_sampling(const std::vector<SampleRow>&) {
 void ModelExecutor::collect_samples(std::vector<int32_t>&, std::vector<TokenLogprob>&) {
     fail("this executor samples on the CPU only");
 }
+void ModelExecutor::pool(const BatchInput&, std::vector<float>&) {
+    fail("this executor cannot pool hidden states into embeddings");
+}
 void ModelExecutor::offload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
     PG_CHECK(pairs.empty(), "this executor has no host KV tier");
 }
@@ -102,6 +105,10 @@ void LocalExecutor::launch_sampling(const std::vector<SampleRow>& rows) {
 
 void LocalExecutor::collect_samples(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& logprobs) {
     worker_->collect_samples(tokens, logprobs);
+}
+
+void LocalExecutor::pool(const BatchInput& batch, std::vector<float>& out) {
+    worker_->pool(batch, out);
 }
 
 int LocalExecutor::max_fed_draws() const {

@@ -43,6 +43,7 @@ class LocalExecutor final : public ModelExecutor {
     void launch_sampling(const std::vector<SampleRow>& rows) override;
     void collect_samples(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& logprobs) override;
     int max_fed_draws() const override;
+    void pool(const BatchInput& batch, std::vector<float>& out) override;
 
   private:
     std::unique_ptr<Worker> worker_;

@@ -208,6 +208,11 @@ void ParallelExecutor::collect_samples(std::vector<int32_t>& tokens, std::vector
     worker_->collect_samples(tokens, logprobs);
 }
 
+void ParallelExecutor::pool(const BatchInput& batch, std::vector<float>& out) {
+    if (group_->stages() > 1) fail("embeddings are not served with pipeline parallelism");
+    worker_->pool(batch, out);
+}
+
 BuiltExecutor create_executor(const EngineConfig& config) {
     BuiltExecutor b;
     if (config.parallel_size() <= 1) {

@@ -43,6 +43,10 @@ class ParallelExecutor final : public ModelExecutor {
     void execute_on_device(const BatchInput& batch) override;
     void launch_sampling(const std::vector<SampleRow>& rows) override;
     void collect_samples(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& logprobs) override;
+    // Rank 0 reads its own residual stream (tensor-parallel ranks each hold all of it); with
+    // pipeline stages the last stage holds it, which is not rank 0: refused (EngineConfig::validate
+    // refuses embeddings with pipeline_parallel_size > 1 before that).
+    void pool(const BatchInput& batch, std::vector<float>& out) override;
 
   private:
     ParallelExecutor(std::unique_ptr<RankGroup> group, std::unique_ptr<Worker> worker);

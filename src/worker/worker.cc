@@ -381,6 +381,11 @@ void Worker::collect_samples(std::vector<int32_t>& tokens, std::vector<TokenLogp
     sampler_->collect(tokens, logprobs);
 }
 
+void Worker::pool(const BatchInput& batch, std::vector<float>& out) {
+    backend_->make_current();
+    model_->pool(batch, out);
+}
+
 int Worker::max_fed_draws() const {
     return sampler_ ? sampler_->max_fed_draws() : 0;
 }

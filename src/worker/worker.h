@@ -105,6 +105,8 @@ class Worker {
     void launch_sampling(const std::vector<SampleRow>& rows);
     void collect_samples(std::vector<int32_t>& tokens, std::vector<TokenLogprob>& logprobs);
     int max_fed_draws() const;
+    // Model::pool of the batch just executed.
+    void pool(const BatchInput& batch, std::vector<float>& out);
 
   private:
     EngineConfig config_;

@@ -8,6 +8,7 @@
 namespace peregrine::server {
 
 void handle_completion(CompletionService& service, ApiCall& call, Endpoint endpoint) {
+    service.check_generates();  // before the body's fields: an embedding server says what it is
     CompletionParams params =
         parse_completion_params(call.body, endpoint, service.sampling_limits(), service.request_defaults());
     std::string id = str_cat(params.chat() ? "chatcmpl-" : "cmpl-", random_hex_id());
@@ -17,6 +18,7 @@ void handle_completion(CompletionService& service, ApiCall& call, Endpoint endpo
 
 void handle_response(CompletionService& service, ApiCall& call) {
     try {
+        service.check_generates();
         ResponsesRequest r = parse_responses_request(call.body);
         CompletionParams params = parse_completion_params(r.chat_body, Endpoint::ChatCompletions,
                                                           service.sampling_limits(), service.request_defaults());

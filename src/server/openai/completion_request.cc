@@ -11,38 +11,38 @@
 
 namespace peregrine::server {
 
-namespace {
-
-std::vector<PromptInput> parse_prompts(const Json& body) {
-    const Json* p = json_field(body, "prompt");
-    if (!p) bad_param("prompt", "'prompt' is required");
+std::vector<PromptInput> parse_prompts(const Json& body, const char* field) {
+    const Json* p = json_field(body, field);
+    if (!p) bad_param(field, "'", field, "' is required");
     std::vector<PromptInput> out;
     if (p->is_string()) {
         out.push_back({true, p->get<std::string>(), {}});
         return out;
     }
     if (!p->is_array())
-        bad_param("prompt",
-                  "'prompt' must be a string, a list of strings, a list of token ids or a list of such lists");
-    if (p->empty()) bad_param("prompt", "'prompt' must not be empty");
+        bad_param(field, "'", field,
+                  "' must be a string, a list of strings, a list of token ids or a list of such lists");
+    if (p->empty()) bad_param(field, "'", field, "' must not be empty");
     const Json& first = (*p)[0];
     if (first.is_number()) {
-        out.push_back({false, {}, get_token_ids(*p, "prompt")});
+        out.push_back({false, {}, get_token_ids(*p, field)});
         return out;
     }
     for (const Json& item : *p) {
         if (item.is_string()) {
             out.push_back({true, item.get<std::string>(), {}});
         } else if (item.is_array()) {
-            if (item.empty()) bad_param("prompt", "'prompt' must not contain an empty list of token ids");
-            out.push_back({false, {}, get_token_ids(item, "prompt")});
+            if (item.empty()) bad_param(field, "'", field, "' must not contain an empty list of token ids");
+            out.push_back({false, {}, get_token_ids(item, field)});
         } else {
-            bad_param("prompt", "'prompt' list items must be strings or lists of token ids, got ",
+            bad_param(field, "'", field, "' list items must be strings or lists of token ids, got ",
                       json_type_name(item));
         }
     }
     return out;
 }
+
+namespace {
 
 std::vector<std::string> parse_stop(const Json& body) {
     const Json* v = json_field(body, "stop");
@@ -392,7 +392,7 @@ CompletionParams parse_completion_params(const Json& body, Endpoint endpoint, co
         if (!m) bad_param("messages", "'messages' is required");
         c.messages = normalize_messages(*m);
     } else {
-        c.prompts = parse_prompts(body);
+        c.prompts = parse_prompts(body, "prompt");
     }
     refuse_unsupported(body, endpoint);  // after the required field: a missing one is the first thing to say
 

@@ -22,6 +22,10 @@ struct PromptInput {
     std::vector<int32_t> ids;
 };
 
+// `field` of the body as prompts: a string, a list of strings, a list of token ids or a list of
+// such lists (completions' `prompt`, embeddings' `input`). 400 naming the field otherwise.
+std::vector<PromptInput> parse_prompts(const Json& body, const char* field);
+
 struct CompletionParams {
     Endpoint endpoint = Endpoint::Completions;
     std::string model;                            // empty when the client left it out

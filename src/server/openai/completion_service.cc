@@ -165,8 +165,28 @@ std::vector<int32_t> CompletionService::encode_prompt(const std::string& text, b
     return m.tokenizer->encode(text, add_special, /*parse_special=*/true);
 }
 
+void CompletionService::check_generates() const {
+    if (ready() && model_->pooling)
+        throw ApiError(400,
+                       str_cat("The model '", model_name(),
+                               "' is served for embeddings (--task embed) and does not generate text: use POST "
+                               "/v1/embeddings, or start the server without --task embed for completions and chat"),
+                       "model", "model_does_not_support_generation");
+}
+
+Ticket CompletionService::admit_inputs(const Caller& caller, size_t num_inputs, const RequestCost& cost) const {
+    try {
+        admission_.check_shape(1, num_inputs);
+        return admission_.admit(caller, cost);
+    } catch (const ApiError& e) {  // the gate names completions' fields
+        if (e.status() != 400 || e.param().empty()) throw;
+        throw ApiError(e.status(), e.what(), "input", e.code(), e.type());
+    }
+}
+
 AdmittedCompletion CompletionService::admit(const Caller& caller, CompletionParams params,
                                             const std::string& id) const {
+    check_generates();
     const ServedModel& m = *model_;
     AdmittedCompletion out;
     out.params = std::move(params);

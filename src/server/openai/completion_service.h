@@ -90,6 +90,12 @@ class CompletionService {
     // A prompt's text into ids; 400 naming `param` without tokenizing when it is surely over the context.
     std::vector<int32_t> encode_prompt(const std::string& text, bool add_special, const char* param) const;
 
+    // 400 on an embedding server (serve --task embed): it answers /v1/embeddings only.
+    void check_generates() const;
+    // The admission gate of an embeddings request: `num_inputs` inputs (--max-prompts) costing
+    // `cost` in flight, charged to the caller's rate limits. Throws ApiError (400 naming "input").
+    Ticket admit_inputs(const Caller& caller, size_t num_inputs, const RequestCost& cost) const;
+
     // The one request builder: the model name checked, the prompts tokenized (chat: rendered),
     // the context and per-request limits checked, room in flight reserved and the caller's rate
     // limits charged; the engine Requests built with ids from `id`. Throws ApiError.

@@ -28,6 +28,9 @@ void handle_completion(CompletionService& service, ApiCall& call, Endpoint endpo
 // POST /v1/responses: the body read as a chat request (responses_request.h), admitted like one,
 // answered through a ResponsesExchange (responses_exchange.h).
 void handle_response(CompletionService& service, ApiCall& call);
+// POST /v1/embeddings (serve --task embed): the inputs pooled by the engine into vectors
+// (embeddings_handler.cc); 400 on a server that generates.
+void handle_embeddings(CompletionService& service, ApiCall& call);
 // GET /v1/responses/{id}: 404, as nothing is stored.
 void handle_stored_response(CompletionService& service, ApiCall& call);
 

@@ -55,6 +55,7 @@ OpenAiServer::OpenAiServer(OpenAiServerOptions options)
     routes_.add({"POST", "/v1/completions",      false, Completion, "completion", complete(Endpoint::Completions)});
     routes_.add({"POST", "/v1/chat/completions", false, Completion, "chat",       complete(Endpoint::ChatCompletions)});
     routes_.add({"POST", "/v1/responses",        false, Completion, "response",   handler(handle_response)});
+    routes_.add({"POST", "/v1/embeddings",       false, Completion, "embedding",  handler(handle_embeddings)});
     routes_.add({"GET",  "/v1/responses/",       true,  Api,        "",           handler(handle_stored_response)});
     routes_.add({"GET",  "/v1/models",           false, Api,        "",           handler(handle_models)});
     routes_.add({"GET",  "/v1/models/",          true,  Api,        "",           handler(handle_models)});
