@@ -152,6 +152,60 @@ test('structured output: a JSON schema, a regex, a choice list and a grammar are
     }
 });
 
+// Tools: the same tools / tool_choice as the HTTP API. A named call's arguments stream as
+// tool_call_deltas (the first with id and name), the text carries no call, and the choice's last
+// message has the call whole with finish_reason "tool_calls".
+test('tools: a forced call streams as tool_call_deltas and ends whole; bad tools are INVALID_ARGUMENT', async () => {
+    const parameters = { type: 'object', additionalProperties: false, required: ['city', 'days', 'stops'],
+        properties: { city: { enum: ['Paris', 'Oslo', 'Lisbon'] }, days: { type: 'integer', minimum: 1, maximum: 9 },
+            stops: { type: 'array', minItems: 3, maxItems: 3, items: { enum: ['museum', 'park', 'market'] } } } };
+    const tools = [{ name: 'plan_trip', description: 'Plan a trip', parameters: JSON.stringify(parameters) },
+        { name: 'noop' }];
+    const messages = [{ role: 'user', content: 'Plan a trip' }];
+    for (const tool_choice of ['plan_trip', 'required']) {
+        const g = await generate({ messages, tools, tool_choice, temperature: 0, max_tokens: 300,
+            parallel_tool_calls: false });
+        assert.equal(g.error, undefined, String(g.error));
+        const last = g.messages.at(-1);
+        assert.equal(last.finish_reason, 'tool_calls', JSON.stringify(last));
+        assert.equal(g.text, '');
+        assert.equal(last.tool_calls.length, 1);
+        const [call] = last.tool_calls;
+        assert.match(call.id, /^call_[0-9a-f]+$/);
+        const deltas = g.messages.flatMap((m) => m.tool_call_deltas ?? []);
+        assert.equal(deltas[0].id, call.id);
+        assert.equal(deltas[0].name, call.name);
+        assert.ok(deltas.every((d) => !d.index));  // 0: proto3 leaves it out
+        assert.ok(deltas.slice(1).every((d) => !d.id && !d.name));
+        assert.ok(deltas.length >= 10, `${deltas.length} deltas`);
+        assert.equal(deltas.map((d) => d.arguments).join(''), call.arguments);
+        if (call.name === 'plan_trip') {
+            const args = JSON.parse(call.arguments);
+            assert.ok(['Paris', 'Oslo', 'Lisbon'].includes(args.city) && args.stops.length === 3, call.arguments);
+        } else {
+            assert.deepEqual(JSON.parse(call.arguments), {});
+        }
+    }
+    // none: text, no calls.
+    const none = await generate({ messages, tools, tool_choice: 'none', max_tokens: 5 });
+    assert.equal(none.error, undefined);
+    assert.equal((none.messages.at(-1).tool_calls ?? []).length, 0);
+    assert.notEqual(none.messages.at(-1).finish_reason, 'tool_calls');
+    for (const [req, pattern] of [
+        [{ tool_choice: 'launch' }, /tool_choice.*'launch'/],
+        [{ tools: [{ name: 'f', parameters: '{not json' }], tool_choice: 'required' }, /tools.*not JSON/],
+        [{ tools: [{ name: 'f', parameters: JSON.stringify({ type: 'object', not: {} }) }], tool_choice: 'required' },
+            /'not'/],
+        [{ tools: [{ name: 'bad name' }] }, /tools/],
+        [{ tool_choice: 'required', json_schema: '{}' }, /tool_choice/],
+        [{ messages: [], prompt, tool_choice: 'required' }, /tools/],
+    ]) {
+        const bad = await generate({ messages, tools, max_tokens: 8, ...req });
+        assert.equal(bad.error?.code, grpc.status.INVALID_ARGUMENT, JSON.stringify(req));
+        assert.match(bad.error.details, pattern, bad.error.details);
+    }
+});
+
 // The standard health service answers for the server ("") and for the service's own name, as
 // Kubernetes' gRPC probe may ask; another name is NOT_FOUND.
 test('gRPC health: the server and peregrine.v1.Inference are SERVING', async () => {

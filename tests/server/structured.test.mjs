@@ -192,7 +192,10 @@ describe('structured output', () => {
             let finish = null;
             for await (const chunk of stream) {
                 const d = chunk.choices[0]?.delta;
-                for (const tc of d?.tool_calls ?? []) calls[tc.index] = tc;
+                for (const tc of d?.tool_calls ?? []) {  // the first delta names the call, the rest add arguments
+                    calls[tc.index] ??= { ...tc, function: { ...tc.function, arguments: '' } };
+                    calls[tc.index].function.arguments += tc.function.arguments;
+                }
                 finish = chunk.choices[0]?.finish_reason ?? finish;
             }
             if (finish === 'length') continue;
@@ -208,6 +211,72 @@ describe('structured output', () => {
         const none = await client.chat.completions.create({
             model: 'stories260K', messages, tools, tool_choice: 'none', max_tokens: 5 });
         assert.equal(typeof none.choices[0].message.content, 'string');
+    });
+
+    // A call whose arguments take dozens of tokens, through the SDK's stream helper: the
+    // arguments arrive piece by piece (the first delta names the call, later ones carry only
+    // index and arguments), and the pieces join into the final call's arguments, which validate.
+    test('tools: a long forced call streams its arguments token by token (openai SDK)', async () => {
+        const ajv = addFormats(new Ajv2020({ strict: false }));
+        const parameters = { type: 'object', additionalProperties: false,
+            required: ['city', 'unit', 'days', 'stops', 'budget'],
+            properties: {
+                city: { enum: ['Paris', 'Oslo', 'Lisbon', 'Kyoto'] },
+                unit: { enum: ['celsius', 'fahrenheit'] },
+                days: { type: 'integer', minimum: 1, maximum: 14 },
+                stops: { type: 'array', minItems: 4, maxItems: 4,
+                    items: { enum: ['museum', 'park', 'harbour', 'market', 'castle'] } },
+                budget: { type: 'object', additionalProperties: false, required: ['low', 'high', 'currency'],
+                    properties: { low: { type: 'integer', minimum: 0, maximum: 999 },
+                        high: { type: 'integer', minimum: 0, maximum: 999 },
+                        currency: { enum: ['EUR', 'NOK', 'JPY'] } } },
+            } };
+        const tools = [{ type: 'function', function: { name: 'plan_trip', description: 'Plan a trip', parameters } },
+            { type: 'function', function: { name: 'noop', parameters: { type: 'object', properties: {} } } }];
+        const validate = ajv.compile(parameters);
+        for (const [seed, temperature] of [[0, 0], [1, 1], [2, 1]]) {
+            const context = `seed ${seed}`;
+            const stream = client.chat.completions.stream({
+                model: 'stories260K', messages, tools, tool_choice: { type: 'function', function: { name: 'plan_trip' } },
+                temperature, seed, max_tokens: 400 });
+            const deltas = [];
+            let content = '';
+            for await (const chunk of stream) {
+                const d = chunk.choices[0]?.delta;
+                content += d?.content ?? '';
+                for (const tc of d?.tool_calls ?? []) deltas.push(tc);
+            }
+            const final = await stream.finalChatCompletion();
+            const choice = final.choices[0];
+            assert.equal(choice.finish_reason, 'tool_calls', context);
+            assert.equal(content, '', context);
+            assert.equal(choice.message.tool_calls.length, 1, context);
+            const [call] = choice.message.tool_calls;
+            assert.equal(call.function.name, 'plan_trip');
+            assert.match(call.id, /^call_/);
+            // First delta: index, id, type, name (and the arguments so far); then index + arguments only.
+            const [first, ...rest] = deltas;
+            assert.equal(first.index, 0);
+            assert.equal(first.id, call.id);
+            assert.equal(first.type, 'function');
+            assert.equal(first.function.name, 'plan_trip');
+            assert.ok(rest.length >= 20, `${context}: only ${deltas.length} deltas for ${call.function.arguments}`);
+            for (const d of rest) {
+                assert.deepEqual(Object.keys(d).sort(), ['function', 'index'], JSON.stringify(d));
+                assert.deepEqual(Object.keys(d.function), ['arguments'], JSON.stringify(d));
+                assert.equal(d.index, 0);
+            }
+            const joined = deltas.map((d) => d.function.arguments).join('');
+            assert.equal(joined, call.function.arguments, context);
+            const args = JSON.parse(joined);
+            assert.ok(validate(args), `${context}: ${ajv.errorsText(validate.errors)} ${joined}`);
+            // The same request answered whole: the same call (greedy).
+            if (temperature === 0) {
+                const whole = await client.chat.completions.create({ model: 'stories260K', messages, tools,
+                    tool_choice: { type: 'function', function: { name: 'plan_trip' } }, temperature, max_tokens: 400 });
+                assert.equal(whole.choices[0].message.tool_calls[0].function.arguments, joined);
+            }
+        }
     });
 
     test('bad requests: 400 naming the field and the keyword', async () => {
@@ -284,6 +353,8 @@ describe('tool_choice auto (hermes)', () => {
         assert.equal(finish, 'tool_calls');
         assert.equal(content, 'Sure.');
         assert.equal(calls.length, 2);
+        // Each call's arguments came in several pieces, as the model wrote them.
+        for (const i of [0, 1]) assert.ok(deltas.filter((t) => t.index === i).length > 2, JSON.stringify(deltas));
         assert.deepEqual(calls.map((c) => [c.name, JSON.parse(c.arguments)]),
             [['get_weather', { city: 'Paris' }], ['get_weather', { city: 'Oslo' }]]);
         assert.ok(deltas.every((t) => Number.isInteger(t.index)));
@@ -310,13 +381,18 @@ describe('tool_choice auto (hermes)', () => {
             assert.equal(calls[0].function.name, 'get_weather');
         }
 
-        // A call to a tool that is not offered, or a broken one, stays content: no text is lost.
-        for (const text of [call.replace('get_weather', 'launch'), call.replace('}}', '}')]) {
+        // A call to a tool that is not offered, or not a call, stays content: no text is lost.
+        for (const text of [call.replace('get_weather', 'launch'), call.replace('"name"', '"nome"')]) {
             const t = await hc.chat.completions.create({ ...base, guided_regex: escape(text) });
             assert.equal(t.choices[0].finish_reason, 'stop');
             assert.equal(t.choices[0].message.content, text);
             assert.equal(t.choices[0].message.tool_calls, undefined);
         }
+        // A call left unclosed is a call once its name and arguments began (its pieces may have
+        // streamed already): the arguments as written.
+        const open = await hc.chat.completions.create({ ...base, guided_regex: escape(call.replace('}}', '}')) });
+        assert.equal(open.choices[0].message.tool_calls[0].function.arguments, '{"city":"Paris"}');
+        assert.equal(open.choices[0].message.content, null);
     });
 
     test('a tool round trip (assistant tool_calls, a tool message) renders through the template', async () => {

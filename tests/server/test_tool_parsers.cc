@@ -74,8 +74,8 @@ const std::vector<Case>& cases() {
          "Let me look.", "a:{\"x\":1};b:{};"},
         {F::Hermes, "<tool_call>{\"name\": \"a\", \"arguments\": \"{\\\"x\\\": 2}\"}</tool_call>", "", "a:{\"x\":2};"},
         {F::Hermes, "<tool_call>{\"name\": \"a\", \"arguments\": {\"s\": \"</tool\"}}", "", "a:{\"s\":\"</tool\"};"},
-        {F::Hermes, "<tool_call>{\"name\": \"a\", \"arguments\": {}</tool_call> tail",
-         "<tool_call>{\"name\": \"a\", \"arguments\": {}</tool_call> tail", ""},
+        // Committed once the name and the arguments' start are read: a call left open is a call.
+        {F::Hermes, "<tool_call>{\"name\": \"a\", \"arguments\": {}</tool_call> tail", " tail", "a:{};"},
         {F::Hermes, "<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", ""},
         {F::Hermes, "plain text < with <tool angle", "plain text < with <tool angle", ""},
         {F::Hermes, "<tool_call>{\"name\": \"a\", \"arguments\": []}</tool_call>",
@@ -95,7 +95,8 @@ const std::vector<Case>& cases() {
         {F::Llama3Json, "The object {\"name\": \"a\", \"parameters\": {}} is JSON",
          "The object {\"name\": \"a\", \"parameters\": {}} is JSON", ""},
         {F::Llama3Json, "{\"name\": \"a\", \"parameters\": {}}; oops", "; oops", "a:{};"},
-        {F::Llama3Json, "{\"name\": \"a\", \"parameters\": {", "{\"name\": \"a\", \"parameters\": {", ""},
+        {F::Llama3Json, "{\"name\": \"a\", \"parameters\": {", "", "a:{;"},
+        {F::Llama3Json, "{\"name\": \"a\", \"param", "{\"name\": \"a\", \"param", ""},
         // mistral
         {F::Mistral, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]", "",
          "get_weather:{\"city\":\"Paris\"};"},
@@ -108,9 +109,12 @@ const std::vector<Case>& cases() {
         {F::Mistral, "[{\"name\": \"a\", \"arguments\": {}}]", "", "a:{};"},
         {F::Mistral, "[1, 2, 3]", "[1, 2, 3]", ""},
         {F::Mistral, "[TOOL_CALLS]bad name[ARGS]{}", "[TOOL_CALLS]bad name[ARGS]{}", ""},
-        {F::Mistral, "[TOOL_CALLS]f[ARGS]{\"a\": ", "[TOOL_CALLS]f[ARGS]{\"a\": ", ""},
-        {F::Mistral, "[TOOL_CALLS][{\"name\": \"a\"}, {\"nam\": \"b\"}]",
-         "[TOOL_CALLS][{\"name\": \"a\"}, {\"nam\": \"b\"}]", ""},
+        {F::Mistral, "[TOOL_CALLS]f[ARGS]{\"a\": ", "", "f:{\"a\":;"},
+        {F::Mistral, "[TOOL_CALLS]f[AR", "[TOOL_CALLS]f[AR", ""},
+        // After a call went out, a bad one is dropped with the rest of its block.
+        {F::Mistral, "[TOOL_CALLS][{\"name\": \"a\"}, {\"nam\": \"b\"}] ok", " ok", "a:{};"},
+        {F::Mistral, "[TOOL_CALLS][{\"nam\": \"b\"}, {\"name\": \"a\"}]",
+         "[TOOL_CALLS][{\"nam\": \"b\"}, {\"name\": \"a\"}]", ""},
         // none: everything is text
         {F::None, "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>",
          "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>", ""},
@@ -162,11 +166,15 @@ TEST(ToolParsers, HoldsBackOnlyAPossibleMarker) {
     EXPECT_EQ(p.feed("Hello there").content, "Hello there");
     EXPECT_EQ(p.feed(" <tool").content, "");  // " " waits for text, "<tool" may be a marker
     EXPECT_EQ(p.feed("box> ok").content, " <toolbox> ok");
-    ToolCallDelta d = p.feed("<tool_call>{\"name\": \"f\", \"arguments\": {}}");
+    ToolCallDelta d = p.feed("<tool_call>{\"name\": \"f\", \"arguments\": {}");
     EXPECT_EQ(d.content, "");
-    EXPECT_TRUE(d.calls.empty());  // the closing tag may still come
-    d = p.feed("</tool_call>");
+    EXPECT_TRUE(d.calls.empty());  // its pieces went out; the call is not complete
+    EXPECT_EQ(d.pieces.size(), 1u);
+    d = p.feed("}");
     ASSERT_EQ(d.calls.size(), 1u);  // out as soon as it is complete
+    EXPECT_FALSE(p.called());       // the closing tag may still come
+    d = p.feed("</tool_call>");
+    EXPECT_TRUE(d.calls.empty());
     EXPECT_TRUE(p.called());
     EXPECT_EQ(p.finish().content, "");
 }

@@ -2,8 +2,10 @@
 
 #include <chrono>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 #include "server/grpc/proto_convert.h"
 #include "server/middleware.h"
@@ -35,8 +37,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<pb::GenerateResponse> {
     }
 
     void start(const std::shared_ptr<GenerateReactor>& self, const std::shared_ptr<RequestStream>& stream,
-               Ticket ticket) {
+               Ticket ticket, std::optional<ToolCallSetup> tools) {
         id_ = stream->id();
+        tools_ = std::move(tools);
         started_ = true;
         ticket_ = std::move(ticket);
         service_.pump().add(
@@ -77,9 +80,19 @@ class GenerateReactor : public grpc::ServerWriteReactor<pb::GenerateResponse> {
             ++(cancelled_ || finished_ ? service_.counters().requests_aborted : service_.counters().requests_served);
         }
         if (finished_) return;
-        for (const RequestOutput& o : outs) queue_.push_back(to_proto(o));
+        for (const RequestOutput& o : outs) queue_.push_back(message_of(o));
         ended_ |= done;
         write_next();
+    }
+
+    pb::GenerateResponse message_of(const RequestOutput& o) {
+        pb::GenerateResponse r = to_proto(o);
+        if (!tools_) return r;
+        const size_t i = static_cast<size_t>(o.index);
+        if (choice_tools_.size() <= i) choice_tools_.resize(i + 1);
+        if (!choice_tools_[i]) choice_tools_[i] = std::make_unique<ChoiceToolCalls>(*tools_);
+        add_tool_calls(*choice_tools_[i], o, r);
+        return r;
     }
 
     // Ends the call (once) and writes its access-log line.
@@ -122,7 +135,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<pb::GenerateResponse> {
     std::shared_ptr<GenerateReactor> self_;  // until OnDone
     std::recursive_mutex mu_;                // gRPC may run reactions inline
     std::string id_;
-    Ticket ticket_;  // the request's share of the in-flight limits, until its last output
+    Ticket ticket_;                       // the request's share of the in-flight limits, until its last output
+    std::optional<ToolCallSetup> tools_;  // the request's choices carry tool calls
+    std::vector<std::unique_ptr<ChoiceToolCalls>> choice_tools_;  // by choice index
     std::deque<pb::GenerateResponse> queue_;
     pb::GenerateResponse current_;
     bool started_ = false, writing_ = false, ended_ = false, cancelled_ = false, finished_ = false;
@@ -132,19 +147,20 @@ class GenerateReactor : public grpc::ServerWriteReactor<pb::GenerateResponse> {
 
 grpc::ServerWriteReactor<pb::GenerateResponse>* start_generate(
     CompletionService& service, std::string peer,
-    const std::function<std::shared_ptr<RequestStream>(Ticket*)>& submit) {
+    const std::function<std::shared_ptr<RequestStream>(Ticket*, std::optional<ToolCallSetup>*)>& submit) {
     std::shared_ptr<GenerateReactor> r;
     GenerateReactor* raw = GenerateReactor::create(service, std::move(peer), &r);
     std::shared_ptr<RequestStream> stream;
     Ticket ticket;
+    std::optional<ToolCallSetup> tools;
     const grpc::Status s = guarded([&] {
-        stream = submit(&ticket);
+        stream = submit(&ticket, &tools);
         return grpc::Status::OK;
     });
     if (!s.ok())
         raw->fail(s);
     else
-        raw->start(r, stream, std::move(ticket));
+        raw->start(r, stream, std::move(ticket), std::move(tools));
     return raw;
 }
 

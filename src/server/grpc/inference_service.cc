@@ -59,12 +59,13 @@ grpc::ServerWriteReactor<pb::GenerateResponse>* InferenceService::Generate(grpc:
                                                                            const pb::GenerateRequest* req) {
     std::string peer;
     const Caller caller = caller_of(ctx, peer);
-    return start_generate(service_, peer, [&](Ticket* ticket) {
+    return start_generate(service_, peer, [&](Ticket* ticket, std::optional<ToolCallSetup>* tools) {
         service_.check_caller(caller);
         // The typed request the HTTP API parses from JSON, read from the proto; then the one path.
         CompletionParams params =
             completion_params_from_proto(*req, service_.sampling_limits(), service_.request_defaults());
         const bool chat = params.chat();
+        if (chat) *tools = tool_call_setup(params, service_.model()->tool_call_format);
         AdmittedCompletion admitted = service_.admit(caller, std::move(params), str_cat("grpc-", random_hex_id()));
         std::shared_ptr<RequestStream> stream = service_.submit(admitted.requests, chat).front();  // one prompt
         *ticket = std::move(admitted.ticket);

@@ -26,6 +26,32 @@ std::string status_message(std::string m) {
     return m;
 }
 
+// The request's tools as the HTTP API's JSON body has them, read by the same parse_tools.
+Json tools_body(const pb::GenerateRequest& req) {
+    Json body = Json::object();
+    if (req.tools_size() > 0) {
+        Json tools = Json::array();
+        for (const pb::Tool& t : req.tools()) {
+            Json f = {{"name", t.name()}};
+            if (!t.description().empty()) f["description"] = t.description();
+            if (!t.parameters().empty()) {
+                f["parameters"] = Json::parse(t.parameters(), nullptr, false);
+                if (f["parameters"].is_discarded())
+                    bad_param("tools", "the parameters of '", t.name(), "' are not JSON text");
+            }
+            tools.push_back({{"type", "function"}, {"function", std::move(f)}});
+        }
+        body["tools"] = std::move(tools);
+    }
+    const std::string& choice = req.tool_choice();
+    if (choice == "auto" || choice == "none" || choice == "required")
+        body["tool_choice"] = choice;
+    else if (!choice.empty())
+        body["tool_choice"] = {{"type", "function"}, {"function", {{"name", choice}}}};
+    if (req.has_parallel_tool_calls()) body["parallel_tool_calls"] = req.parallel_tool_calls();
+    return body;
+}
+
 }  // namespace
 
 CompletionParams completion_params_from_proto(const pb::GenerateRequest& req, const SamplingLimits& limits,
@@ -94,6 +120,8 @@ CompletionParams completion_params_from_proto(const pb::GenerateRequest& req, co
         case pb::GenerateRequest::STRUCTURED_NOT_SET:
             break;
     }
+    if (req.tools_size() > 0 && !chat) bad_param("tools", "'tools' need 'messages'");
+    parse_tools(tools_body(req), c);
     check_sampling(c, limits);
     return c;
 }
@@ -128,6 +156,30 @@ pb::GenerateResponse to_proto(const RequestOutput& o) {
         u->set_cached_tokens(static_cast<uint32_t>(o.usage->cached_tokens));
     }
     return r;
+}
+
+void add_tool_calls(ChoiceToolCalls& tools, const RequestOutput& o, pb::GenerateResponse& r) {
+    const bool last = o.finish != FinishReason::None;
+    const ToolCallDelta d = tools.feed(o.text, last);
+    r.set_text(d.content);
+    for (const ToolCallPiece& p : d.pieces) {
+        if (p.call < 0) continue;
+        pb::ToolCallDelta* t = r.add_tool_call_deltas();
+        t->set_index(static_cast<uint32_t>(p.call));
+        if (!p.name.empty()) {
+            t->set_id(tools.id(p.call));
+            t->set_name(p.name);
+        }
+        t->set_arguments(p.text);
+    }
+    if (!last) return;
+    for (const ToolCall& c : tools.calls()) {
+        pb::ToolCall* t = r.add_tool_calls();
+        t->set_id(c.id);
+        t->set_name(c.name);
+        t->set_arguments(c.arguments);
+    }
+    if (!tools.calls().empty() && o.finish == FinishReason::Stop) r.set_finish_reason("tool_calls");
 }
 
 grpc::Status to_status(const ApiError& e) {

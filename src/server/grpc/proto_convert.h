@@ -9,6 +9,7 @@
 #include "peregrine/v1/inference.pb.h"
 #include "server/api_error.h"
 #include "server/openai/completion_request.h"
+#include "server/openai/tool_call_stream.h"
 
 namespace peregrine::server {
 
@@ -22,6 +23,11 @@ CompletionParams completion_params_from_proto(const ::peregrine::v1::GenerateReq
 Json chat_messages_json(const google::protobuf::RepeatedPtrField<::peregrine::v1::ChatMessage>& messages);
 
 ::peregrine::v1::GenerateResponse to_proto(const RequestOutput& o);
+
+// A request with tool calls: `o`'s text through its choice's `tools`; `r` (to_proto(o)) then has
+// the content as its text, the calls' pieces as tool_call_deltas and, on the choice's last
+// message, the calls whole (finish_reason "tool_calls" when it stopped after calls).
+void add_tool_calls(ChoiceToolCalls& tools, const RequestOutput& o, ::peregrine::v1::GenerateResponse& r);
 
 // The HTTP status as a gRPC code (400/413/415 INVALID_ARGUMENT, 401 UNAUTHENTICATED, 404
 // NOT_FOUND, 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, else INTERNAL); the message "param:

@@ -3,12 +3,13 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 
 #include "core/error.h"
 #include "server/api_error.h"
 #include "server/openai/response_json.h"
-#include "server/openai/tool_parsers.h"
+#include "server/openai/tool_call_stream.h"
 
 namespace peregrine::server {
 
@@ -28,6 +29,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
           ex_(std::move(ex)),
           model_name_(p_.model.empty() ? service.model_name() : p_.model),
           chat_(p_.chat()),
+          tool_setup_(chat_ ? tool_call_setup(p_, model_.tool_call_format) : std::nullopt),
           id_(std::move(id)),
           created_(unix_now()) {}
 
@@ -45,10 +47,8 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
                 for (int c = 0; c < n; ++c) choices_[i * n + c].finish = FinishReason::Length;
             }
         }
-        if (p_.parse_tool_calls && model_.tool_call_format != ToolCallFormat::None)
-            for (Choice& c : choices_)
-                c.tools =
-                    std::make_unique<ToolCallParser>(model_.tool_call_format, p_.tool_names, !p_.parallel_tool_calls);
+        if (tool_setup_)
+            for (Choice& c : choices_) c.tools = std::make_unique<ChoiceToolCalls>(*tool_setup_);
         engine_ids_.reserve(streams.size());
         for (const auto& s : streams) engine_ids_.push_back(s->id());
 
@@ -78,33 +78,16 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
         FinishReason finish = FinishReason::None;
         std::string stop_reason;
         int offset = 0;  // legacy logprobs: bytes of text so far
-        // tool_choice auto with a served tool-call format: content and calls out of the text
-        std::unique_ptr<ToolCallParser> tools;
-        int calls_sent = 0;  // streamed tool calls (the next one's index)
+        // forced calls, or tool_choice auto with a served format: content and calls of the text
+        std::unique_ptr<ChoiceToolCalls> tools;
     };
 
-    // One call as OpenAI writes it; `index` (streaming) -1: none.
-    static Json tool_call_json(const Json& name, std::string arguments, int index = -1) {
-        Json tc;
-        if (index >= 0) tc["index"] = index;
-        tc["id"] = "call_" + random_hex_id();
-        tc["type"] = "function";
-        tc["function"] = {{"name", name}, {"arguments", std::move(arguments)}};
-        return tc;
-    }
-
-    // Forced tool calls: the choice's text (a JSON array of {"name", "arguments"}, the grammar
-    // saw to that) as OpenAI's tool_calls; null when the text is not a complete array (the
-    // answer ran out of max_tokens: it is then returned as content).
-    Json tool_calls_of(const Choice& c, bool with_index) const {
-        if (!p_.forced_tool_calls || c.finish != FinishReason::Stop) return nullptr;
-        const Json calls = Json::parse(c.text, nullptr, false);
-        if (!calls.is_array()) return nullptr;
+    // The calls as OpenAI writes them in a message.
+    static Json tool_calls_json(const std::vector<ToolCall>& calls) {
         Json out = Json::array();
-        for (const Json& call : calls) {
-            if (!call.is_object() || !call.contains("name") || !call.contains("arguments")) return nullptr;
-            out.push_back(tool_call_json(call["name"], dump(call["arguments"]), with_index ? int(out.size()) : -1));
-        }
+        for (const ToolCall& c : calls)
+            out.push_back(
+                {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
         return out;
     }
 
@@ -238,23 +221,30 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
         ex_->send_event(dump(chunk));
     }
 
-    // tool_choice auto: the text through the choice's parser; content as usual, each call once
-    // complete as OpenAI's deltas (its id, type and name, then its arguments).
+    // Tool calls: the text through the choice's parser. Content as usual; a call as OpenAI
+    // streams it: its first delta has index, id, type and name (and the arguments so far), each
+    // later one the index and the next piece of the arguments. The logprobs ride on the first.
     void send_parsed_delta(int ci, const RequestOutput& out, Json logprobs) {
         Choice& c = choices_[ci];
-        ToolCallDelta d = c.tools->feed(out.text);
-        if (out.finish != FinishReason::None) {
-            ToolCallDelta rest = c.tools->finish();
-            d.content += rest.content;
-            for (ParsedToolCall& call : rest.calls) d.calls.push_back(std::move(call));
-        }
-        if (!d.content.empty() || !logprobs.is_null()) send_chat_chunk(ci, {{"content", d.content}}, logprobs);
-        for (ParsedToolCall& call : d.calls) {
-            const int index = c.calls_sent++;
-            Json first = tool_call_json(call.name, "", index);
-            send_chat_chunk(ci, {{"tool_calls", Json::array({std::move(first)})}});
-            send_chat_chunk(
-                ci, {{"tool_calls", Json::array({{{"index", index}, {"function", {{"arguments", call.arguments}}}}})}});
+        const ToolCallDelta d = c.tools->feed(out.text, out.finish != FinishReason::None);
+        if (d.pieces.empty() && !logprobs.is_null()) send_chat_chunk(ci, {{"content", ""}}, std::move(logprobs));
+        for (const ToolCallPiece& p : d.pieces) {
+            Json delta;
+            if (p.call < 0) {
+                delta = {{"content", p.text}};
+            } else {
+                Json tc = {{"index", p.call}};
+                if (!p.name.empty()) {
+                    tc["id"] = c.tools->id(p.call);
+                    tc["type"] = "function";
+                    tc["function"] = {{"name", p.name}, {"arguments", p.text}};
+                } else {
+                    tc["function"] = {{"arguments", p.text}};
+                }
+                delta = {{"tool_calls", Json::array({std::move(tc)})}};
+            }
+            send_chat_chunk(ci, std::move(delta), std::move(logprobs));
+            logprobs = nullptr;
         }
     }
 
@@ -270,19 +260,12 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
                     : Json(nullptr);
             if (c.tools) {
                 send_parsed_delta(ci, out, std::move(logprobs));
-            } else if (p_.forced_tool_calls) {
-                c.text += out.text;  // sent as tool calls once complete
-                if (has_logprobs) send_chat_chunk(ci, {{"content", ""}}, std::move(logprobs));
             } else if (!out.text.empty() || has_logprobs) {
                 send_chat_chunk(ci, {{"content", out.text}}, std::move(logprobs));
             }
             if (finished) {
-                Json calls = tool_calls_of(c, true);
-                // Forced calls: the calls, or (cut short) the text, in one delta.
-                if (p_.forced_tool_calls)
-                    send_chat_chunk(ci, calls.is_null() ? Json{{"content", c.text}} : Json{{"tool_calls", calls}});
                 // An answer cut short (length, abort) says so even after complete calls.
-                const bool called = (!calls.is_null() || c.calls_sent > 0) && c.finish == FinishReason::Stop;
+                const bool called = c.tools && !c.tools->calls().empty() && c.finish == FinishReason::Stop;
                 send_chat_chunk(ci, Json::object(), nullptr, called ? Json("tool_calls") : finish_json(c),
                                 stop_reason_json(c.stop_reason, p_.sampling));
             }
@@ -325,14 +308,14 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
             const int pi = static_cast<int>(ci) / p_.sampling.n;
             Json choice;
             choice["index"] = ci;
-            Json calls = chat_ ? tool_calls_of(c, false) : Json(nullptr);
-            Json content = calls.is_null() ? c.text : std::string();  // forced calls: no content
-            if (c.tools) {  // tool_choice auto: calls in the model's format, the rest is content
-                ToolCallDelta d =
-                    parse_tool_calls(model_.tool_call_format, c.text, p_.tool_names, !p_.parallel_tool_calls);
-                if (!d.calls.empty()) {
-                    calls = Json::array();
-                    for (ParsedToolCall& call : d.calls) calls.push_back(tool_call_json(call.name, call.arguments));
+            Json calls = nullptr;
+            Json content = c.text;
+            // Calls and the rest as content. Forced calls cut short are no calls here: the text is
+            // the content (a stream has sent their pieces already).
+            if (c.tools && (!tool_setup_->forced || c.finish == FinishReason::Stop)) {
+                const ToolCallDelta d = c.tools->feed(c.text, true);
+                if (!c.tools->calls().empty()) {
+                    calls = tool_calls_json(c.tools->calls());
                     content = d.content;
                 }
             }
@@ -378,6 +361,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     std::shared_ptr<Exchange> ex_;
     const std::string model_name_;
     const bool chat_;
+    const std::optional<ToolCallSetup> tool_setup_;  // chat with tool calls to parse
     const std::string id_;
     const int64_t created_;
     std::unordered_map<std::string, int> prompt_of_;

@@ -296,6 +296,8 @@ StructuredOutput parse_structured_output(const Json& body) {
     return asked.empty() ? StructuredOutput{} : asked.front();
 }
 
+}  // namespace
+
 // Chat `tools`, `tool_choice`, `parallel_tool_calls`. "required" or a named function: the
 // answer must be calls, a JSON array of {"name", "arguments"} whose arguments follow each tool's
 // parameters schema (one call without parallel_tool_calls); "none": the tools are only shown to
@@ -376,8 +378,6 @@ void parse_tools(const Json& body, CompletionParams& c) {
     c.sampling.structured = {StructuredOutput::Kind::JsonSchema, schema.dump(), "tools", /*compact=*/true};
     c.forced_tool_calls = true;
 }
-
-}  // namespace
 
 CompletionParams parse_completion_params(const Json& body, Endpoint endpoint, const SamplingLimits& limits,
                                          const SamplingParams& defaults) {

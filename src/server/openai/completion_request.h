@@ -68,6 +68,10 @@ struct CompletionParams {
 CompletionParams parse_completion_params(const Json& body, Endpoint endpoint, const SamplingLimits& limits = {},
                                          const SamplingParams& defaults = {});
 
+// `tools`, `tool_choice` and `parallel_tool_calls` of a chat body (after its structured output,
+// which forced calls exclude) into `params`. Throws ApiError(400) naming the field.
+void parse_tools(const Json& body, CompletionParams& params);
+
 // The sampling parameters through validate(); the first error as ApiError(400) naming the field
 // as this request spelled it (max_completion_tokens; top_logprobs for chat). An echo request may
 // ask for max_tokens 0 (the prompt only); min_tokens may pass the default max_tokens it never gave.

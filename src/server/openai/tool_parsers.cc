@@ -23,44 +23,32 @@ std::string_view marker_of(ToolCallFormat f) {
             return kPythonTag;
         case ToolCallFormat::Mistral:
             return kMistralCalls;
+        case ToolCallFormat::Forced:
         case ToolCallFormat::None:
             break;
     }
     return {};
 }
 
-std::string_view trimmed(std::string_view s) {
-    const size_t b = s.find_first_not_of(kWhitespace);
-    if (b == std::string_view::npos) return {};
-    return s.substr(b, s.find_last_not_of(kWhitespace) - b + 1);
-}
-
-// One past the bracket closing the object or array that opens at s[at] ('{' or '['); npos when
-// the text ends first. Strings (with escapes) are skipped; whether the brackets pair up is left
-// to the JSON parser that reads the span afterwards.
-size_t json_value_end(std::string_view s, size_t at) {
-    int depth = 0;
-    bool in_string = false;
-    for (size_t i = at; i < s.size(); ++i) {
-        const char c = s[i];
-        if (in_string) {
-            if (c == '\\')
-                ++i;
-            else if (c == '"')
-                in_string = false;
-        } else if (c == '"') {
-            in_string = true;
-        } else if (c == '{' || c == '[') {
-            ++depth;
-        } else if ((c == '}' || c == ']') && --depth == 0) {
-            return i + 1;
-        }
-    }
-    return std::string_view::npos;
-}
-
 bool is_prefix_of(std::string_view part, std::string_view whole) {
     return part.size() <= whole.size() && whole.substr(0, part.size()) == part;
+}
+
+// The length of the longest end of `s` that begins `token` (0 when none), the whole token aside.
+size_t partial_suffix(std::string_view s, std::string_view token) {
+    for (size_t k = std::min(token.empty() ? 0 : token.size() - 1, s.size()); k > 0; --k)
+        if (s.substr(s.size() - k) == token.substr(0, k)) return k;
+    return 0;
+}
+
+void add_piece(ToolCallDelta& out, int call, std::string name, std::string_view text) {
+    if (call < 0) out.content.append(text);
+    if (text.empty() && name.empty()) return;
+    if (!out.pieces.empty() && out.pieces.back().call == call && name.empty()) {
+        out.pieces.back().text.append(text);
+        return;
+    }
+    out.pieces.push_back({call, std::move(name), std::string(text)});
 }
 
 }  // namespace
@@ -80,6 +68,8 @@ const char* tool_call_format_name(ToolCallFormat format) {
             return "llama3_json";
         case ToolCallFormat::Mistral:
             return "mistral";
+        case ToolCallFormat::Forced:
+            return "forced";
         case ToolCallFormat::None:
             break;
     }
@@ -107,13 +97,17 @@ ToolCallDelta ToolCallParser::feed(std::string_view text) {
 ToolCallDelta ToolCallParser::finish() {
     ToolCallDelta out;
     step(true, out);
-    if (!called_) out.content += pending_ws_;
+    if (!called_ && !pending_ws_.empty()) add_piece(out, -1, {}, pending_ws_);
     pending_ws_.clear();
     return out;
 }
 
 void ToolCallParser::step(bool final, ToolCallDelta& out) {
     while (pos_ < buf_.size()) {
+        if (open_) {
+            if (!advance_block(final, out)) return;  // never when final
+            continue;
+        }
         std::string_view rest(buf_);
         rest.remove_prefix(pos_);
         const std::optional<Marker> m = searching() ? find_marker(rest) : std::nullopt;
@@ -125,21 +119,8 @@ void ToolCallParser::step(bool final, ToolCallDelta& out) {
         }
         emit(rest.substr(0, m->at), out);
         pos_ += m->at;
-        rest.remove_prefix(m->at);
-        Block b = parse_block(rest, *m, final);
-        if (b.status == Status::NeedMore) return;  // never when final
-        if (one_call_ && b.calls.size() > 1) b.status = Status::Invalid;
-        if (b.status == Status::Invalid) {
-            // The marker is text after all (a bare call: its bracket too, which ends bare calls).
-            const size_t n = m->len + (m->bare ? 1 : 0);
-            emit(rest.substr(0, n), out);
-            pos_ += n;
-            continue;
-        }
-        pending_ws_.clear();
-        for (ParsedToolCall& c : b.calls) out.calls.push_back(std::move(c));
-        called_ = after_call_ = true;
-        pos_ += b.consumed;
+        open_.emplace();
+        open_->m = Marker{0, m->len, m->bare};
     }
 }
 
@@ -151,9 +132,10 @@ std::optional<ToolCallParser::Marker> ToolCallParser::find_marker(std::string_vi
         const bool llama = format_ == ToolCallFormat::Llama3Json;
         const size_t i = rest.find_first_not_of(llama ? " \t\r\n;" : kWhitespace);
         if (i != std::string_view::npos && rest[i] == (llama ? '{' : '[') &&
-            !is_prefix_of(rest.substr(i, token.size()), token))
+            (token.empty() || !is_prefix_of(rest.substr(i, token.size()), token)))
             return Marker{0, i, true};
     }
+    if (token.empty()) return std::nullopt;
     const size_t at = rest.find(token);
     if (at == std::string_view::npos) return std::nullopt;
     return Marker{at, token.size(), false};
@@ -164,133 +146,121 @@ size_t ToolCallParser::held_back(std::string_view rest) const {
         const bool llama = format_ == ToolCallFormat::Llama3Json;
         if (rest.find_first_not_of(llama ? " \t\r\n;" : kWhitespace) == std::string_view::npos) return rest.size();
     }
-    const std::string_view token = marker_of(format_);
-    for (size_t k = std::min(token.size() - 1, rest.size()); k > 0; --k)
-        if (rest.substr(rest.size() - k) == token.substr(0, k)) return k;
-    return 0;
+    return partial_suffix(rest, marker_of(format_));
 }
 
-ToolCallParser::Block ToolCallParser::parse_block(std::string_view rest, const Marker& m, bool final) const {
-    Block b;
-    const std::string_view body = rest.substr(m.len);
-    if (format_ == ToolCallFormat::Hermes) {
-        b = parse_hermes(body, final);
-    } else if (format_ == ToolCallFormat::Mistral && !m.bare) {
-        const size_t i = body.find_first_not_of(kWhitespace);
-        if (i == std::string_view::npos)
-            b.status = final ? Status::Invalid : Status::NeedMore;
-        else
-            b = body[i] == '[' ? parse_json_calls(body, final) : parse_mistral_named(body, final);
-    } else {
-        b = parse_json_calls(body, final);
-    }
-    b.consumed += m.len;
-    return b;
-}
-
-ToolCallParser::Block ToolCallParser::parse_hermes(std::string_view body, bool final) const {
-    Block b;
-    const size_t close = body.find(kHermesClose);
-    if (close == std::string_view::npos && !final) return b;
-    // An unclosed block at the end: the answer may have stopped right after the object.
-    const std::string_view inner = close == std::string_view::npos ? body : body.substr(0, close);
-    std::optional<ParsedToolCall> call = call_of(trimmed(inner));
-    if (!call) {
-        b.status = Status::Invalid;
-        return b;
-    }
-    b.status = Status::Calls;
-    b.calls.push_back(std::move(*call));
-    b.consumed = close == std::string_view::npos ? body.size() : close + kHermesClose.size();
-    return b;
-}
-
-// One JSON object (a call) or array (of calls) after optional whitespace.
-ToolCallParser::Block ToolCallParser::parse_json_calls(std::string_view body, bool final) const {
-    Block b;
+// Where the block's JSON begins and which shape it has; mistral's `name[ARGS]` is read here.
+ToolCallParser::Start ToolCallParser::start_scan(std::string_view rest, bool final) {
+    Block& b = *open_;
+    const std::string_view body = rest.substr(b.m.len);
+    const Start wait = final ? Start::Invalid : Start::NeedMore;
     const size_t i = body.find_first_not_of(kWhitespace);
-    if (i == std::string_view::npos) {
-        b.status = final ? Status::Invalid : Status::NeedMore;
-        return b;
+    if (i == std::string_view::npos) return wait;
+    using Shape = JsonCallScanner::Shape;
+    const char c = body[i];
+    std::optional<Shape> shape;
+    std::string name;
+    size_t at = i;
+    if (c == '{' && format_ != ToolCallFormat::Mistral && format_ != ToolCallFormat::Forced) {
+        shape = Shape::Call;
+    } else if (c == '[' && format_ != ToolCallFormat::Hermes) {
+        shape = Shape::Calls;
+    } else if (format_ == ToolCallFormat::Mistral && !b.m.bare) {  // name[ARGS]{...}
+        const size_t end =
+            body.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.", i);
+        const std::string_view after = end == std::string_view::npos ? std::string_view() : body.substr(end);
+        if (after.size() < kMistralArgs.size() && is_prefix_of(after, kMistralArgs)) return wait;
+        if (end == i || after.substr(0, kMistralArgs.size()) != kMistralArgs) return Start::Invalid;
+        at = body.find_first_not_of(kWhitespace, end + kMistralArgs.size());
+        if (at == std::string_view::npos) return wait;
+        if (body[at] != '{') return Start::Invalid;
+        shape = Shape::Arguments;
+        name = std::string(body.substr(i, end - i));
     }
-    if (body[i] != '{' && body[i] != '[') {
-        b.status = Status::Invalid;
-        return b;
-    }
-    const size_t end = json_value_end(body, i);
-    if (end == std::string_view::npos) {
-        b.status = final ? Status::Invalid : Status::NeedMore;
-        return b;
-    }
-    const std::string_view span = body.substr(i, end - i);
-    b.status = Status::Invalid;
-    if (body[i] == '{') {
-        std::optional<ParsedToolCall> call = call_of(span);
-        if (!call) return b;
-        b.calls.push_back(std::move(*call));
-    } else {
-        const Json list = Json::parse(span, nullptr, false);
-        if (!list.is_array() || list.empty()) return b;
-        for (const Json& item : list) {
-            std::optional<ParsedToolCall> call = call_of(item.dump());
-            if (!call) return b;
-            b.calls.push_back(std::move(*call));
+    if (!shape) return Start::Invalid;
+    b.json_at = b.m.len + at;
+    b.first_index = calls_announced_;
+    b.scan.emplace(*shape, &names_, one_call_, std::move(name));
+    return Start::Scanning;
+}
+
+bool ToolCallParser::advance_block(bool final, ToolCallDelta& out) {
+    Block& b = *open_;
+    const std::string_view rest = std::string_view(buf_).substr(pos_);
+    if (!b.scan) {
+        const Start s = start_scan(rest, final);
+        if (s == Start::NeedMore) return false;
+        if (s == Start::Invalid) {
+            reject_block(rest, out);
+            return true;
         }
     }
-    b.status = Status::Calls;
-    b.consumed = end;
-    return b;
+    // hermes: the block ends at its closing tag (the JSON is read up to it; a partial tag at the
+    // end is not given to the scanner).
+    std::string_view json = rest.substr(b.json_at);
+    bool json_final = final;
+    const size_t close = format_ == ToolCallFormat::Hermes ? json.find(kHermesClose) : std::string_view::npos;
+    if (close != std::string_view::npos) {
+        json = json.substr(0, close);
+        json_final = true;
+    } else if (format_ == ToolCallFormat::Hermes) {
+        json.remove_suffix(partial_suffix(json, kHermesClose));
+    }
+    b.scan->scan(json, json_final);
+    publish(out);
+    if (b.scan->state() == JsonCallScanner::State::Scanning) return false;
+    if (b.scan->state() == JsonCallScanner::State::Invalid) {
+        reject_block(rest, out);
+        return true;
+    }
+    size_t end = b.json_at + b.scan->end();
+    if (close != std::string_view::npos) {
+        end = b.json_at + close + kHermesClose.size();  // what is left inside the tags is dropped
+    } else if (format_ == ToolCallFormat::Hermes) {
+        // The object ended before its closing tag: wait for the tag, which is consumed with it.
+        const size_t next = rest.find_first_not_of(kWhitespace, end);
+        if (!final && (next == std::string_view::npos || is_prefix_of(rest.substr(next), kHermesClose))) return false;
+    }
+    // Calls cut short (the text ended, or the rest of the block went wrong): as written so far.
+    const std::vector<ScannedCall>& calls = b.scan->calls();
+    for (size_t k = b.completed; k < b.sent.size(); ++k) out.calls.push_back({calls[k].name, calls[k].arguments});
+    pos_ += end;
+    open_.reset();
+    pending_ws_.clear();
+    called_ = after_call_ = true;
+    return true;
 }
 
-// name[ARGS]{...}: the function's name, then its arguments object.
-ToolCallParser::Block ToolCallParser::parse_mistral_named(std::string_view body, bool final) const {
-    Block b;
-    b.status = Status::Invalid;
-    const size_t start = body.find_first_not_of(kWhitespace);
-    const size_t name_end =
-        body.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.", start);
-    const std::string_view after = name_end == std::string_view::npos ? std::string_view() : body.substr(name_end);
-    if (after.size() < kMistralArgs.size() && is_prefix_of(after, kMistralArgs)) {
-        if (!final) b.status = Status::NeedMore;
-        return b;
+// The committed calls' new parts as pieces: each ready call's name once, then its arguments'
+// growth; a complete call also as a ParsedToolCall.
+void ToolCallParser::publish(ToolCallDelta& out) {
+    Block& b = *open_;
+    if (!b.scan->committed()) return;
+    const std::vector<ScannedCall>& calls = b.scan->calls();
+    for (size_t k = 0; k < calls.size() && calls[k].ready; ++k) {
+        const ScannedCall& c = calls[k];
+        const int index = b.first_index + static_cast<int>(k);
+        if (k == b.sent.size()) {
+            b.sent.push_back(c.arguments.size());
+            calls_announced_ = index + 1;
+            add_piece(out, index, c.name, c.arguments);
+        } else if (c.arguments.size() > b.sent[k]) {
+            add_piece(out, index, {}, std::string_view(c.arguments).substr(b.sent[k]));
+            b.sent[k] = c.arguments.size();
+        }
+        if (c.complete && k == b.completed) {
+            out.calls.push_back({c.name, c.arguments});
+            ++b.completed;
+        }
     }
-    if (name_end == start || after.substr(0, kMistralArgs.size()) != kMistralArgs) return b;
-    const size_t open = body.find_first_not_of(kWhitespace, name_end + kMistralArgs.size());
-    if (open == std::string_view::npos) {
-        if (!final) b.status = Status::NeedMore;
-        return b;
-    }
-    if (body[open] != '{') return b;
-    const size_t end = json_value_end(body, open);
-    if (end == std::string_view::npos) {
-        if (!final) b.status = Status::NeedMore;
-        return b;
-    }
-    const Json args = Json::parse(body.substr(open, end - open), nullptr, false);
-    if (!args.is_object()) return b;
-    const Json call = {{"name", std::string(body.substr(start, name_end - start))}, {"arguments", args}};
-    std::optional<ParsedToolCall> parsed = call_of(call.dump());
-    if (!parsed) return b;
-    b.status = Status::Calls;
-    b.calls.push_back(std::move(*parsed));
-    b.consumed = end;
-    return b;
 }
 
-// {"name": ..., "arguments" (or "parameters"): {...} or its JSON text}; nullopt when it is not one.
-std::optional<ParsedToolCall> ToolCallParser::call_of(std::string_view text) const {
-    const Json j = Json::parse(text, nullptr, false);
-    if (!j.is_object()) return std::nullopt;
-    auto name = j.find("name");
-    if (name == j.end() || !name->is_string() || name->get<std::string>().empty()) return std::nullopt;
-    const std::string n = name->get<std::string>();
-    if (!names_.empty() && std::find(names_.begin(), names_.end(), n) == names_.end()) return std::nullopt;
-    auto args = j.find("arguments");
-    if (args == j.end()) args = j.find("parameters");
-    Json a = args == j.end() ? Json::object() : *args;
-    if (a.is_string()) a = Json::parse(a.get<std::string>(), nullptr, false);
-    if (!a.is_object()) return std::nullopt;
-    return ParsedToolCall{n, dump(a)};
+// The marker is text after all (a bare call: its bracket too, which ends bare calls).
+void ToolCallParser::reject_block(std::string_view rest, ToolCallDelta& out) {
+    const size_t n = open_->m.len + (open_->m.bare ? 1 : 0);
+    open_.reset();
+    emit(rest.substr(0, n), out);
+    pos_ += n;
 }
 
 void ToolCallParser::emit(std::string_view text, ToolCallDelta& out) {
@@ -299,20 +269,23 @@ void ToolCallParser::emit(std::string_view text, ToolCallDelta& out) {
         pending_ws_.append(text);
         return;
     }
-    out.content += pending_ws_;
-    out.content.append(text.substr(0, last + 1));
+    add_piece(out, -1, {}, pending_ws_);
+    add_piece(out, -1, {}, text.substr(0, last + 1));
     pending_ws_ = std::string(text.substr(last + 1));
     wrote_text_ = true;
     after_call_ = false;
+}
+
+void append_delta(ToolCallDelta& into, ToolCallDelta more) {
+    for (ToolCallPiece& p : more.pieces) add_piece(into, p.call, std::move(p.name), p.text);  // content too
+    for (ParsedToolCall& c : more.calls) into.calls.push_back(std::move(c));
 }
 
 ToolCallDelta parse_tool_calls(ToolCallFormat format, std::string_view text, std::vector<std::string> tool_names,
                                bool one_call) {
     ToolCallParser p(format, std::move(tool_names), one_call);
     ToolCallDelta out = p.feed(text);
-    ToolCallDelta rest = p.finish();
-    out.content += rest.content;
-    for (ParsedToolCall& c : rest.calls) out.calls.push_back(std::move(c));
+    append_delta(out, p.finish());
     return out;
 }
 
