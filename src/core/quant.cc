@@ -145,6 +145,17 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     PG_CHECK(false, "dequantize_row: ", dtype_name(t), " is not a floating-point type");
 }
 
+void dequantize_tensor_row(const Tensor& t, int64_t r, float* dst, int64_t first, int64_t n) {
+    if (n < 0) n = t.cols() - first;
+    PG_CHECK(r >= 0 && r < t.rows() && first >= 0 && first + n <= t.cols() && first % dtype_block_size(t.dtype) == 0,
+             "row ", r, " elements ", first, "+", n, " of ", t.shape_str());
+    dequantize_row(t.dtype, static_cast<const uint8_t*>(t.row(r)) + dtype_row_bytes(t.dtype, first), dst, n);
+    if (t.dtype != DType::F8_E4M3) return;
+    PG_CHECK(t.scale != nullptr, "f8_e4m3 tensor ", t.shape_str(), " without row factors");
+    const float f = t.scale[r];
+    for (int64_t i = 0; i < n; ++i) dst[i] *= f;
+}
+
 int act_offset(DType w) {
     switch (w) {
         case DType::Q8_0:

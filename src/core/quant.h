@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/tensor.h"
 
 namespace peregrine {
 
@@ -67,6 +68,12 @@ void q4_k_scale_min(const uint8_t* scales, int j, uint8_t* sc, uint8_t* m);
 // Dequantizes `n` elements (a multiple of dtype_block_size(t)) of type t (F32, F16, BF16, Q8_0,
 // Q4_0, Q4_K, Q6_K) from src into dst (f32). src needs no particular alignment.
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);
+
+// Elements [first, first + n) of row r of host matrix t (t seen as [rows(), cols()]; first and
+// n whole blocks of t's dtype; n < 0: to the row's end) into dst as f32, with the row's factor
+// applied: an f8_e4m3 element is value * t.scale[r] (core/tensor.h), and one without factors
+// is an error. Every conversion of a weight matrix goes through here so none drops a factor.
+void dequantize_tensor_row(const Tensor& t, int64_t r, float* dst, int64_t first = 0, int64_t n = -1);
 
 // --- 8-bit activations for the CPU's int8 dot kernels ------------------------------------
 //

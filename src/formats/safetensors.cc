@@ -24,6 +24,8 @@ bool parse_dtype(const std::string& s, DType* out) {
         *out = DType::BF16;
     else if (s == "I32")
         *out = DType::I32;
+    else if (s == "F8_E4M3")  // FP8 checkpoints' weights; their factors are other tensors (model/fp8_checkpoint.h)
+        *out = DType::F8_E4M3;
     else
         return false;
     return true;
@@ -93,7 +95,7 @@ void SafetensorsSet::add_file(const std::string& path) {
             bad("needs dtype, shape and data_offsets");
         DType dtype;
         const std::string dts = info["dtype"].is_string() ? info["dtype"].get<std::string>() : "?";
-        if (!parse_dtype(dts, &dtype)) bad("unsupported dtype " + dts + " (supported: F32, F16, BF16)");
+        if (!parse_dtype(dts, &dtype)) bad("unsupported dtype " + dts + " (supported: F32, F16, BF16, F8_E4M3, I32)");
         const json& shape = info["shape"];
         if (!shape.is_array() || shape.size() > Tensor::kMaxDims) bad("shape must be an array of at most 4 dims");
         Tensor t;

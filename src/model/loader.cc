@@ -12,6 +12,7 @@
 #include "formats/safetensors.h"
 #include "model/config_gguf.h"
 #include "model/config_hf.h"
+#include "model/fp8_checkpoint.h"
 #include "model/registry.h"
 
 namespace peregrine {
@@ -52,18 +53,28 @@ class TensorSource {
     }
 };
 
+// An f8_e4m3 weight comes with its factors (model/fp8_checkpoint.h), found by its name; the
+// factor and input_scale tensors themselves are never asked for by name.
 class SafetensorsSource final : public TensorSource {
   public:
-    SafetensorsSource(const SafetensorsSet& set, std::string dir) : set_(set), dir_(std::move(dir)) {}
+    SafetensorsSource(const SafetensorsSet& set, std::string dir, const std::optional<Fp8Format>& fp8, LoadedModel& m)
+        : set_(set), dir_(std::move(dir)), fp8_(fp8), m_(m) {}
     const std::string& file_for_errors() const override { return dir_; }
     Tensor find(const std::string& name) const override {
         const SafetensorsEntry* e = set_.find(name);
-        return e ? e->view : Tensor();
+        if (!e || e->view.dtype != DType::F8_E4M3) return e ? e->view : Tensor();
+        if (!fp8_)
+            fail(dir_, ": tensor '", name,
+                 "' is f8_e4m3 but config.json has no quantization_config saying where its factors are");
+        const SafetensorsEntry* scale = set_.find(name + fp8_->scale_suffix);
+        return resolve_fp8_weight(*fp8_, dir_, name, e->view, scale ? scale->view : Tensor(), m_.converted, m_.sliced);
     }
 
   private:
     const SafetensorsSet& set_;
     std::string dir_;
+    const std::optional<Fp8Format>& fp8_;
+    LoadedModel& m_;
 };
 
 class GgufSource final : public TensorSource {
@@ -97,7 +108,7 @@ class Builder {
         const int64_t f0 = r * int64_t{c.intermediate_size}, fn = c.intermediate_size;
         const int64_t v0 = c.vocab_begin(), vn = c.vocab_rows();
         ModelWeights& w = m_.weights;
-        w.embed = rows(src_.get(names.embed, {V, H}), v0, vn);
+        w.embed = rows(dense(src_.get(names.embed, {V, H})), v0, vn);
         touch(w.embed);
         w.final_norm = vector_f32(names.final_norm, src_.get(names.final_norm, {H}));
         w.layers.resize(c.num_layers);
@@ -141,7 +152,7 @@ class Builder {
                 fail(src_.file_for_errors(), ": missing tensor '", names.lm_head, "' (tie_word_embeddings is false)");
             w.lm_head = matrix(names.embed, w.embed);  // tied: the rank's vocabulary rows again
         } else {
-            w.lm_head = matrix(names.lm_head, rows(head, v0, vn));
+            w.lm_head = matrix(names.lm_head, rows(dense(head), v0, vn));
         }
         std::string summary;
         for (const auto& [dtype, count] : dtype_counts_)
@@ -162,8 +173,13 @@ class Builder {
         Tensor out = t;
         out.data = static_cast<char*>(t.data) + begin * t.row_bytes();
         out.shape[0] = count;
+        if (t.scale) out.scale = t.scale + begin;  // f8_e4m3: the rows' factors
         return out;
     }
+
+    // The embedding and LM head in bf16 where a checkpoint stores them in FP8 (rare): only the
+    // layer matrices' products read FP8.
+    Tensor dense(const Tensor& t) { return t.dtype == DType::F8_E4M3 ? fp8_to_bf16(t, m_.sliced) : t; }
 
     // Columns [begin, begin + count) of matrix `t` for the matmul: kept in t's dtype when the
     // backend reads it and the range falls on block boundaries (a strided copy of whole blocks,
@@ -192,6 +208,7 @@ class Builder {
         dequantize_columns(t, begin, count, buf.data());
         out.dtype = DType::F32;
         out.data = buf.data();
+        out.scale = nullptr;  // applied
         report(static_cast<size_t>(t.rows()) * dtype_row_bytes(t.dtype, count / block * block));
         return out;
     }
@@ -221,10 +238,9 @@ class Builder {
         const int64_t block = dtype_block_size(t.dtype);
         const int64_t first = begin / block * block;
         const int64_t last = (begin + count + block - 1) / block * block;
-        const size_t skip = dtype_row_bytes(t.dtype, first);
         std::vector<float> span(static_cast<size_t>(last - first));
         for (int64_t r = 0; r < t.rows(); ++r) {
-            dequantize_row(t.dtype, static_cast<const uint8_t*>(t.row(r)) + skip, span.data(), last - first);
+            dequantize_tensor_row(t, r, span.data(), first, last - first);
             std::memcpy(dst + r * count, span.data() + (begin - first), static_cast<size_t>(count) * sizeof(float));
         }
     }
@@ -244,10 +260,11 @@ class Builder {
         if (t.dtype == DType::I32) fail(src_.file_for_errors(), ": tensor '", name, "' has integer dtype");
         std::vector<float>& buf = m_.converted.emplace_back(t.numel());
         const int64_t cols = t.cols();
-        for (int64_t r = 0; r < t.rows(); ++r) dequantize_row(t.dtype, t.row(r), buf.data() + r * cols, cols);
+        for (int64_t r = 0; r < t.rows(); ++r) dequantize_tensor_row(t, r, buf.data() + r * cols);
         Tensor out = t;
         out.dtype = DType::F32;
         out.data = buf.data();
+        out.scale = nullptr;  // applied
         report(t.nbytes());
         return out;
     }
@@ -330,7 +347,9 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptio
         return m;
     }
     m->safetensors = std::make_shared<SafetensorsSet>(SafetensorsSet::open_dir(m->path));
-    SafetensorsSource src(*m->safetensors, m->path);
+    const std::optional<Fp8Format> fp8 = read_fp8_format(m->path);
+    if (fp8) m->quantization = fp8_load_note(*fp8);
+    SafetensorsSource src(*m->safetensors, m->path, fp8, *m);
     Builder b(*m, full, src, options);
     for (const auto& [name, e] : m->safetensors->entries()) b.total_bytes_ += e.view.nbytes();
     b.total_bytes_ /= ranks;

@@ -34,6 +34,7 @@ struct LoadedModel {
     ModelConfig config;
     ModelWeights weights;
     std::string weight_dtypes;       // e.g. "bf16 x 16, f32 x 5" of the matmul weights, for the load log
+    std::string quantization;        // the checkpoint's quantization for the load log; empty if none
     std::string model_dir;           // folder holding tokenizer files (HF) or empty (GGUF)
     std::shared_ptr<GgufFile> gguf;  // kept open for the tokenizer; null for HF folders
 
@@ -41,9 +42,9 @@ struct LoadedModel {
 
     // Owners of what the weight views point into.
     std::shared_ptr<SafetensorsSet> safetensors;
-    std::vector<std::vector<float>> converted;  // tensors converted to f32 at load
+    std::vector<std::vector<float>> converted;  // tensors converted to f32 at load; FP8 row factors
     // Column slices of row-parallel matrices (wo, w_down) copied in their own dtype (whole
-    // quantization blocks) under tensor parallelism.
+    // quantization blocks) under tensor parallelism; FP8 tensors dequantized to bf16 at load.
     std::vector<std::vector<uint8_t>> sliced;
     std::shared_ptr<void> backend_memory;  // weights allocated through a backend (dummy load)
 };

@@ -158,6 +158,7 @@ void Worker::load_model() {
     std::fprintf(stderr, "model: %s (%s, %.2fs%s)\n  %s\n  weights: %s\n  backend: %s\n", path.c_str(),
                  loaded_->format.c_str(), seconds, rate, loaded_->config.summary().c_str(),
                  loaded_->weight_dtypes.c_str(), backend_->name().c_str());
+    if (!loaded_->quantization.empty()) std::fprintf(stderr, "  quantization: %s\n", loaded_->quantization.c_str());
     if (backend_->device() == Device::CUDA && config_.batch_invariant)
         std::fprintf(stderr, "  batch-invariant kernels (--batch-invariant)\n");
 }

@@ -10,31 +10,12 @@
 #include "core/quant.h"
 #include "formats/safetensors.h"
 #include "support/golden_util.h"
+#include "support/safetensors_writer.h"
 
 namespace peregrine::testing {
 namespace {
 
 namespace fs = std::filesystem;
-
-void write_safetensors(const fs::path& path, const std::vector<std::pair<std::string, const Tensor*>>& tensors,
-                       const std::vector<std::vector<uint16_t>>& data) {
-    nlohmann::json header = nlohmann::json::object();
-    size_t offset = 0;
-    for (size_t i = 0; i < tensors.size(); ++i) {
-        const Tensor& t = *tensors[i].second;
-        std::vector<int64_t> shape(t.shape.begin(), t.shape.begin() + t.ndim);
-        const size_t bytes = data[i].size() * 2;
-        header[tensors[i].first] = {{"dtype", "F16"}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
-        offset += bytes;
-    }
-    const std::string h = header.dump();
-    const uint64_t len = h.size();
-    std::ofstream out(path, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(&len), 8);
-    out << h;
-    for (const auto& d : data)
-        out.write(reinterpret_cast<const char*>(d.data()), static_cast<std::streamsize>(d.size() * 2));
-}
 
 TEST(SafetensorsVariants, ShardedF16MatchesGolden) {
     const fs::path src = fs::path(data_dir()) / "qwen3-tiny";
@@ -44,22 +25,18 @@ TEST(SafetensorsVariants, ShardedF16MatchesGolden) {
     for (const char* f : {"config.json", "generation_config.json", "tokenizer.json"}) fs::copy_file(src / f, dst / f);
 
     const SafetensorsSet set = SafetensorsSet::open_dir(src.string());
-    std::vector<std::pair<std::string, const Tensor*>> shard[2];
-    std::vector<std::vector<uint16_t>> data[2];
+    std::vector<StTensor> shard[2];
     nlohmann::json index = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
     int i = 0;
     for (const auto& [name, e] : set.entries()) {
         const int s = i++ % 2;
         std::vector<float> f(e.view.numel());
         dequantize_row(e.view.dtype, e.view.data, f.data(), e.view.numel());
-        std::vector<uint16_t> h(f.size());
-        for (size_t k = 0; k < f.size(); ++k) h[k] = f32_to_f16(f[k]);
-        shard[s].emplace_back(name, &e.view);
-        data[s].push_back(std::move(h));
+        shard[s].push_back(st_half(name, "F16", {e.view.shape.begin(), e.view.shape.begin() + e.view.ndim}, f));
         index["weight_map"][name] = "model-0000" + std::to_string(s + 1) + "-of-00002.safetensors";
     }
     for (int s = 0; s < 2; ++s)
-        write_safetensors(dst / ("model-0000" + std::to_string(s + 1) + "-of-00002.safetensors"), shard[s], data[s]);
+        write_safetensors(dst / ("model-0000" + std::to_string(s + 1) + "-of-00002.safetensors"), shard[s]);
     std::ofstream(dst / "model.safetensors.index.json") << index.dump();
 
     const auto golden = read_json_file((src / "golden.json").string());

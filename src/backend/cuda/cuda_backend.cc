@@ -221,8 +221,41 @@ void CudaBackend::download(const Tensor& src, void* dst) {
 }
 
 bool CudaBackend::supports_weight_dtype(DType t) const {
-    // Every stored type is read by place_weight, which converts matrices to bf16 row by row.
-    return t == DType::F32 || t == DType::F16 || t == DType::BF16 || dtype_is_quantized(t);
+    // Every stored type is read by place_weight, which converts matrices to bf16 row by row;
+    // f8_e4m3 layer matrices (FP8 checkpoints) stay FP8 where keeps_fp8 allows.
+    return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::F8_E4M3 || dtype_is_quantized(t);
+}
+
+bool CudaBackend::keeps_fp8(const std::vector<Tensor>& parts) const {
+    // The FP8 products need k % 16 == 0 (16-byte loads, cuBLASLt FP8) and are not batch-invariant.
+    if (options_.batch_invariant) return false;
+    for (const Tensor& p : parts)
+        if (p.device != Device::CPU || p.dtype != DType::F8_E4M3 || p.scale == nullptr || p.ndim != 2 ||
+            p.cols() % 16 != 0 || p.cols() != parts[0].cols())
+            return false;
+    return true;
+}
+
+Tensor CudaBackend::place_fp8(const std::vector<Tensor>& parts) {
+    int64_t rows = 0;
+    for (const Tensor& p : parts) rows += p.rows();
+    const int64_t cols = parts[0].cols();
+    Tensor dev(nullptr, DType::F8_E4M3, {rows, cols}, Device::CUDA);
+    allocate_weight(dev);
+    Tensor factors(nullptr, DType::F32, {rows}, Device::CUDA);
+    allocate_weight(factors);
+    // Parts stack their rows (codes [rows_i, cols] bytes, contiguous on the host) and factors.
+    int64_t r0 = 0;
+    for (const Tensor& p : parts) {
+        PG_CUDA_CHECK(
+            cudaMemcpyAsync(dev.ptr<uint8_t>() + r0 * cols, p.data, p.nbytes(), cudaMemcpyHostToDevice, stream_));
+        PG_CUDA_CHECK(cudaMemcpyAsync(factors.ptr<float>() + r0, p.scale, p.rows() * sizeof(float),
+                                      cudaMemcpyHostToDevice, stream_));
+        r0 += p.rows();
+    }
+    synchronize();  // the host views may be unmapped after placement
+    dev.scale = factors.ptr<float>();
+    return dev;
 }
 
 void CudaBackend::convert_rows_into(const Tensor& host, DType out_type, void* dst_dev) {
@@ -244,7 +277,7 @@ void CudaBackend::convert_rows_into(const Tensor& host, DType out_type, void* ds
                 std::memcpy(dst, host.row(r), out_row);
                 continue;
             }
-            dequantize_row(host.dtype, host.row(r), f32.data(), cols);
+            dequantize_tensor_row(host, r, f32.data());  // f8_e4m3: with its row factor
             if (out_type == DType::F32) {
                 std::memcpy(dst, f32.data(), out_row);
             } else {
@@ -267,6 +300,7 @@ void CudaBackend::allocate_weight(Tensor& t) {
 Tensor CudaBackend::place_weight(const Tensor& host, bool matrix) {
     if (host.device == Device::CUDA) return host;
     if (auto it = placed_.find(host.data); it != placed_.end()) return it->second;
+    if (matrix && keeps_fp8({host})) return placed_[host.data] = place_fp8({host});
     Tensor dev(nullptr, matrix ? DType::BF16 : DType::F32, {}, Device::CUDA);
     dev.ndim = host.ndim;
     dev.shape = host.shape;
@@ -278,6 +312,7 @@ Tensor CudaBackend::place_weight(const Tensor& host, bool matrix) {
 
 Tensor CudaBackend::place_stacked(const std::vector<Tensor>& parts, bool matrix) {
     PG_CHECK(!parts.empty());
+    if (matrix && keeps_fp8(parts)) return place_fp8(parts);
     // Matrices stack rows; vectors (biases) concatenate.
     const bool vectors = parts[0].ndim == 1;
     int64_t rows = 0;

@@ -163,6 +163,13 @@ class CudaBackend final : public Backend {
     // One weight whose rows are the rows of `parts` in order (same columns; vectors concatenate),
     // placed like place_weight. Parts may already be on the device (dummy weights).
     Tensor place_stacked(const std::vector<Tensor>& parts, bool matrix);
+    // Whether host matrices `parts` (stacked in this order) stay FP8 on the device: all
+    // f8_e4m3 with row factors (an FP8 checkpoint), k a multiple of 16, not batch-invariant.
+    // Otherwise they become bf16 (convert_rows_into applies the factors).
+    bool keeps_fp8(const std::vector<Tensor>& parts) const;
+    // One f8_e4m3 [sum of rows, k] device matrix of `parts` (keeps_fp8), codes copied as they
+    // are, Tensor::scale at the parts' f32 row factors concatenated (device memory, owned).
+    Tensor place_fp8(const std::vector<Tensor>& parts);
     struct Gemm;  // a cached cuBLASLt plan for one (n, m, k, out dtype)
     struct Graph;
     // An f8_e4m3 copy of a placed bf16 matrix (per-row factors); the bf16 one is freed where this
