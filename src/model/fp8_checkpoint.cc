@@ -59,7 +59,8 @@ Fp8Format read_compressed_tensors(const json& q, const std::string& where) {
         const std::string key = "quantization_config.config_groups." + group;
         // The format may be global or (newer compressed-tensors) per group.
         const std::string format = str_or(g, "format", str_or(q, "format", ""));
-        if (format != "float-quantized")
+        // naive-quantized stores values in their own type too: FP8 where the weights are float.
+        if (format != "float-quantized" && format != "naive-quantized")
             fail(where, ": ", key, ": compressed-tensors format '", format,
                  "' is not supported (only float-quantized FP8 weights load)");
         if (!g.contains("weights") || !g["weights"].is_object()) fail(where, ": ", key, ".weights must be an object");
@@ -86,6 +87,7 @@ Fp8Format read_compressed_tensors(const json& q, const std::string& where) {
             f.static_input_scales = true;
     }
     f.description = "compressed-tensors float-quantized, strategy " + strategies;
+    f.kv_cache_scales = q.contains("kv_cache_scheme") && !q["kv_cache_scheme"].is_null();
     return f;
 }
 
@@ -140,6 +142,7 @@ std::string fp8_load_note(const Fp8Format& f) {
     if (f.block_rows > 0)
         note += "; matrices whose blocks do not share a factor per row are dequantized to bf16 at load";
     if (f.static_input_scales) note += "; input_scale tensors ignored: activations are quantized per token at run time";
+    if (f.kv_cache_scales) note += "; kv_cache_scheme ignored: the KV cache keeps its own dtype";
     return note;
 }
 

@@ -6,7 +6,8 @@
 //     FineGrainedFP8, DeepSeek-V3 style), `weight_scale_inv` holds one factor per block of
 //     br x bc elements, [ceil(rows / br), ceil(cols / bc)]. Despite the name, both multiply:
 //     element = value * factor.
-//   - quant_method "compressed-tensors", format "float-quantized" (llm-compressor): every
+//   - quant_method "compressed-tensors", format "float-quantized" (llm-compressor; or
+//     "naive-quantized", which stores FP8 the same way): every
 //     config group's weights are num_bits 8, type float, strategy tensor (`weight_scale` [1]),
 //     channel ([rows, 1]) or block (block_structure [br, bc]).
 // Static `input_scale` tensors (activation_scheme "static", input_activations not dynamic) are
@@ -31,6 +32,7 @@ struct Fp8Format {
     // > 0: block-wise factors [ceil(rows / block_rows), ceil(cols / block_cols)].
     int64_t block_rows = 0, block_cols = 0;
     bool static_input_scales = false;  // the file carries input_scale tensors (ignored)
+    bool kv_cache_scales = false;      // compressed-tensors kv_cache_scheme: k_scale / v_scale (ignored)
 };
 
 // The FP8 layout config.json (in `dir`) declares; nullopt without a quantization_config.
