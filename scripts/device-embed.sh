@@ -12,7 +12,7 @@ for case in qwen3-tiny-last llama3-tiny-mean qwen2-tiny-mean-raw; do
     d=/tmp/em/models/$case
     rm -rf "$d" && mkdir -p "$d" && cp tests/data/$model/{config.json,model.safetensors,tokenizer.json,tokenizer_config.json} "$d/"
     cp -r tests/data/embeddings/$case/. "$d/"
-    "$pg/peregrine" serve --port 0 --model "$d" --device cuda --task embed > $logs/serve-$case.log 2>&1 & pid=$!
+    "$pg/peregrine" serve --port 0 --model "$d" --device ${DEVICE:-cuda} --task embed > $logs/serve-$case.log 2>&1 & pid=$!
     url=$(wait_ready $logs/serve-$case.log)
     python3 - "$url" tests/data/embeddings/$case.golden.json "$case" <<'PY'
 import json, math, sys, urllib.request
