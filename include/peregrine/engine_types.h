@@ -45,6 +45,9 @@ struct SamplingParams {
     int min_tokens = 0;   // EOS and stop tokens are masked until this many are generated
     int max_tokens = 16;  // clamped to the context left
     int logprobs = -1;    // -1: none; k >= 0: the sampled token's logprob and the top k (k <= kMaxLogprobs)
+    // -1: none; k >= 0: each prompt token's logprob given the tokens before it, and the top k
+    // there (vLLM's prompt_logprobs). The prompt is then computed whole: no prefix-cache hits.
+    int prompt_logprobs = -1;
     StructuredOutput structured;
 };
 
@@ -128,6 +131,9 @@ const char* finish_reason_name(FinishReason r);
 struct TokenLogprob {
     int32_t token = 0;
     float logprob = 0.0f;
+    // 1 + the tokens more likely than `token` (ties count as more likely, as vLLM ranks); 0 where
+    // not computed (device samplers).
+    int32_t rank = 0;
     std::vector<std::pair<int32_t, float>> top;  // most likely first
 };
 
@@ -155,6 +161,10 @@ struct RequestOutput {
     std::vector<int32_t> token_ids;      // new tokens since the previous output
     std::string text;                    // new text since the previous output (complete UTF-8)
     std::vector<TokenLogprob> logprobs;  // one per new token when requested
+    // SamplingParams::prompt_logprobs: on choice 0's first output, one entry per prompt token
+    // from the second on (entry i is prompt token i + 1 given tokens 0..i); the first prompt
+    // token has none.
+    std::vector<TokenLogprob> prompt_logprobs;
     FinishReason finish = FinishReason::None;
     std::string stop_reason;              // the stop string or token that ended the choice
     std::optional<Usage> usage;           // set on the request's last output

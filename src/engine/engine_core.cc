@@ -34,6 +34,9 @@ struct EngineCore::RequestState {
     int num_finished = 0;
     bool forked = false;
     uint64_t base_seed = 0;
+    // SamplingParams::prompt_logprobs gathered over the prompt's steps, handed out with choice
+    // 0's first output (RequestOutput::prompt_logprobs).
+    std::vector<TokenLogprob> prompt_logprobs;
 };
 
 namespace {
@@ -280,8 +283,12 @@ bool EngineCore::can_overlap(const Launch& l) const {
         return false;
     // A step with embedding sequences reads its hidden states back right after it runs (launch),
     // before another step may overwrite them: such steps are never queued ahead.
-    for (const auto& [id, r] : requests_)
+    // Nor those computing prompt rows whose logits the host reads for prompt logprobs.
+    for (const auto& [id, r] : requests_) {
         if (r->req.pooling) return false;
+        for (const auto& s : r->seqs)
+            if (s->status != SeqStatus::Finished && s->owes_prompt_logprobs()) return false;
+    }
     for (const auto& [id, r] : requests_)
         for (const auto& s : r->seqs)
             if (s->status != SeqStatus::Finished && !sample_row(*s, 0, r->req.sampling.logprobs >= 0).allows_overlap())
@@ -323,12 +330,13 @@ std::optional<EngineCore::Launch> EngineCore::launch(bool overlapped) {
             r.scheduled = t0;
         }
     }
-    build_batch(l.sched, executor_.block_size(), batch_);
+    build_batch(l.sched, executor_.block_size(), batch_, &l.prompt_rows);
     // Sampling happens on the device when the executor can and no sequence needs what only
     // the CPU sampler does (logit_bias, min_tokens masking, logprobs of a constrained draw);
     // then only token ids come back. (An overlapped launch was allowed only when every live
     // sequence qualifies.)
-    l.on_device = executor_.samples_on_device();
+    // Prompt logprobs read every requested row on the host.
+    l.on_device = executor_.samples_on_device() && l.prompt_rows.empty();
     for (size_t i = 0; l.on_device && i < l.sched.seqs.size(); ++i) {
         const ScheduledSeq& s = l.sched.seqs[i];
         l.on_device = !s.sample ||
@@ -344,6 +352,11 @@ std::optional<EngineCore::Launch> EngineCore::launch(bool overlapped) {
         executor_.execute_on_device(batch_);
     else
         executor_.execute(batch_, logits_);
+    for (const PromptLogprobRows& rows : l.prompt_rows) {
+        RequestState& r = *requests_.at(rows.seq->request_id);
+        take_prompt_logprobs(logits_.data(), executor_.vocab_size(), r.req.sampling.prompt_logprobs, rows,
+                             r.prompt_logprobs, prompt_lp_scratch_);
+    }
     if (!batch_.pool_ranges.empty()) {
         executor_.pool(batch_, l.pooled);
         for (const ScheduledSeq& s : l.sched.seqs)
@@ -445,6 +458,8 @@ void EngineCore::collect(Launch& l, std::vector<RequestOutput>& outputs, std::ve
             ++totals_.generation_tokens;
             out.token_ids.push_back(tok);
             if (l.rows[i].num_logprobs >= 0) out.logprobs.push_back(std::move(lps[i]));
+            // Complete by now: the prompt's last rows ran in the step of its first draw.
+            if (d.index == 0 && !r.prompt_logprobs.empty()) out.prompt_logprobs.swap(r.prompt_logprobs);
 
             const SamplingParams& p = r.req.sampling;
             const bool is_eos = std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), tok) !=

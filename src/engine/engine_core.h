@@ -108,6 +108,9 @@ class EngineCore {
         };
         std::vector<Pool> pools;
         std::vector<float> pooled;
+        // Rows of sequences owing prompt logprobs (their logits come after the sampled rows; such
+        // a step samples on the host and is never overlapped).
+        std::vector<PromptLogprobRows> prompt_rows;
     };
     std::optional<Launch> launch(bool overlapped);
     bool can_overlap(const Launch& l) const;
@@ -137,7 +140,8 @@ class EngineCore {
     std::vector<float> logits_;
     std::vector<int32_t> sampled_;
     std::vector<TokenLogprob> sampled_lps_;
-    std::optional<Launch> inflight_;  // the queued step whose draws are not collected
+    std::vector<std::pair<float, int32_t>> prompt_lp_scratch_;  // [vocab] ranking of one prompt row
+    std::optional<Launch> inflight_;                            // the queued step whose draws are not collected
     // Holders of the pinned prefixes' blocks (one reference each; never scheduled).
     std::vector<std::unique_ptr<Sequence>> pinned_;
     int pinned_blocks_ = 0;      // set before any request, read by check_request from any thread

@@ -6,16 +6,12 @@
 #include <span>
 
 #include "core/error.h"
+#include "engine/logprobs.h"
 
 namespace peregrine {
 
 namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-// Larger first; ties to the smaller id, so results never depend on the sort's internals.
-bool by_logit(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-}
-
 // First index of the largest value. Lane-wise maxima first (a loop the compiler vectorises),
 // then one scan for the first index holding the maximum.
 int32_t argmax(const float* x, int n) {
@@ -33,22 +29,6 @@ int32_t argmax(const float* x, int n) {
     return 0;  // all NaN
 }
 }  // namespace
-
-void Sampler::raw_logprobs(const float* logits, int vocab, int top, TokenLogprob* out) {
-    float mx = kNegInf;
-    for (int i = 0; i < vocab; ++i) mx = std::max(mx, logits[i]);
-    double z = 0;
-    for (int i = 0; i < vocab; ++i) z += std::exp(static_cast<double>(logits[i] - mx));
-    const float log_z = mx + static_cast<float>(std::log(z));
-    out->logprob = logits[out->token] - log_z;
-    out->top.clear();
-    if (top <= 0) return;
-    cand_.resize(vocab);
-    for (int i = 0; i < vocab; ++i) cand_[i] = {logits[i], i};
-    top = std::min(top, vocab);
-    std::partial_sort(cand_.begin(), cand_.begin() + top, cand_.end(), by_logit);
-    for (int i = 0; i < top; ++i) out->top.emplace_back(cand_[i].second, cand_[i].first - log_z);
-}
 
 SampleRow sample_row(Sequence& seq, int logits_row, bool logprobs) {
     const SamplingParams& p = *seq.sampling;
@@ -177,7 +157,7 @@ int32_t Sampler::sample(const float* logits, int vocab, const SampleRow& p, Toke
     }
     if (logprob) {
         logprob->token = chosen;
-        raw_logprobs(logits, vocab, std::min(p.num_logprobs, kMaxLogprobs), logprob);
+        fill_logprobs(logits, vocab, std::min(p.num_logprobs, kMaxLogprobs), logprob, cand_);
     }
     return chosen;
 }

@@ -29,8 +29,6 @@ class Sampler {
     int32_t sample(const float* logits, int vocab, const SampleRow& row, TokenLogprob* logprob);
 
   private:
-    void raw_logprobs(const float* logits, int vocab, int top, TokenLogprob* out);
-
     std::vector<int32_t> eos_ids_;
     std::vector<float> work_;  // [vocab] processed logits
     std::vector<std::pair<float, int32_t>> cand_;

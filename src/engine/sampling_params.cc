@@ -77,6 +77,11 @@ std::vector<FieldError> validate(const SamplingParams& p, const SamplingLimits& 
         e.add("logprobs", "'logprobs' must be between 0 and ", limits.max_logprobs, ", got ", p.logprobs);
     else if (p.logprobs < -1)
         e.add("logprobs", "'logprobs' must be at least 0, got ", p.logprobs);
+    if (limits.max_logprobs > 0 && (p.prompt_logprobs < -1 || p.prompt_logprobs > limits.max_logprobs))
+        e.add("prompt_logprobs", "'prompt_logprobs' must be between 0 and ", limits.max_logprobs, ", got ",
+              p.prompt_logprobs);
+    else if (p.prompt_logprobs < -1)
+        e.add("prompt_logprobs", "'prompt_logprobs' must be at least 0, got ", p.prompt_logprobs);
     return std::move(e.out);
 }
 

@@ -41,6 +41,10 @@ struct Sequence {
     // tier then; a later admission takes what reached it and recomputes the rest).
     bool disk_looked_up = false;
     std::vector<int32_t> block_table;  // logical block i -> physical block
+    // Prompt logprobs (SamplingParams::prompt_logprobs): those of prompt positions
+    // [1, prompt_logprobs_next) are computed (position 0 has none). Kept across a preemption, so
+    // a recomputed prompt does not report its rows twice.
+    int prompt_logprobs_next = 1;
 
     // An embedding request's (owned by the request; null: a generating sequence): its prompt is
     // prefilled, never sampled after (engine/pooling.h). `pooled` [hidden]: the sum of the rows
@@ -65,9 +69,18 @@ struct Sequence {
     // Whether a step that computes tokens up to `end` samples a token after them: at the end of
     // the tokens, unless the sequence only pools.
     bool samples_at(int end) const { return end == num_tokens() && pooling == nullptr; }
+    // Whether prompt rows still owe their logits for prompt logprobs.
+    bool owes_prompt_logprobs() const {
+        return pooling == nullptr && sampling != nullptr && sampling->prompt_logprobs >= 0 &&
+               prompt_logprobs_next < num_prompt_tokens;
+    }
     // Whether admission may skip prompt blocks found in the prefix cache: not for mean or cls
-    // pooling, which need the hidden state of every (the first) prompt row, not just its K/V.
-    bool reuses_prefix() const { return pooling == nullptr || pooling->type == PoolingType::Last; }
+    // pooling, which need the hidden state of every (the first) prompt row, not just its K/V,
+    // nor while prompt logprobs are owed, which need the logits of every prompt row (vLLM too
+    // computes such prompts whole).
+    bool reuses_prefix() const {
+        return (pooling == nullptr || pooling->type == PoolingType::Last) && !owes_prompt_logprobs();
+    }
 };
 
 }  // namespace peregrine

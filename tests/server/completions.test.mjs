@@ -134,7 +134,8 @@ describe('completions', () => {
         const only = await client.completions.create({ prompt, max_tokens: 0, echo: true, logprobs: 1 });
         assert.equal(only.choices[0].text, prompt);
         assert.equal(only.usage.completion_tokens, 0);
-        assert.equal(only.choices[0].logprobs.token_logprobs[0], null);
+        // The first echoed token follows BOS (not echoed): it has a logprob.
+        assert.equal(typeof only.choices[0].logprobs.token_logprobs[0], 'number');
         // The echoed tokens are the text's (no "<s>", no SentencePiece space before the first),
         // so they join into it and text_offset points at each.
         const elp = only.choices[0].logprobs;
@@ -143,10 +144,98 @@ describe('completions', () => {
         elp.tokens.forEach((t, i) => assert.equal(prompt.slice(elp.text_offset[i], elp.text_offset[i] + t.length), t));
         const both = await client.completions.create({ prompt, max_tokens: 5, temperature: 0, echo: true, logprobs: 1 });
         assert.equal(both.choices[0].logprobs.tokens.join(''), both.choices[0].text);
+        both.choices[0].logprobs.tokens.forEach((t, i) => {
+            const at = both.choices[0].logprobs.text_offset[i];
+            assert.equal(both.choices[0].text.slice(at, at + t.length), t);
+        });
         const chunks = await collect(
             await client.completions.create({ prompt, max_tokens: 5, temperature: 0, echo: true, stream: true }),
         );
         assert.equal(chunks.map((c) => c.choices[0].text).join(''), prompt + plain.choices[0].text);
+    });
+
+    test('echo with logprobs: a real logprob for every prompt token after the first', async () => {
+        const finite = (v) => typeof v === 'number' && Number.isFinite(v) && v <= 0;
+        const ids = (await http(`${server.url}/tokenize`, { body: { prompt } })).json.tokens;
+        assert.equal(ids[0], 1);  // BOS: the first prompt token, not echoed (the text has no "<s>")
+        const r = await client.completions.create({ prompt, max_tokens: 4, temperature: 0, echo: true, logprobs: 2 });
+        const lp = r.choices[0].logprobs;
+        assert.equal(lp.tokens.length, ids.length - 1 + 4);
+        lp.token_logprobs.forEach((v, i) => assert.ok(finite(v), `token ${i}: ${v}`));
+        lp.top_logprobs.forEach((top, i) => {
+            assert.ok(Object.keys(top).length >= 2, `top ${i}`);
+            assert.equal(top[lp.tokens[i]], lp.token_logprobs[i]);
+            // Greedy over a likely prompt: the alternatives are keyed as the tokens are shown.
+            assert.ok(Object.keys(top).length <= 2, JSON.stringify(top));
+            for (const v of Object.values(top)) assert.ok(finite(v));
+        });
+        // Without BOS the first prompt token is echoed, and has no logprob (as OpenAI's).
+        const bare = await http(`${server.url}/v1/completions`,
+            { body: { prompt, max_tokens: 0, echo: true, logprobs: 0, add_special_tokens: false } });
+        assert.equal(bare.status, 200, bare.text);
+        const blp = bare.json.choices[0].logprobs;
+        assert.equal(blp.tokens.join(''), prompt);
+        assert.equal(blp.token_logprobs[0], null);
+        assert.equal(blp.top_logprobs[0], null);
+        blp.token_logprobs.slice(1).forEach((v) => assert.ok(finite(v)));
+        // The prompt only (max_tokens 0): the same numbers, nothing generated.
+        const only = await client.completions.create({ prompt, max_tokens: 0, echo: true, logprobs: 2 });
+        assert.equal(only.choices[0].text, prompt);
+        assert.equal(only.choices[0].finish_reason, 'length');
+        assert.equal(only.usage.completion_tokens, 0);
+        assert.deepEqual(only.choices[0].logprobs.token_logprobs, lp.token_logprobs.slice(0, ids.length - 1));
+        // Streamed: the echo comes first with the same logprobs; n 2 choices each have them.
+        const chunks = await collect(await client.completions.create(
+            { prompt, max_tokens: 4, temperature: 0, echo: true, logprobs: 2, stream: true, n: 2 }));
+        for (const index of [0, 1]) {
+            const mine = chunks.filter((c) => c.choices[0]?.index === index);
+            assert.deepEqual(mine.flatMap((c) => c.choices[0].logprobs?.token_logprobs ?? []), lp.token_logprobs);
+            assert.deepEqual(mine.flatMap((c) => c.choices[0].logprobs?.text_offset ?? []), lp.text_offset);
+            assert.equal(mine.map((c) => c.choices[0].text).join(''), r.choices[0].text);
+        }
+    });
+
+    test('prompt_logprobs (vLLM): per choice on completions, on the response for chat', async () => {
+        const ids = (await http(`${server.url}/tokenize`, { body: { prompt } })).json.tokens;
+        const r = await http(`${server.url}/v1/completions`,
+            { body: { prompt, max_tokens: 3, temperature: 0, prompt_logprobs: 2, n: 2 } });
+        assert.equal(r.status, 200, r.text);
+        const echoed = await client.completions.create({ prompt, max_tokens: 0, echo: true, logprobs: 2 });
+        for (const choice of r.json.choices) {
+            const plp = choice.prompt_logprobs;
+            assert.equal(plp.length, ids.length);
+            assert.equal(plp[0], null);
+            for (let i = 1; i < ids.length; ++i) {
+                const own = plp[i][String(ids[i])];
+                assert.ok(own, `position ${i} lacks its token ${ids[i]}`);
+                assert.deepEqual(Object.keys(own).sort(), ['decoded_token', 'logprob', 'rank']);
+                assert.ok(own.rank >= 1);
+                // The same number the echo reports for this token.
+                assert.ok(Math.abs(own.logprob - echoed.choices[0].logprobs.token_logprobs[i - 1]) < 1e-6);
+                const entries = Object.values(plp[i]);
+                assert.ok(entries.length >= 2 && entries.length <= 3);
+                const ranks = entries.map((e) => e.rank);
+                assert.ok(ranks.includes(1) && ranks.includes(2), JSON.stringify(plp[i]));
+                const best = entries.find((e) => e.rank === 1);
+                for (const e of entries) assert.ok(e.logprob <= best.logprob + 1e-6);
+            }
+            // decoded_token: the token's text (SentencePiece's space before a word included).
+            assert.equal(plp[1][String(ids[1])].decoded_token.replace(/^ /, ''), echoed.choices[0].logprobs.tokens[0]);
+        }
+        assert.equal(r.json.choices[0].logprobs, null);
+        const chat = await http(`${server.url}/v1/chat/completions`, { body: {
+            messages: [{ role: 'user', content: 'Tell me a story.' }], max_tokens: 2, prompt_logprobs: 1 } });
+        assert.equal(chat.status, 200, chat.text);
+        assert.equal(chat.json.prompt_logprobs.length, chat.json.usage.prompt_tokens);
+        assert.equal(chat.json.prompt_logprobs[0], null);
+        assert.ok(chat.json.prompt_logprobs.slice(1).every((p) => p && Object.keys(p).length >= 1));
+        // As vLLM: not streamed, and within the logprobs limit.
+        for (const [body, why] of [[{ prompt, prompt_logprobs: 1, stream: true }, 'stream'],
+            [{ prompt, prompt_logprobs: 21 }, 'limit'], [{ prompt, prompt_logprobs: -1 }, 'negative']]) {
+            const bad = await http(`${server.url}/v1/completions`, { body });
+            assert.equal(bad.status, 400, why);
+            assert.equal(bad.json.error.param, 'prompt_logprobs', why);
+        }
     });
 
     test('prompt as token ids, a list of strings, a list of id lists', async () => {

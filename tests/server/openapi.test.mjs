@@ -93,11 +93,13 @@ describe('/v1/completions', () => {
                 check('CreateCompletionStreamChunk', c, 'a chunk');
         });
     }
-    // The engine computes no logprobs for prompt tokens: echoed ones are null, which the spec's
-    // number[] refuses (OpenAI's own first echoed token is null too).
-    test.todo('echo with logprobs (needs prompt logprobs from the engine)', async () => {
-        check('CreateCompletionResponse', await whole('/v1/completions',
-            { prompt: 'Once upon a time', max_tokens: 4, echo: true, logprobs: 1 }), 'the body');
+    // Echoed prompt tokens carry their logprobs (the first prompt token, BOS, is not echoed:
+    // no null, which the spec's number[] would refuse).
+    test('echo with logprobs', async () => {
+        const body = { prompt: 'Once upon a time', max_tokens: 4, echo: true, logprobs: 1 };
+        check('CreateCompletionResponse', await whole('/v1/completions', body), 'the body');
+        for (const c of await events('/v1/completions', { ...body, stream_options: { include_usage: true } }))
+            check('CreateCompletionStreamChunk', c, 'a chunk');
     });
 });
 

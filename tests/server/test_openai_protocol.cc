@@ -117,6 +117,25 @@ TEST(OpenAiProtocol, ChatFields) {
     EXPECT_EQ(p.sampling.logprobs, -1);
 }
 
+// vLLM's prompt_logprobs; echo with logprobs asks the engine for the prompt's too.
+TEST(OpenAiProtocol, PromptLogprobs) {
+    CompletionParams p = parse(R"({"prompt": "a"})");
+    EXPECT_EQ(p.prompt_logprobs, -1);
+    EXPECT_EQ(p.sampling.prompt_logprobs, -1);
+    p = parse(R"({"prompt": "a", "logprobs": 3})");
+    EXPECT_EQ(p.sampling.prompt_logprobs, -1);  // no echo: the prompt's are not shown
+    p = parse(R"({"prompt": "a", "echo": true, "logprobs": 3, "prompt_logprobs": 1})");
+    EXPECT_EQ(p.prompt_logprobs, 1);
+    EXPECT_EQ(p.sampling.prompt_logprobs, 3);  // the deeper of the two
+    p = parse(R"({"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 2})", Endpoint::ChatCompletions);
+    EXPECT_EQ(p.prompt_logprobs, 2);
+    EXPECT_EQ(p.sampling.prompt_logprobs, 2);
+    EXPECT_EQ(rejected_param(R"({"prompt": "a", "prompt_logprobs": 1, "stream": true})"), "prompt_logprobs");
+    EXPECT_EQ(rejected_param(R"({"prompt": "a", "prompt_logprobs": 21})"), "prompt_logprobs");
+    EXPECT_EQ(rejected_param(R"({"prompt": "a", "prompt_logprobs": -1})"), "prompt_logprobs");
+    EXPECT_EQ(rejected_param(R"({"prompt": "a", "prompt_logprobs": "2"})"), "prompt_logprobs");
+}
+
 TEST(OpenAiProtocol, RejectsNamingTheParameter) {
     EXPECT_EQ(rejected_param(R"({})"), "prompt");
     EXPECT_EQ(rejected_param(R"({"prompt": []})"), "prompt");

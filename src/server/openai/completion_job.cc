@@ -29,6 +29,8 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
           ex_(std::move(ex)),
           model_name_(p_.model.empty() ? service.model_name() : p_.model),
           chat_(p_.chat()),
+          prompt_only_(!chat_ && p_.sampling.max_tokens == 0),
+          defer_echo_(p_.stream && !chat_ && p_.echo && p_.sampling.prompt_logprobs >= 0),
           tool_setup_(chat_ ? tool_call_setup(p_, model_.tool_call_format) : std::nullopt),
           id_(std::move(id)),
           created_(unix_now()) {}
@@ -37,7 +39,10 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     void start() {
         const int n = p_.sampling.n;
         choices_.resize(requests_.size() * n);
-        const bool generate = p_.sampling.max_tokens > 0;  // max_tokens 0 with echo: the prompt only
+        // max_tokens 0 with echo: the prompt only, computed by the engine when its logprobs are
+        // asked for (the one token drawn after it is left out).
+        const bool generate = !prompt_only_ || p_.sampling.prompt_logprobs >= 0;
+        prompt_lps_.resize(requests_.size());
         std::vector<std::shared_ptr<RequestStream>> streams;
         if (generate) streams = service_.submit(requests_, chat_);
         for (size_t i = 0; i < streams.size(); ++i) prompt_of_[streams[i]->id()] = static_cast<int>(i);
@@ -54,7 +59,9 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
 
         if (p_.stream) {
             ex_->start_events();
-            for (size_t ci = 0; ci < choices_.size(); ++ci) begin_choice_events(static_cast<int>(ci));
+            // Echoed logprobs wait for the prompt's (with the choice's first output).
+            if (!defer_echo_)
+                for (size_t ci = 0; ci < choices_.size(); ++ci) begin_choice_events(static_cast<int>(ci));
         }
         auto self = shared_from_this();
         ex_->on_client_gone([self] { self->client_gone(); });
@@ -77,7 +84,8 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
         std::vector<TokenLogprob> logprobs;
         FinishReason finish = FinishReason::None;
         std::string stop_reason;
-        int offset = 0;  // legacy logprobs: bytes of text so far
+        int offset = 0;      // legacy logprobs: characters of text so far
+        bool begun = false;  // its first events (begin_choice_events) went out
         // forced calls, or tool_choice auto with a served format: content and calls of the text
         std::unique_ptr<ChoiceToolCalls> tools;
     };
@@ -132,6 +140,11 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
             const int pi = prompt_index(out.request_id);
             const int ci = pi * p_.sampling.n + out.index;
             if (ci < 0 || ci >= static_cast<int>(choices_.size())) continue;
+            // Choice 0's first output carries the prompt's logprobs; the prompt's other choices
+            // come after it (forked from it), so theirs find them here.
+            if (!out.prompt_logprobs.empty()) prompt_lps_[pi] = std::move(out.prompt_logprobs);
+            if (prompt_only_) leave_out_draw(out);
+            if (defer_echo_ && !gone_ && !choices_[ci].begun) begin_choice_events(ci);
             if (out.usage && out.timing) service_.metrics().observe_request(out.finish, *out.usage, *out.timing);
             if (out.usage) {
                 usage_.prompt_tokens += out.usage->prompt_tokens;
@@ -160,10 +173,29 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
             return;
         }
         ++(cancelled_ ? service_.counters().requests_aborted : service_.counters().requests_served);
+        if (defer_echo_)  // (every choice has had an output, its last at least: none is left)
+            for (size_t ci = 0; ci < choices_.size(); ++ci)
+                if (!choices_[ci].begun) begin_choice_events(static_cast<int>(ci));
         if (p_.stream)
             finish_events();
         else
             send_whole();
+    }
+
+    // The token drawn after an echoed prompt only (max_tokens 0) is no part of the answer: the
+    // choice ends there, for its length, having generated nothing.
+    static void leave_out_draw(RequestOutput& out) {
+        out.token_ids.clear();
+        out.text.clear();
+        out.logprobs.clear();
+        if (out.usage) {
+            out.usage->completion_tokens = 0;
+            out.usage->max_choice_tokens = 0;
+        }
+        if (out.finish != FinishReason::None && out.finish != FinishReason::Abort) {
+            out.finish = FinishReason::Length;
+            out.stop_reason.clear();
+        }
     }
 
     Json chunk_base() const {
@@ -181,6 +213,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
 
     // The first events of a choice: the role (chat) or the echoed prompt (completions).
     void begin_choice_events(int ci) {
+        choices_[ci].begun = true;
         Json chunk = chunk_base();
         Json choice;
         choice["index"] = ci;
@@ -194,8 +227,9 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
             Choice& c = choices_[ci];
             choice["text"] = p_.echo ? echo_texts_[pi] : "";
             if (p_.sampling.logprobs >= 0) {
-                choice["logprobs"] = completion_logprobs_json(
-                    *model_.tokenizer, p_.echo ? requests_[pi].prompt_ids : std::vector<int32_t>{}, {}, &c.offset);
+                choice["logprobs"] =
+                    completion_logprobs_json(*model_.tokenizer, p_.echo ? requests_[pi].prompt_ids : kNoIds,
+                                             prompt_lps_[pi], {}, p_.sampling.logprobs, &c.offset);
             } else {
                 choice["logprobs"] = nullptr;
             }
@@ -276,8 +310,9 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
         Json choice;
         choice["index"] = ci;
         choice["text"] = out.text;
-        choice["logprobs"] =
-            has_logprobs ? completion_logprobs_json(*model_.tokenizer, {}, out.logprobs, &c.offset) : Json(nullptr);
+        choice["logprobs"] = has_logprobs ? completion_logprobs_json(*model_.tokenizer, {}, {}, out.logprobs,
+                                                                     p_.sampling.logprobs, &c.offset)
+                                          : Json(nullptr);
         choice["finish_reason"] = finished ? finish_json(c) : Json(nullptr);
         choice["stop_reason"] = finished ? stop_reason_json(c.stop_reason, p_.sampling) : Json(nullptr);
         chunk["choices"] = Json::array({choice});
@@ -335,12 +370,15 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
             } else {
                 choice["text"] = p_.echo ? echo_texts_[pi] + c.text : c.text;
                 if (p_.sampling.logprobs >= 0) {
-                    choice["logprobs"] = completion_logprobs_json(
-                        *model_.tokenizer, p_.echo ? requests_[pi].prompt_ids : std::vector<int32_t>{}, c.logprobs,
-                        &c.offset);
+                    choice["logprobs"] =
+                        completion_logprobs_json(*model_.tokenizer, p_.echo ? requests_[pi].prompt_ids : kNoIds,
+                                                 prompt_lps_[pi], c.logprobs, p_.sampling.logprobs, &c.offset);
                 } else {
                     choice["logprobs"] = nullptr;
                 }
+                if (p_.prompt_logprobs >= 0)  // vLLM's field, per choice on /v1/completions
+                    choice["prompt_logprobs"] = prompt_logprobs_json(*model_.tokenizer, requests_[pi].prompt_ids,
+                                                                     prompt_lps_[pi], p_.prompt_logprobs);
             }
             // An answer cut short (length, abort) says so even after complete calls.
             choice["finish_reason"] = called && c.finish == FinishReason::Stop ? Json("tool_calls") : finish_json(c);
@@ -349,6 +387,9 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
         }
         j["choices"] = std::move(choices);
         j["usage"] = usage_json(usage_);
+        if (chat_ && p_.prompt_logprobs >= 0)  // vLLM's field, on the response for chat
+            j["prompt_logprobs"] =
+                prompt_logprobs_json(*model_.tokenizer, requests_[0].prompt_ids, prompt_lps_[0], p_.prompt_logprobs);
         ex_->respond(200, dump(j));
     }
 
@@ -361,12 +402,16 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     std::shared_ptr<Exchange> ex_;
     const std::string model_name_;
     const bool chat_;
+    const bool prompt_only_;                         // completions with max_tokens 0 (echo): no generated text
+    const bool defer_echo_;                          // streamed echo with logprobs: sent with the choice's first output
     const std::optional<ToolCallSetup> tool_setup_;  // chat with tool calls to parse
     const std::string id_;
     const int64_t created_;
     std::unordered_map<std::string, int> prompt_of_;
     std::vector<std::string> engine_ids_;
     std::vector<Choice> choices_;
+    std::vector<std::vector<TokenLogprob>> prompt_lps_;  // per prompt: RequestOutput::prompt_logprobs
+    static inline const std::vector<int32_t> kNoIds;
     Usage usage_;
     bool gone_ = false;
     bool cancelled_ = false;

@@ -110,6 +110,7 @@ constexpr std::string_view kCommonFields[] = {"cache_salt",
                                               "presence_penalty",
                                               "priority",
                                               "prompt_cache_key",
+                                              "prompt_logprobs",
                                               "repetition_penalty",
                                               "response_format",
                                               "safety_identifier",
@@ -462,6 +463,13 @@ CompletionParams parse_completion_params(const Json& body, Endpoint endpoint, co
         }
         c.add_special_tokens = get_bool(body, "add_special_tokens").value_or(true);
     }
+    // vLLM's prompt_logprobs: each prompt token's logprob and the top k, in the whole answer
+    // only (as vLLM, not streamed). Echoed legacy logprobs need them too, `logprobs` deep.
+    if (auto v = get_int(body, "prompt_logprobs")) {
+        c.prompt_logprobs = non_negative("prompt_logprobs", *v);
+        if (c.stream) bad_param("prompt_logprobs", "'prompt_logprobs' is not available when 'stream' is true");
+    }
+    s.prompt_logprobs = std::max(c.prompt_logprobs, c.echo ? s.logprobs : -1);
     c.priority = static_cast<int>(std::clamp<int64_t>(get_int(body, "priority").value_or(0), -1'000'000, 1'000'000));
     c.cache_salt = get_string(body, "cache_salt").value_or("");
     c.user = get_string(body, "user").value_or("");

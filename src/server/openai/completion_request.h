@@ -35,8 +35,11 @@ struct CompletionParams {
     bool max_tokens_given = false;                // otherwise: 16 for completions, the context left for chat
     std::string max_tokens_param = "max_tokens";  // the field it came from (chat: max_completion_tokens)
     bool stream = false;
-    bool include_usage = false;           // stream_options.include_usage: a last chunk with the usage
-    bool echo = false;                    // completions: the prompt text before the completion
+    bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
+    bool echo = false;           // completions: the prompt text before the completion
+    // vLLM's prompt_logprobs as the client asked (-1: not asked). sampling.prompt_logprobs is
+    // what the engine computes: the larger of it and, with echo, `logprobs` (the echoed tokens').
+    int prompt_logprobs = -1;
     bool chat_logprobs = false;           // chat: logprobs requested (top_logprobs in sampling.logprobs)
     int priority = 0;                     // lower runs first; clamped to +-1e6
     std::string cache_salt;               // isolates this client's prefix-cache entries

@@ -243,6 +243,12 @@ AdmittedCompletion CompletionService::admit(const Caller& caller, CompletionPara
         r.id = prompts.size() == 1 ? id : str_cat(id, "-", i);
         r.prompt_ids = std::move(prompts[i]);
         r.sampling = p.sampling;
+        // Echo of the prompt only (max_tokens 0) with its logprobs: the engine computes the
+        // prompt and draws one token, which the answer leaves out (as vLLM does).
+        if (r.sampling.max_tokens == 0 && r.sampling.prompt_logprobs >= 0) {
+            r.sampling.max_tokens = 1;
+            r.sampling.min_tokens = 0;
+        }
         // Formats whose call marker is a special token need it in the text to find the call.
         if (p.parse_tool_calls &&
             (m.tool_call_format == ToolCallFormat::Mistral || m.tool_call_format == ToolCallFormat::Llama3Json))

@@ -30,42 +30,105 @@ Json byte_list(const std::string& s) {
 
 }  // namespace
 
-Json completion_logprobs_json(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
-                              const std::vector<TokenLogprob>& lps, int* offset) {
+namespace {
+
+// Characters (Unicode code points) of `s`: its bytes that do not continue a UTF-8 sequence, so
+// the pieces of a character split over tokens add up to one.
+int utf8_chars(const std::string& s) {
+    int n = 0;
+    for (unsigned char ch : s) n += (ch & 0xC0) != 0x80 ? 1 : 0;
+    return n;
+}
+
+// The four parallel lists of the legacy format, a token at a time.
+struct LegacyLogprobs {
     Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array(),
          text_offset = Json::array();
+
+    // `piece` as the text has it; `lp` its logprobs (null: none, as for the first prompt token),
+    // of which the `top` most likely alternatives are listed by piece, the token's own added.
+    void add(const Tokenizer& tok, const std::string& piece, const TokenLogprob* lp, int top, int* offset) {
+        tokens.push_back(piece);
+        text_offset.push_back(*offset);
+        *offset += utf8_chars(piece);
+        if (!lp) {
+            token_logprobs.push_back(nullptr);
+            top_logprobs.push_back(nullptr);
+            return;
+        }
+        token_logprobs.push_back(logprob_value(lp->logprob));
+        Json alternatives = Json::object();
+        for (size_t i = 0; i < lp->top.size() && static_cast<int>(i) < top; ++i) {
+            const auto& [id, v] = lp->top[i];
+            if (!tok.valid_id(id)) continue;
+            const std::string& key = id == lp->token ? piece : tok.piece(id);  // as `tokens` shows it
+            if (!alternatives.contains(key)) alternatives[key] = logprob_value(v);
+        }
+        if (!alternatives.contains(piece)) alternatives[piece] = logprob_value(lp->logprob);
+        top_logprobs.push_back(std::move(alternatives));
+    }
+
+    Json json() && {
+        Json j;
+        j["tokens"] = std::move(tokens);
+        j["token_logprobs"] = std::move(token_logprobs);
+        j["top_logprobs"] = std::move(top_logprobs);
+        j["text_offset"] = std::move(text_offset);
+        return j;
+    }
+};
+
+// Prompt token i's logprobs (prompt_lps holds those of tokens 1..), null when there are none.
+const TokenLogprob* prompt_logprob_at(const std::vector<TokenLogprob>& prompt_lps, size_t i) {
+    return i >= 1 && i - 1 < prompt_lps.size() ? &prompt_lps[i - 1] : nullptr;
+}
+
+}  // namespace
+
+Json completion_logprobs_json(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
+                              const std::vector<TokenLogprob>& prompt_lps, const std::vector<TokenLogprob>& lps,
+                              int top, int* offset) {
+    LegacyLogprobs out;
     bool first = true;
-    for (int32_t id : prompt_ids) {
+    for (size_t i = 0; i < prompt_ids.size(); ++i) {
+        const int32_t id = prompt_ids[i];
         // The echoed text is the prompt as given: without the special tokens the tokenizer added
         // (BOS) and, from SentencePiece, without the space its first piece starts with.
         if (!tok.valid_id(id) || tok.is_special(id)) continue;
         std::string piece = tok.piece(id);
         if (first && tok.strips_leading_space() && piece.starts_with(' ')) piece.erase(0, 1);
         first = false;
-        tokens.push_back(piece);
-        token_logprobs.push_back(nullptr);
-        top_logprobs.push_back(nullptr);
-        text_offset.push_back(*offset);
-        *offset += static_cast<int>(piece.size());
+        out.add(tok, piece, prompt_logprob_at(prompt_lps, i), top, offset);
     }
-    for (const TokenLogprob& lp : lps) {
-        const std::string& piece = tok.valid_id(lp.token) ? tok.piece(lp.token) : std::string();
-        tokens.push_back(piece);
-        token_logprobs.push_back(logprob_value(lp.logprob));
-        Json top = Json::object();
-        for (const auto& [id, v] : lp.top)
-            if (tok.valid_id(id) && !top.contains(tok.piece(id))) top[tok.piece(id)] = logprob_value(v);
-        if (!top.contains(piece)) top[piece] = logprob_value(lp.logprob);
-        top_logprobs.push_back(std::move(top));
-        text_offset.push_back(*offset);
-        *offset += static_cast<int>(piece.size());
+    for (const TokenLogprob& lp : lps)
+        out.add(tok, tok.valid_id(lp.token) ? tok.piece(lp.token) : std::string(), &lp, top, offset);
+    return std::move(out).json();
+}
+
+Json prompt_logprobs_json(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
+                          const std::vector<TokenLogprob>& prompt_lps, int top) {
+    Json out = Json::array();
+    auto entry = [&](int32_t id, float logprob, int rank) {
+        return Json{{"logprob", logprob_value(logprob)},
+                    {"rank", rank},
+                    {"decoded_token", tok.valid_id(id) ? tok.piece(id) : std::string()}};
+    };
+    for (size_t i = 0; i < prompt_ids.size(); ++i) {
+        const TokenLogprob* lp = prompt_logprob_at(prompt_lps, i);
+        if (!lp) {
+            out.push_back(nullptr);
+            continue;
+        }
+        Json position = Json::object();  // keyed by token id, the prompt's token first
+        position[std::to_string(lp->token)] = entry(lp->token, lp->logprob, lp->rank);
+        for (size_t k = 0; k < lp->top.size() && static_cast<int>(k) < top; ++k) {
+            const std::string key = std::to_string(lp->top[k].first);
+            if (!position.contains(key))
+                position[key] = entry(lp->top[k].first, lp->top[k].second, static_cast<int>(k) + 1);
+        }
+        out.push_back(std::move(position));
     }
-    Json j;
-    j["tokens"] = std::move(tokens);
-    j["token_logprobs"] = std::move(token_logprobs);
-    j["top_logprobs"] = std::move(top_logprobs);
-    j["text_offset"] = std::move(text_offset);
-    return j;
+    return out;
 }
 
 Json chat_logprobs_content(const Tokenizer& tok, const std::vector<TokenLogprob>& lps, int top_logprobs) {
