@@ -418,6 +418,7 @@ void EngineCore::collect(Launch& l, std::vector<RequestOutput>& outputs, std::ve
         tokens.clear();
     } else if (l.on_device) {
         executor_.collect_samples(tokens, lps);
+        for (TokenLogprob& lp : lps) lp.rank = 0;  // not computed there (the buffers are reused)
     } else {  // sampled here, right after the step (never overlapped): the rows' sequences are as built
         const int vocab = executor_.vocab_size();
         tokens.resize(l.rows.size());
