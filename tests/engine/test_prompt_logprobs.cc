@@ -134,7 +134,9 @@ TEST_F(PromptLogprobs, EqualLogSoftmaxOfTheReferenceLogits) {
             EXPECT_NEAR(lp, sorted[k], 1e-4) << i << " top " << k;
             EXPECT_NEAR(lp, own[row * V + id], 1e-4) << i << " top " << k;
         }
-        if (lps[i].rank == 1) EXPECT_NEAR(lps[i].top[0].second, lps[i].logprob, 1e-6) << i;
+        if (lps[i].rank == 1) {
+            EXPECT_NEAR(lps[i].top[0].second, lps[i].logprob, 1e-6) << i;
+        }
     }
     EXPECT_EQ(got.tokens.at(0).size(), 4u);
     EXPECT_EQ(got.usage.prompt_tokens, static_cast<int>(prompt.size()));

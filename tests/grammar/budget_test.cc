@@ -88,7 +88,9 @@ std::map<int32_t, int> needs_after(const std::shared_ptr<const TokenizedGrammar>
         p.truncate(base);
         for (char c : v.tokens[size_t(id)]) EXPECT_TRUE(p.advance(uint8_t(c)));
         need[id] = p.completion_bytes();
-        if (bfs) EXPECT_EQ(oracle_need(tg->grammar(), prefix + v.tokens[size_t(id)]), need[id]) << id;
+        if (bfs) {
+            EXPECT_EQ(oracle_need(tg->grammar(), prefix + v.tokens[size_t(id)]), need[id]) << id;
+        }
     }
     return need;
 }

@@ -124,22 +124,33 @@ TEST(Fp8Checkpoint, CpuLogitsMatchDequantizedReference) {
     }
 }
 
-// Against a checkpoint made by torch / transformers (scripts/make-fp8-fixture.py, run where they
-// are installed) named by PG_FP8_FIXTURE_DIR: its logits.f32 holds transformers' float32 logits
-// of the dequantized weights. Tolerances as the bf16 fixtures' golden test (the same arithmetic
-// in another order).
+// Against checkpoints made by torch / transformers (scripts/make-fp8-fixture.py on the device
+// machine, 2026-11-26: torch 2.11, transformers 5.17; tests/data/fp8-checkpoints.tar.xz, unpacked
+// into the build folder): compressed-tensors per-channel FP8 of llama3-tiny and qwen3-tiny, each
+// with transformers' float32 logits of the dequantized weights. PG_FP8_FIXTURE_DIR names another
+// such folder instead. Tolerances as the bf16 fixtures' golden test (the same arithmetic in
+// another order).
 TEST(Fp8Checkpoint, MatchesTransformersFixture) {
-    const char* dir = std::getenv("PG_FP8_FIXTURE_DIR");
-    if (!dir) GTEST_SKIP() << "PG_FP8_FIXTURE_DIR not set (scripts/make-fp8-fixture.py makes one)";
-    const std::vector<int32_t> prompt =
-        read_json_file((fs::path(dir) / "golden.json").string())["prompt_ids"].get<std::vector<int32_t>>();
-    TestModel m(dir);
-    EXPECT_NE(m.loaded->weight_dtypes.find("f8_e4m3 x "), std::string::npos) << m.loaded->weight_dtypes;
-    const LogitStats st =
-        compare_logits(read_f32_file((fs::path(dir) / "logits.f32").string()), m.all_logits(prompt), m.vocab());
-    std::printf("vs transformers: max |diff| %.3g, mean KL %.3g\n", st.max_abs_diff, st.mean_kl);
-    EXPECT_LE(st.max_abs_diff, 1e-3);
-    EXPECT_EQ(st.argmax_mismatches, 0u);
+    std::vector<fs::path> dirs;
+    if (const char* dir = std::getenv("PG_FP8_FIXTURE_DIR")) {
+        dirs.emplace_back(dir);
+    } else {
+        for (const char* m : {"llama3-tiny", "qwen3-tiny"}) dirs.push_back(fs::path(PG_FP8_CHECKPOINTS_DIR) / m);
+    }
+    for (const fs::path& dir : dirs) {
+        SCOPED_TRACE(dir.string());
+        ASSERT_TRUE(fs::exists(dir / "logits.f32")) << "missing fixture (tests/data/fp8-checkpoints.tar.xz)";
+        const std::vector<int32_t> prompt =
+            read_json_file((dir / "golden.json").string())["prompt_ids"].get<std::vector<int32_t>>();
+        TestModel m(dir.string());
+        EXPECT_NE(m.loaded->weight_dtypes.find("f8_e4m3 x "), std::string::npos) << m.loaded->weight_dtypes;
+        const LogitStats st =
+            compare_logits(read_f32_file((dir / "logits.f32").string()), m.all_logits(prompt), m.vocab());
+        std::printf("%s vs transformers: max |diff| %.3g, mean KL %.3g\n", dir.filename().c_str(), st.max_abs_diff,
+                    st.mean_kl);
+        EXPECT_LE(st.max_abs_diff, 1e-3);
+        EXPECT_EQ(st.argmax_mismatches, 0u);
+    }
 }
 
 // The error of load_model on `dir`, or "" when it loads.
