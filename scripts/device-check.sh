@@ -3,7 +3,7 @@
 # here by scripts/pack-device.sh: the CUDA tests, compute-sanitizer on the kernel tests, and
 # the benchmarks of issue #7 on the Llama 3.2 1B / 3.1 8B shapes (random bf16 weights), then
 # prints a short table. Logs go to $OUT (or /tmp/out).
-# usage: scripts/device-check.sh [tests] [memcheck] [bench] [decode] [nopdl] [fp8] [bench8b] [serve] [profile]
+# usage: scripts/device-check.sh [tests] [memcheck] [bench] [decode] [nopdl] [fp8] [fp8depth] [bench8b] [serve] [profile]
 #        (decode: batch-1 decode of the 1B, the 8B and Qwen3 1.7B)
 #        (default: all but profile; profile = per-kernel times of 1B decode steps under ncu)
 set -uo pipefail
