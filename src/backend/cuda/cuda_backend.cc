@@ -647,21 +647,27 @@ void CudaBackend::cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& 
     PG_CHECK(beta == 0.0f || !tune_out.empty(), "cublas_matmul: accumulating needs a scratch to time candidates in");
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
     if (w.dtype == DType::F8_E4M3) {
-        fp8_matmul(x, w, out, beta);
+        fp8_matmul(x, w, out, beta, tune_out.empty() ? out : tune_out);
         return;
     }
     lt_matmul(w.data, x.data, false, n, m, k, out.data, out.dtype, beta, tune_out.empty() ? out.data : tune_out.data);
 }
 
-void CudaBackend::fp8_matmul(const Tensor& x, const Tensor& w, const Tensor& out, float beta) {
+void CudaBackend::fp8_matmul(const Tensor& x, const Tensor& w, const Tensor& out, float beta, const Tensor& tune) {
     PG_CHECK(w.scale != nullptr, "f8_e4m3 weight ", w.shape_str(), " without row factors");
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
-    // Rows of x a GEMM takes at a time: bounds the bf16 product buffer (2048 x 28,672 x 2 bytes =
-    // 117 MB for the 8B shape's gate | up) whatever the step's token count.
+    ensure_fp8_buffers(n * k, n, 0);
+    cuda::quantize_rows_e4m3(bf(x), static_cast<uint8_t*>(f8_input_.data), f8_scale_.ptr<float>(), n, k, stream_);
+    // One GEMM with both factor vectors (outer-vector scaling) where this cuBLASLt has it.
+    if (fp8_outer_vectors_ && lt_matmul(w.data, f8_input_.data, true, n, m, k, out.data, out.dtype, beta, tune.data,
+                                        w.scale, f8_scale_.ptr<float>()))
+        return;
+    fp8_outer_vectors_ = false;
+    // Else unit-factor GEMMs into a bf16 buffer and a factor pass. Rows of x a GEMM takes at a
+    // time bound that buffer (2048 x 28,672 x 2 bytes = 117 MB for the 8B shape's gate | up).
     constexpr int64_t kRowsPerGemm = 2048;
     const int64_t rows = std::min(n, kRowsPerGemm);
     ensure_fp8_buffers(n * k, n, rows * m);
-    cuda::quantize_rows_e4m3(bf(x), static_cast<uint8_t*>(f8_input_.data), f8_scale_.ptr<float>(), n, k, stream_);
     const size_t out_row = dtype_row_bytes(out.dtype, m);
     for (int64_t r0 = 0; r0 < n; r0 += rows) {
         const int64_t nn = std::min(rows, n - r0);
@@ -673,9 +679,18 @@ void CudaBackend::fp8_matmul(const Tensor& x, const Tensor& w, const Tensor& out
     }
 }
 
-void CudaBackend::lt_matmul(const void* w, const void* x, bool fp8, int64_t n, int64_t m, int64_t k, void* out,
-                            DType out_dtype, float beta, void* tune) {
-    const auto key = std::make_tuple(n, m, k, static_cast<int>(out_dtype) | (fp8 ? 0x100 : 0));
+bool CudaBackend::lt_matmul(const void* w, const void* x, bool fp8, int64_t n, int64_t m, int64_t k, void* out,
+                            DType out_dtype, float beta, void* tune, const float* w_scale, const float* x_scale) {
+    const bool outer = w_scale != nullptr;
+    const auto key = std::make_tuple(n, m, k, static_cast<int>(out_dtype) | (fp8 ? 0x100 : 0) | (outer ? 0x200 : 0));
+    // Outer-vector factors: D[i, j] *= w_scale[i] * x_scale[j]. The heuristic wants the pointers
+    // set (it found nothing without them); they change with every weight, so every call sets them.
+    auto set_factors = [&](cublasLtMatmulDesc_t desc) {
+        PG_LT_CHECK(
+            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale, sizeof(w_scale)));
+        PG_LT_CHECK(
+            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale, sizeof(x_scale)));
+    };
     auto it = gemms_.find(key);
     if (it == gemms_.end()) {
         PG_CHECK(!capturing(), "CUDA backend: new GEMM shape while recording a graph");
@@ -687,6 +702,14 @@ void CudaBackend::lt_matmul(const void* w, const void* x, bool fp8, int64_t n, i
         const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
         PG_LT_CHECK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
         PG_LT_CHECK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
+        if (outer) {
+            const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+            PG_LT_CHECK(
+                cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
+            PG_LT_CHECK(
+                cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
+            set_factors(g->desc);
+        }
         const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
         PG_LT_CHECK(cublasLtMatrixLayoutCreate(&g->a, in_type, k, m, k));
         PG_LT_CHECK(cublasLtMatrixLayoutCreate(&g->b, in_type, k, n, k));
@@ -701,9 +724,11 @@ void CudaBackend::lt_matmul(const void* w, const void* x, bool fp8, int64_t n, i
         const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_handle(lt_), g->desc, g->a, g->b, g->d, g->d, pref,
                                                                  kCandidates, results, &found);
         cublasLtMatmulPreferenceDestroy(pref);
-        if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+        if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+            if (outer) return false;  // the caller applies the factors itself
             fail("cuBLASLt: no algorithm for a ", n, "x", k, " by ", m, "x", k, fp8 ? " fp8" : " bf16", " matmul into ",
                  dtype_name(out_dtype));
+        }
         g->algo = results[0].algo;
         // Decode-sized products (the shapes CUDA graphs replay) are timed once on the real
         // operands and the fastest candidate kept: the heuristic's first pick for a skinny
@@ -737,9 +762,11 @@ void CudaBackend::lt_matmul(const void* w, const void* x, bool fp8, int64_t n, i
         it = gemms_.emplace(key, std::move(g)).first;
     }
     const Gemm& g = *it->second;
+    if (outer) set_factors(g.desc);
     const float alpha = 1.0f;
     PG_LT_CHECK(cublasLtMatmul(lt_handle(lt_), g.desc, &alpha, w, g.a, x, g.b, &beta, out, g.d, out, g.d, &g.algo,
                                lt_workspace_, lt_workspace_bytes_, stream_));
+    return true;
 }
 
 void CudaBackend::rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& v, const BatchInput& batch,

@@ -178,14 +178,16 @@ class CudaBackend final : public Backend {
     // Room for an FP8 product: `input` e4m3 values of x, `rows` factors, `product` bf16 values of
     // one GEMM's unscaled output. Grows outside graph recording only (the largest step runs first).
     void ensure_fp8_buffers(int64_t input, int64_t rows, int64_t product);
-    // out (+)= x · wᵀ for an f8_e4m3 w: x quantized per token, cuBLASLt FP8 GEMMs (unit factors;
-    // Hopper's cuBLASLt has no per-row x per-column scaling) into a bf16 buffer, then
-    // scale_fp8_product applies both factor vectors (beta 1: adds into out).
-    void fp8_matmul(const Tensor& x, const Tensor& w, const Tensor& out, float beta);
+    // out (+)= x · wᵀ for an f8_e4m3 w: x quantized per token, then one cuBLASLt FP8 GEMM with
+    // both factor vectors (outer-vector scaling); where cuBLASLt has no algorithm for that, GEMMs
+    // with unit factors into a bf16 buffer and scale_fp8_product (beta 1: adds into out).
+    void fp8_matmul(const Tensor& x, const Tensor& w, const Tensor& out, float beta, const Tensor& tune);
     // D [n, m] (row-major) = x [n, k] · w [m, k]ᵀ + beta D through a cached cuBLASLt plan, bf16 or
-    // (fp8) e4m3 operands; `tune` receives the candidates' outputs while a new plan is timed.
-    void lt_matmul(const void* w, const void* x, bool fp8, int64_t n, int64_t m, int64_t k, void* out, DType out_dtype,
-                   float beta, void* tune);
+    // (fp8) e4m3 operands; `tune` receives the candidates' outputs while a new plan is timed. With
+    // w_scale / x_scale ([m] / [n] f32): D[i, j] *= w_scale[i] * x_scale[j]; returns false when
+    // cuBLASLt has no algorithm for that (otherwise true, or it fails).
+    bool lt_matmul(const void* w, const void* x, bool fp8, int64_t n, int64_t m, int64_t k, void* out, DType out_dtype,
+                   float beta, void* tune, const float* w_scale = nullptr, const float* x_scale = nullptr);
     void ensure_meta(int tokens, int seqs, int stride);
     void allocate_weight(Tensor& t);  // device memory for a placed weight, owned until destruction
     // out = x . w^T + beta * out through cuBLASLt (a cached plan per shape; an f8_e4m3 w goes to
@@ -232,6 +234,7 @@ class CudaBackend final : public Backend {
     std::unordered_map<const void*, Tensor> placed_;
     std::vector<void*> owned_;
     Tensor f8_input_, f8_scale_, f8_product_;  // see ensure_fp8_buffers
+    bool fp8_outer_vectors_ = true;            // until cuBLASLt finds no outer-vector algorithm
     size_t weight_bytes_ = 0;
 
     // The current step's metadata (layout in begin_step): one device buffer and two pinned host
