@@ -119,6 +119,7 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
     if (prop.major < 9)
         fail("--device cuda: ", device_name_, " is compute capability ", prop.major, ".", prop.minor,
              "; this build has kernels for sm_90a (Hopper) only");
+    fp8_outer_vectors_ = options_.fp8_outer_vectors;
     if (options_.fp8_weights && options_.batch_invariant)
         fail("--quantization fp8 with --batch-invariant: the batch-invariant products are bf16 only; drop one");
     PG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -656,18 +657,24 @@ void CudaBackend::cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& 
 void CudaBackend::fp8_matmul(const Tensor& x, const Tensor& w, const Tensor& out, float beta, const Tensor& tune) {
     PG_CHECK(w.scale != nullptr, "f8_e4m3 weight ", w.shape_str(), " without row factors");
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
-    ensure_fp8_buffers(n * k, n, 0);
-    cuda::quantize_rows_e4m3(bf(x), static_cast<uint8_t*>(f8_input_.data), f8_scale_.ptr<float>(), n, k, stream_);
-    // One GEMM with both factor vectors (outer-vector scaling) where this cuBLASLt has it.
-    if (fp8_outer_vectors_ && lt_matmul(w.data, f8_input_.data, true, n, m, k, out.data, out.dtype, beta, tune.data,
-                                        w.scale, f8_scale_.ptr<float>()))
-        return;
-    fp8_outer_vectors_ = false;
-    // Else unit-factor GEMMs into a bf16 buffer and a factor pass. Rows of x a GEMM takes at a
-    // time bound that buffer (2048 x 28,672 x 2 bytes = 117 MB for the 8B shape's gate | up).
+    // Rows of x a fallback GEMM takes at a time bound its bf16 buffer (2048 x 28,672 x 2 bytes =
+    // 117 MB for the 8B shape's gate | up) whatever the step's token count.
     constexpr int64_t kRowsPerGemm = 2048;
     const int64_t rows = std::min(n, kRowsPerGemm);
-    ensure_fp8_buffers(n * k, n, rows * m);
+    auto quantize_x = [&](int64_t product) {  // growing the buffers moves them: quantize after
+        ensure_fp8_buffers(n * k, n, product);
+        cuda::quantize_rows_e4m3(bf(x), static_cast<uint8_t*>(f8_input_.data), f8_scale_.ptr<float>(), n, k, stream_);
+    };
+    // One GEMM with both factor vectors (outer-vector scaling) where this cuBLASLt has it.
+    if (fp8_outer_vectors_) {
+        quantize_x(0);
+        if (lt_matmul(w.data, f8_input_.data, true, n, m, k, out.data, out.dtype, beta, tune.data, w.scale,
+                      f8_scale_.ptr<float>()))
+            return;
+        fp8_outer_vectors_ = false;
+    }
+    // Else unit-factor GEMMs into a bf16 buffer and a factor pass.
+    quantize_x(rows * m);
     const size_t out_row = dtype_row_bytes(out.dtype, m);
     for (int64_t r0 = 0; r0 < n; r0 += rows) {
         const int64_t nn = std::min(rows, n - r0);

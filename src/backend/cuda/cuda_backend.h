@@ -30,6 +30,9 @@ struct CudaOptions {
     // to E4M3 with one factor per output row; decode products read the FP8 bytes (gemv), larger
     // ones run cuBLASLt FP8 GEMMs on inputs quantized per token.
     bool fp8_weights = false;
+    // FP8 GEMMs with both factor vectors in cuBLASLt (outer-vector scaling) where it has an
+    // algorithm; false: always unit-factor GEMMs + scale_fp8_product (tests cover that path).
+    bool fp8_outer_vectors = true;
 };
 
 // Whether a CUDA device is present (never throws).
@@ -234,7 +237,7 @@ class CudaBackend final : public Backend {
     std::unordered_map<const void*, Tensor> placed_;
     std::vector<void*> owned_;
     Tensor f8_input_, f8_scale_, f8_product_;  // see ensure_fp8_buffers
-    bool fp8_outer_vectors_ = true;            // until cuBLASLt finds no outer-vector algorithm
+    bool fp8_outer_vectors_ = true;            // options_.fp8_outer_vectors until cuBLASLt finds none
     size_t weight_bytes_ = 0;
 
     // The current step's metadata (layout in begin_step): one device buffer and two pinned host

@@ -46,10 +46,12 @@ TEST(CudaFp8, QuantizerMatchesHost) {
 // The backend's matmul / matmul_add with an f8_e4m3 weight: n <= 4 reads the codes in the decode
 // kernel (x stays bf16), larger n quantizes x per token, runs cuBLASLt's FP8 GEMM and applies both
 // factor vectors after. Each against a double product of exactly those operands.
-TEST(CudaFp8, BackendProductsMatchReference) {
-    PG_SKIP_WITHOUT_CUDA();
+// Both GEMM routes: outer-vector factors in cuBLASLt, and unit factors + scale_fp8_product.
+void check_backend_products(bool outer_vectors) {
     std::mt19937 rng(9);
-    CudaBackend b;
+    CudaOptions o;
+    o.fp8_outer_vectors = outer_vectors;
+    CudaBackend b(o);
     for (auto [m, k] : {std::pair{1024, 2048}, std::pair{96, 64}, std::pair{4096, 512}}) {
         std::vector<float> w =
             cuda_test::round_bf16(cuda_test::random_floats(static_cast<size_t>(m) * k, rng, -0.05f, 0.05f));
@@ -93,7 +95,8 @@ TEST(CudaFp8, BackendProductsMatchReference) {
             b.download(resid, got_res.data());
             std::vector<float> want_res = res;
             for (size_t i = 0; i < ref.size(); ++i) want_res[i] += ref[i];
-            const std::string where = "m " + std::to_string(m) + " k " + std::to_string(k) + " n " + std::to_string(n);
+            const std::string where = std::string(outer_vectors ? "outer " : "pass ") + "m " + std::to_string(m) +
+                                      " k " + std::to_string(k) + " n " + std::to_string(n);
             // The GEMM path rounds its unscaled product to bf16 before the factors (relative 2^-9).
             const double tol = n > cuda::kMaxGemvRows ? 4e-3 : 1e-5;
             EXPECT_LT(cuda_test::rel_error(got, ref), tol) << where;
@@ -104,6 +107,16 @@ TEST(CudaFp8, BackendProductsMatchReference) {
         b.release(dcodes);
         b.release(dscale);
     }
+}
+
+TEST(CudaFp8, BackendProductsMatchReference) {
+    PG_SKIP_WITHOUT_CUDA();
+    check_backend_products(true);
+}
+
+TEST(CudaFp8, BackendProductsMatchReferenceWithFactorPass) {
+    PG_SKIP_WITHOUT_CUDA();
+    check_backend_products(false);
 }
 
 // The largest gap, in the bf16 path's own logits, between its argmax and the FP8 path's at a
