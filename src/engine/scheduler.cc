@@ -65,6 +65,15 @@ void Scheduler::preempt(Sequence* seq, SchedulerOutput& out) {
 SchedulerOutput Scheduler::schedule() {
     SchedulerOutput out;
     int budget = config_.max_num_batched_tokens;
+    int logprob_rows = config_.max_prompt_logprob_rows;
+    // A chunk of a sequence owing prompt logprobs takes at most the rows left (at least one, so
+    // every such sequence still moves).
+    auto cap_rows = [&](const Sequence& seq, int num_new) {
+        if (!seq.owes_prompt_logprobs()) return num_new;
+        num_new = std::min(num_new, std::max(1, logprob_rows));
+        logprob_rows -= num_new;
+        return num_new;
+    };
     std::sort(running_.begin(), running_.end(), ByPriority());
 
     // Running sequences: decodes (one uncomputed token) first, then unfinished chunked prefills.
@@ -75,7 +84,7 @@ SchedulerOutput Scheduler::schedule() {
         for (Sequence* seq : order) {
             const int left = seq->num_uncomputed();
             if (budget == 0 || seq->status != SeqStatus::Running || (left == 1) != decodes || left == 0) continue;
-            const int num_new = std::min(left, budget);
+            const int num_new = cap_rows(*seq, std::min(left, budget));
             while (seq->status == SeqStatus::Running && !blocks_.can_allocate(*seq, num_new)) {
                 Sequence* victim = nullptr;
                 for (auto it = running_.rbegin(); it != running_.rend() && !victim; ++it) {
@@ -109,9 +118,13 @@ SchedulerOutput Scheduler::schedule() {
         if (!swapped && seq->reuses_prefix()) hits = blocks_.match_prefix(*seq);
         if (!swapped && blocks_.disk() && !take_disk_hits(*seq, hits)) break;  // head of line waits for disk reads
         const int hit_tokens = static_cast<int>(hits.size()) * blocks_.block_size();
-        const int num_new = std::min(seq->num_tokens() - (swapped ? seq->num_computed : hit_tokens), budget);
-        if (swapped ? !blocks_.can_swap_in(*seq, num_new) : !blocks_.can_allocate(*seq, num_new, hits))
+        const int want = std::min(seq->num_tokens() - (swapped ? seq->num_computed : hit_tokens), budget);
+        const int rows_before = logprob_rows;
+        const int num_new = cap_rows(*seq, want);
+        if (swapped ? !blocks_.can_swap_in(*seq, num_new) : !blocks_.can_allocate(*seq, num_new, hits)) {
+            logprob_rows = rows_before;
             break;  // head of line waits for memory
+        }
         erase_waiting(seq);
         seats += seq->seats();
         seats_of[seq->group] += seq->seats();

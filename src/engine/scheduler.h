@@ -30,6 +30,10 @@ struct SchedulerConfig {
     int max_num_batched_tokens = 2048;
     // Preempt by swapping blocks to the host tier (BlockManager::swap_out) instead of recomputing.
     bool swap_preemption = false;
+    // Prompt rows a step may compute for sequences that owe prompt logprobs: each row's logits
+    // ([vocab] f32) are held on the host until the step's rows are reduced, so this bounds that
+    // (512 x 128k vocab: 256 MiB). Such a prompt then runs in chunks of at most this many tokens.
+    int max_prompt_logprob_rows = 512;
 };
 
 struct ScheduledSeq {

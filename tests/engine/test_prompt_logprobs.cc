@@ -142,6 +142,29 @@ TEST_F(PromptLogprobs, EqualLogSoftmaxOfTheReferenceLogits) {
     EXPECT_EQ(got.usage.prompt_tokens, static_cast<int>(prompt.size()));
 }
 
+// A step computes at most SchedulerConfig::max_prompt_logprob_rows rows of a prompt owing
+// prompt logprobs (their logits are held on the host): the prompt runs in chunks of that many,
+// with the same numbers as in one step.
+TEST_F(PromptLogprobs, RowsPerStepAreCapped) {
+    const Request plain = prompt_request(prompt, kTop);
+    const Outcome whole = run_one(m, plain);
+    auto ex = LocalExecutor::over(*m.backend, *m.model, 64, 16);
+    CoreConfig cfg;
+    cfg.scheduler.max_prompt_logprob_rows = 10;
+    EngineCore core(cfg, *ex);
+    core.add_request(plain);
+    int steps = 0;
+    std::vector<TokenLogprob> lps;
+    while (lps.empty() && core.has_unfinished()) {
+        ++steps;
+        for (RequestOutput& o : core.step())
+            if (!o.prompt_logprobs.empty()) lps = std::move(o.prompt_logprobs);
+    }
+    EXPECT_GE(steps, (static_cast<int>(prompt.size()) - 1 + 9) / 10) << "the prompt ran in fewer chunks than the cap";
+    expect_same(lps, whole.prompt_lps.at(0), "capped");
+    while (core.has_unfinished()) core.step();
+}
+
 TEST_F(PromptLogprobs, ChunkedPrefillNAndPrefixCacheGiveTheSame) {
     const Request plain = prompt_request(prompt, kTop);
     const Outcome whole = run_one(m, plain);
