@@ -282,17 +282,15 @@ bool EngineCore::can_overlap(const Launch& l) const {
         static_cast<int>(l.rows.size()) > executor_.max_fed_draws())
         return false;
     // A step with embedding sequences reads its hidden states back right after it runs (launch),
-    // before another step may overwrite them: such steps are never queued ahead.
-    // Nor those computing prompt rows whose logits the host reads for prompt logprobs.
+    // before another step may overwrite them: such steps are never queued ahead. Nor those
+    // computing prompt rows whose logits the host reads for prompt logprobs.
     for (const auto& [id, r] : requests_) {
         if (r->req.pooling) return false;
         for (const auto& s : r->seqs)
-            if (s->status != SeqStatus::Finished && s->owes_prompt_logprobs()) return false;
-    }
-    for (const auto& [id, r] : requests_)
-        for (const auto& s : r->seqs)
-            if (s->status != SeqStatus::Finished && !sample_row(*s, 0, r->req.sampling.logprobs >= 0).allows_overlap())
+            if (s->status != SeqStatus::Finished &&
+                (s->owes_prompt_logprobs() || !sample_row(*s, 0, r->req.sampling.logprobs >= 0).allows_overlap()))
                 return false;
+    }
     return true;
 }
 

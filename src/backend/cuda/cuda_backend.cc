@@ -237,25 +237,30 @@ bool CudaBackend::keeps_fp8(const std::vector<Tensor>& parts) const {
     return true;
 }
 
+Tensor CudaBackend::allocate_fp8_weight(int64_t rows, int64_t cols) {
+    Tensor w(nullptr, DType::F8_E4M3, {rows, cols}, Device::CUDA);
+    allocate_weight(w);
+    Tensor factors(nullptr, DType::F32, {rows}, Device::CUDA);
+    allocate_weight(factors);
+    w.scale = factors.ptr<float>();
+    return w;
+}
+
 Tensor CudaBackend::place_fp8(const std::vector<Tensor>& parts) {
     int64_t rows = 0;
     for (const Tensor& p : parts) rows += p.rows();
     const int64_t cols = parts[0].cols();
-    Tensor dev(nullptr, DType::F8_E4M3, {rows, cols}, Device::CUDA);
-    allocate_weight(dev);
-    Tensor factors(nullptr, DType::F32, {rows}, Device::CUDA);
-    allocate_weight(factors);
+    Tensor dev = allocate_fp8_weight(rows, cols);
     // Parts stack their rows (codes [rows_i, cols] bytes, contiguous on the host) and factors.
     int64_t r0 = 0;
     for (const Tensor& p : parts) {
         PG_CUDA_CHECK(
             cudaMemcpyAsync(dev.ptr<uint8_t>() + r0 * cols, p.data, p.nbytes(), cudaMemcpyHostToDevice, stream_));
-        PG_CUDA_CHECK(cudaMemcpyAsync(factors.ptr<float>() + r0, p.scale, p.rows() * sizeof(float),
+        PG_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(dev.scale) + r0, p.scale, p.rows() * sizeof(float),
                                       cudaMemcpyHostToDevice, stream_));
         r0 += p.rows();
     }
     synchronize();  // the host views may be unmapped after placement
-    dev.scale = factors.ptr<float>();
     return dev;
 }
 
@@ -357,12 +362,8 @@ void CudaBackend::ensure_fp8_buffers(int64_t input, int64_t rows, int64_t produc
 Tensor CudaBackend::quantize_weight(const Tensor& w) {
     if (w.empty() || w.dtype != DType::BF16 || w.ndim != 2 || w.cols() % 16 != 0) return w;
     const int64_t rows = w.rows(), cols = w.cols();
-    Tensor q(nullptr, DType::F8_E4M3, {rows, cols}, Device::CUDA);
-    allocate_weight(q);
-    Tensor s(nullptr, DType::F32, {rows}, Device::CUDA);
-    allocate_weight(s);
-    cuda::quantize_rows_e4m3(bf(w), q.ptr<uint8_t>(), s.ptr<float>(), rows, cols, stream_);
-    q.scale = s.ptr<float>();
+    Tensor q = allocate_fp8_weight(rows, cols);
+    cuda::quantize_rows_e4m3(bf(w), q.ptr<uint8_t>(), const_cast<float*>(q.scale), rows, cols, stream_);
     // The bf16 matrix goes where this backend made it (stacked or converted from the host); a
     // device tensor handed in (dummy weights) belongs to its loader.
     if (auto it = std::find(owned_.begin(), owned_.end(), w.data); it != owned_.end()) {

@@ -193,6 +193,8 @@ class CudaBackend final : public Backend {
                    float beta, void* tune, const float* w_scale = nullptr, const float* x_scale = nullptr);
     void ensure_meta(int tokens, int seqs, int stride);
     void allocate_weight(Tensor& t);  // device memory for a placed weight, owned until destruction
+    // The same for an f8_e4m3 weight [rows, cols] and its [rows] factors (Tensor::scale).
+    Tensor allocate_fp8_weight(int64_t rows, int64_t cols);
     // out = x . w^T + beta * out through cuBLASLt (a cached plan per shape; an f8_e4m3 w goes to
     // fp8_matmul). The first use of a
     // decode-sized shape times the candidates, writing into `tune_out` (default: out; give a
