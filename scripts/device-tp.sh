@@ -4,11 +4,13 @@
 #   BUNDLE_DIR holds bundle.tar.xz (scripts/pack-device.sh), llamacpp-src.tar.xz (a `git archive`
 #   of llama.cpp: CMakeLists.txt cmake ggml src include common examples pocs) and llamacpp-commit.
 #   The peer's GGUFs get the Llama 3 vocabulary of tests/data/tokenizers.tar.xz.
-# Steps (STEPS, default all): tests (the peer all-reduce and CUDA TP tests, with its per-call
+# Steps (STEPS, default all): tests (the peer all-reduce and CUDA TP / PP tests, with its per-call
 # timing), greedy (TP 1 vs TP 2 greedy ids on real tiny models, peer all-reduce on and off),
+# ppids (PP 2, and TP 2 x PP 2 on 4 GPUs, greedy ids against TP 1), pp8 (8B shape PP 2 decode),
 # 8b (Llama-3.1-8B shape batch-1 decode TP 1 / TP 2 / TP 2 NCCL only, twice alternating; offline
 # 256 prompts TP 1 / TP 2), 70b (TP 2 on GPUs of >= 120 GiB), llamacpp (llama-bench -sm none /
-# layer / row on the same shapes). The llama.cpp build runs in the background from the start,
+# layer / row on the same shapes; with 4 GPUs also the 70B shape over all 4, its GGUF in
+# /dev/shm). The llama.cpp build runs in the background from the start,
 # at low priority, and is waited for before any timing. One line per result; the logs come back
 # as $OUT/tp-logs.tar.xz (the device tool returns at most 8 files).
 # usage: scripts/device-tp.sh BUNDLE_DIR [STEPS]   (ROUNDS=N 8b rounds, default 2; OFFLINE=0 skips 8b
@@ -27,20 +29,39 @@ nvidia-smi -L
 nvidia-smi topo -m | head -4
 gpu_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{print int($1 / 1024)}')
 
-# The peer's build, in the background (nice 19, all but 6 cores).
-if [[ $steps == *llamacpp* ]]; then
-    mkdir -p /tmp/lc && tar -C /tmp/lc -xJf "$dir/llamacpp-src.tar.xz"
-    (cd /tmp/lc/llama.cpp && nice -n 19 cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/lc/cmake.log 2>&1 &&
-        nice -n 19 cmake --build build -j $(( $(nproc) - 6 )) --target llama-bench > /tmp/lc/build.log 2>&1
-     echo $? > /tmp/lc/rc) &
-    lc_pid=$!
-    # Its GGUFs: random bf16 weights of the bench/models shapes with the Llama 3 vocabulary.
-    mkdir -p /tmp/tok && tar -C /tmp/tok -xJf tests/data/tokenizers.tar.xz tokenizers/llama3
-    (for s in llama3.1-8b llama3.2-1b; do
-        nice -n 10 python3 scripts/make_random_gguf.py /tmp/tok/tokenizers/llama3/tokenizer.json /tmp/lc/$s.gguf --shape $s --dtype bf16 > /tmp/lc/gguf-$s.log 2>&1
-     done) &
-    gguf_pid=$!
+# The peer's build and GGUFs, detached (setsid: they outlive this call, so a step `lcprep` in
+# one call lets `llamacpp` in the next call on the same warm machine find them done); nice 19,
+# all but 6 cores. Started once per machine (/tmp/lc/started).
+lc_shapes=${LC_SHAPES:-"llama3.1-8b llama3.2-1b"}
+if [[ ( $steps == *llamacpp* || $steps == *lcprep* ) && ! -f /tmp/lc/started ]]; then
+    mkdir -p /tmp/lc /tmp/tok && touch /tmp/lc/started
+    tar -C /tmp/lc -xJf "$dir/llamacpp-src.tar.xz"
+    tar -C /tmp/tok -xJf tests/data/tokenizers.tar.xz tokenizers/llama3
+    cat > /tmp/lc/build.sh <<EOS
+cd /tmp/lc/llama.cpp && nice -n 19 cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/lc/cmake.log 2>&1 &&
+    nice -n 19 cmake --build build -j $(( $(nproc) - 6 )) --target llama-bench > /tmp/lc/build.log 2>&1
+echo \$? > /tmp/lc/rc
+EOS
+    # Its GGUFs: random bf16 weights of the bench/models shapes with the Llama 3 vocabulary; the
+    # 70B's 141 GB in memory where /dev/shm allows (the 4-GPU machines have 512 GB), one
+    # random chunk repeated.
+    cat > /tmp/lc/gguf.sh <<EOS
+cd $PWD
+for s in $lc_shapes; do
+    if [[ \$s == llama3.1-70b ]]; then
+        big=/tmp/lc  # /dev/shm where it has room (a container's may be 64 MB)
+        (( \$(df -k --output=avail /dev/shm | tail -1) > 150000000 )) && big=/dev/shm
+        nice -n 10 python3 scripts/make_random_gguf.py /tmp/tok/tokenizers/llama3/tokenizer.json \$big/\$s.gguf --shape \$s --dtype bf16 --reuse-random > /tmp/lc/gguf-\$s.log 2>&1
+        [[ \$big == /tmp/lc ]] || ln -sf \$big/\$s.gguf /tmp/lc/\$s.gguf
+    else
+        nice -n 10 python3 scripts/make_random_gguf.py /tmp/tok/tokenizers/llama3/tokenizer.json /tmp/lc/\$s.gguf --shape \$s --dtype bf16 > /tmp/lc/gguf-\$s.log 2>&1
+    fi
+done
+touch /tmp/lc/gguf-done
+EOS
+    setsid nohup bash /tmp/lc/build.sh > /dev/null 2>&1 < /dev/null &
+    setsid nohup bash /tmp/lc/gguf.sh > /dev/null 2>&1 < /dev/null &
 fi
 
 if [[ $steps == *tests* ]]; then
@@ -66,8 +87,27 @@ print('$m greedy ids: TP1 == TP2 (peer all-reduce):', a == b, sum(x == y for x, 
     done
 fi
 
+if [[ $steps == *ppids* ]]; then
+    ngpu=$(nvidia-smi -L | wc -l)
+    for m in llama3-tiny qwen2-tiny qwen3-tiny; do
+        runs=("--tensor-parallel-size 1" "--pipeline-parallel-size 2")
+        (( ngpu >= 4 )) && runs+=("--tensor-parallel-size 2 --pipeline-parallel-size 2")
+        for run in "${runs[@]}"; do
+            tag=$(echo "$run" | tr -d ' -' | sed 's/parallelsize//g')
+            timeout 120 "$pg/peregrine" generate --model tests/data/$m $run --prompt "Hello world, this is" \
+                --max-tokens 32 --temperature 0 --json 2> $logs/pg-$m-$tag.err | tail -1 > $logs/pg-$m-$tag.json
+            python3 -c "
+import json
+ids = lambda t: json.load(open('$logs/pg-$m-' + t + '.json'))['ids']
+a, b = ids('tensor1'), ids('$tag')
+print('$m greedy ids: $run == TP 1:', a == b, sum(x == y for x, y in zip(a, b)), '/', len(a))" || tail -3 $logs/pg-$m-$tag.err
+        done
+    done
+    grep -h "pipeline parallel" $logs/pg-llama3-tiny-*.err | head -2
+fi
+
 if [[ $steps == *llamacpp* ]]; then
-    wait $lc_pid $gguf_pid
+    while [[ ! -f /tmp/lc/rc || ! -f /tmp/lc/gguf-done ]]; do sleep 5; done
     stamp "llama.cpp build rc $(cat /tmp/lc/rc 2>/dev/null || echo none) (commit: $(cat "$dir/llamacpp-commit" 2>/dev/null))"
     tail -3 /tmp/lc/build.log
     ls -la /tmp/lc/*.gguf
@@ -103,18 +143,34 @@ if [[ $steps == *8b* ]]; then
 fi
 # The 70B's bf16 weights need 2 GPUs of >= 120 GiB, or 4.
 tp70=${TP70:-$( (( gpu_gib >= 120 )) && echo 2 || echo 4)}
+if [[ $steps == *pp8* ]]; then
+    m8=$(model_dir llama-3.1-8b)
+    lat 8b_tp1 "$m8" 1
+    lat 8b_pp2 "$m8" 1 --pipeline-parallel-size 2
+fi
 if [[ $steps == *70b* ]] && (( tp70 <= $(nvidia-smi -L | wc -l) )); then
     m70=$(model_dir llama-3.1-70b)
     lat 70b_tp${tp70}_peer "$m70" $tp70
-    lat 70b_tp${tp70}_nccl "$m70" $tp70 --disable-custom-all-reduce
+    [[ ${NCCL70:-1} == 1 ]] && lat 70b_tp${tp70}_nccl "$m70" $tp70 --disable-custom-all-reduce
+    # Tensor 2 x pipeline 2 beside tensor 4, on 4 GPUs.
+    if (( $(nvidia-smi -L | wc -l) >= 4 )); then
+        lat 70b_tp2pp2 "$m70" 2 --pipeline-parallel-size 2
+        if [[ ${OFFLINE70:-1} == 1 ]]; then
+            thr 70b_offline256_tp4 "$m70" 4
+            thr 70b_offline256_tp2pp2 "$m70" 2 --pipeline-parallel-size 2
+        fi
+    fi
 fi
 if [[ $steps == *llamacpp* && -x /tmp/lc/llama.cpp/build/bin/llama-bench ]]; then
     lb=/tmp/lc/llama.cpp/build/bin/llama-bench
-    for s in llama3.1-8b llama3.2-1b; do
-        for sm in none layer row; do
-            CUDA_VISIBLE_DEVICES=$([[ $sm == none ]] && echo 0 || echo 0,1) timeout 200 $lb -m /tmp/lc/$s.gguf -ngl 99 -fa 1 \
-                -sm $sm -p 512 -n 128 -r 3 -o md > $logs/lc-$s-$sm.md 2> $logs/lc-$s-$sm.err
-            stamp "llama.cpp $s -sm $sm: rc $?"
+    for s in $lc_shapes; do
+        # GPUs: -sm none on GPU 0 alone; the splits over LC_GPUS (default 0,1); the 70B over all 4.
+        gpus=${LC_GPUS:-0,1} modes="none layer row"
+        [[ $s == llama3.1-70b ]] && gpus=0,1,2,3 modes="layer row"
+        for sm in $modes; do
+            CUDA_VISIBLE_DEVICES=$([[ $sm == none ]] && echo 0 || echo $gpus) timeout 400 $lb -m /tmp/lc/$s.gguf -ngl 99 -fa 1 \
+                -sm $sm -p 512 -n 128 -r ${LC_REPS:-3} -o md > $logs/lc-$s-$sm.md 2> $logs/lc-$s-$sm.err
+            stamp "llama.cpp $s -sm $sm on GPUs $([[ $sm == none ]] && echo 0 || echo $gpus): rc $?"
             grep -E "pp512|tg128" $logs/lc-$s-$sm.md
         done
     done

@@ -42,9 +42,6 @@ LlamaModel::LlamaModel(const LoadedModel& model, Backend& backend, const ModelPa
     if (config_.tp.size != size || config_.tp.rank != rank)
         fail("the model was loaded for tensor-parallel rank ", config_.tp.rank, " of ", config_.tp.size,
              ", but runs as rank ", rank, " of ", size);
-    // The residual stream and the logits cross stages through host memory so far.
-    if (pp_ && pp_->size() > 1 && backend.device() != Device::CPU)
-        fail("pipeline parallelism runs on the CPU backend so far, not ", backend.name());
 }
 
 LlamaModel::~LlamaModel() {
@@ -132,7 +129,7 @@ Tensor LlamaModel::forward_device(const BatchInput& batch, KvCache& cache) {
     backend_.begin_step(*run);
     // (A replayed recording does not call the lambda: the logits are where run_ops puts them.)
     backend_.run_step(bucket, [&] { run_ops(*run, cache); });
-    if (num_logits == 0 || !last_stage()) return Tensor();
+    if (num_logits == 0 || !holds_logits()) return Tensor();
     // Padding rows come last: the real ones are the first num_logits.
     return view(ws_.logits, num_logits, config_.vocab_size);
 }
@@ -176,19 +173,27 @@ Tensor LlamaModel::run_ops(const BatchInput& batch, KvCache& cache) {
         backend_.attention_block(residual, w, attn, batch, cache.k(l), cache.v(l));
         backend_.mlp_block(residual, w, c.rms_norm_eps, tp_);
     }
+    const Tensor out = view(ws_.logits, num_logits, c.vocab_size);
+    const size_t logit_count = static_cast<size_t>(num_logits * c.vocab_size);
     if (!last_stage()) {
         pp_->send(residual.data, stream, DType::F32, pp_->rank() + 1);
-        return Tensor();
+        // The first stage's tensor-parallel rank 0 gets the logits back from the last stage.
+        if (num_logits == 0 || !holds_logits()) return Tensor();
+        pp_->recv(out.data, logit_count, DType::F32, pp_->size() - 1);
+        return out;
     }
     if (num_logits == 0) return Tensor();
     // The final norm and LM head, only for the rows whose logits are wanted.
-    const Tensor out = view(ws_.logits, num_logits, c.vocab_size);
     if (sharded()) {
         const Tensor local = view(ws_.local, num_logits, c.vocab_rows());
         backend_.logits(residual, weights_.final_norm, c.rms_norm_eps, weights_.lm_head, batch, local);
         gather_logits(local, out);
     } else {
         backend_.logits(residual, weights_.final_norm, c.rms_norm_eps, weights_.lm_head, batch, out);
+    }
+    if (!holds_logits()) {  // a last stage: column 0 hands them to the first stage's rank
+        if (tp_rank() == 0) pp_->send(out.data, logit_count, DType::F32, 0);
+        return Tensor();
     }
     return out;
 }

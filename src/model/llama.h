@@ -21,7 +21,7 @@ class LlamaModel final : public Model {
     // `par` (its groups outlive this): par.tp is the tensor-parallel group `model` was sharded
     // for (model.config.tp): the blocks all-reduce their o / down products over it, the
     // embedding and LM head are vocabulary-parallel. par.pp: this rank runs its stage's layers
-    // (stage_layers), on the CPU backend only so far.
+    // (stage_layers), receiving the residual stream from the stage before and sending it on.
     LlamaModel(const LoadedModel& model, Backend& backend, const ModelParallel& par = {});
     ~LlamaModel();
     LlamaModel(const LlamaModel&) = delete;
@@ -58,6 +58,12 @@ class LlamaModel final : public Model {
     bool sharded() const { return tp_ != nullptr && tp_->size() > 1; }
     bool first_stage() const { return pp_ == nullptr || pp_->rank() == 0; }
     bool last_stage() const { return pp_ == nullptr || pp_->rank() == pp_->size() - 1; }
+    bool staged() const { return pp_ != nullptr && pp_->size() > 1; }
+    int tp_rank() const { return tp_ ? tp_->rank() : 0; }
+    // Whose forward returns the logits: every rank of a single stage; with pipeline stages, the
+    // first stage's tensor-parallel rank 0 only (the rank that samples), to which the last
+    // stage's rank 0 sends them over the pipeline communicator (device to device on CUDA).
+    bool holds_logits() const { return !staged() || (first_stage() && tp_rank() == 0); }
     void reserve(int64_t tokens, int64_t logit_rows);
     void free_workspace();
     // The blocks of one step, from the embedding to logits in ws_.logits; returns the logits view.

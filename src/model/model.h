@@ -17,7 +17,8 @@ class Communicator;
 // The groups a model's rank belongs to (each may be null: a group of one). `tp`: the ranks that
 // split every layer (Megatron-style; the loaded config says which slice this is). `pp`: the
 // pipeline stages, contiguous layer ranges in stage order; a stage receives the residual stream
-// from the one before and sends it to the one after, and only the last computes logits.
+// from the one before and sends it to the one after; the last computes the logits and sends
+// them back to the first stage's tensor-parallel rank 0, the rank that samples.
 struct ModelParallel {
     Communicator* tp = nullptr;
     Communicator* pp = nullptr;
@@ -31,8 +32,8 @@ class Model {
     // [num_blocks, block_size, num_kv_heads, head_dim].
     virtual KvCacheShape kv_cache_shape(int num_blocks, int block_size) const = 0;
     // Runs every token of `batch`, writing its keys and values into `cache`, and returns the
-    // logits of the rows in `batch.logits_indices`: [logits_indices.size(), vocab] f32 (none on
-    // a pipeline stage other than the last).
+    // logits of the rows in `batch.logits_indices`: [logits_indices.size(), vocab] f32 (with
+    // pipeline stages: only on the first stage's tensor-parallel rank 0, none elsewhere).
     virtual void forward(const BatchInput& batch, KvCache& cache, std::vector<float>& logits) = 0;
     // The same, leaving the logits in the backend's memory: a view [logits_indices.size(), vocab]
     // valid until the next step (empty when no row is wanted).

@@ -74,24 +74,14 @@ void stop_later_on_signal(int rank) {
     stop_later_on_signal(rank);
     try {
         std::unique_ptr<Worker> w = ready_worker(*g);
-        const bool returns_logits = g->stages() > 1 && g->last_stage() && g->tp().rank == 0;
-        const int vocab = w->model_config().vocab_size;
         std::string bytes;
-        std::vector<float> logits;
         bool stopped = false;
         while (!stopped && g->recv_step(bytes)) {
             StepMessage m = decode_step(bytes);
             switch (m.op) {
-                case StepMessage::kExecute: {
-                    if (!returns_logits) {  // the logits stay where they are (rank 0 has its own)
-                        w->execute_on_device(m.batch);
-                        break;
-                    }
-                    w->execute(m.batch, logits);
-                    const size_t count = m.batch.logits_indices.size() * static_cast<size_t>(vocab);
-                    if (count > 0) g->comms().pp->send(logits.data(), count, DType::F32, 0);
+                case StepMessage::kExecute:  // the logits stay where they are (rank 0 gets its own)
+                    w->execute_on_device(m.batch);
                     break;
-                }
                 case StepMessage::kCopyBlocks:
                     w->copy_blocks(m.copies);
                     break;
@@ -177,18 +167,13 @@ void ParallelExecutor::execute(const BatchInput& batch, std::vector<float>& logi
     try {
         group_->send_step(encode_execute(batch));
         worker_->execute(batch, logits);
-        if (group_->stages() > 1) {
-            const size_t count = batch.logits_indices.size() * static_cast<size_t>(vocab_size());
-            logits.resize(count);
-            if (count > 0) group_->comms().pp->recv(logits.data(), count, DType::F32, group_->stages() - 1);
-        }
     } catch (const Error& e) {
         RankGroup::exit_group(group_->diagnose(e.what()));
     }
 }
 
 bool ParallelExecutor::samples_on_device() const {
-    return worker_->samples_on_device() && group_->stages() == 1;
+    return worker_->samples_on_device();
 }
 
 void ParallelExecutor::execute_on_device(const BatchInput& batch) {

@@ -2,7 +2,8 @@
 // first to every other rank over the control channel, then runs on rank 0's own worker; every
 // rank's forward meets the others' in the collectives (tensor parallel) or hands the residual
 // stream on (pipeline parallel), and the last stage's logits come back to rank 0 over the
-// pipeline communicator (CPU). Rank 0 samples: on the CPU, or on its GPU from the gathered logits.
+// pipeline communicator, inside the step (LlamaModel). Rank 0 samples: on the CPU, or on its
+// GPU from the gathered logits.
 //
 // A rank that fails ends the whole group: rank 0 prints a line naming the rank ("peregrine:
 // rank 1 (pid 4242 on host-a) killed by signal 9; stopping the group") and exits 1,

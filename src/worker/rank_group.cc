@@ -116,10 +116,6 @@ std::unique_ptr<RankGroup> RankGroup::join(const EngineConfig& config) {
     // Only now: asking whether a GPU is there initializes CUDA, and a process forked after that
     // cannot use it ("initialization error" in the child).
     g->cuda_ = worker_uses_cuda(config);
-    if (g->cuda_ && g->pp_size_ > 1)
-        fail(
-            "pipeline parallelism runs on the CPU backend so far (--device cpu); on CUDA use "
-            "--tensor-parallel-size alone");
     // GPUs of a host in launch order: several launched processes on one host (mpirun -np N on a
     // single machine) take consecutive blocks of per_host GPUs.
     g->device_index_ = launch.local_rank * per_host + local;
@@ -183,17 +179,21 @@ void RankGroup::open_control(const std::string& master_addr) {
 ModelParallel RankGroup::connect(Backend& backend) {
     if (!cuda_ || tp_comm_ || pp_comm_) return comms();
     PG_CHECK(backend.native_stream(), "RankGroup::connect: a CUDA group needs the CUDA backend");
-    // One NCCL group per stage for tensor parallelism (pipeline parallelism is refused on CUDA
-    // at join); its first rank draws the id.
+    // NCCL groups: one per stage for tensor parallelism, one per tensor-parallel column for the
+    // pipeline; each group's first rank draws its id. Every rank joins its stage's group first,
+    // so no rank waits in a column's join while another waits in a stage's.
     const TensorParallel t = tp();
-    const std::string key = str_cat("nccl/tp", stage());
-    if (t.rank == 0) store_->set(key, NcclCommunicator::new_id().bytes());
-    const NcclId id = NcclId::from_bytes(store_->get(key));
-    tp_comm_ = NcclCommunicator::create(id, t.rank, t.size, backend.device_index(), backend.native_stream());
-    // Small collectives over peer memory where every rank is on this host (hosts_ is 1 on every
-    // rank alike, so all ranks make the exchange or none does).
+    auto join_nccl = [&](const std::string& key, int rank, int size) {
+        if (rank == 0) store_->set(key, NcclCommunicator::new_id().bytes());
+        const NcclId id = NcclId::from_bytes(store_->get(key));
+        return NcclCommunicator::create(id, rank, size, backend.device_index(), backend.native_stream());
+    };
+    if (tp_size_ > 1) tp_comm_ = join_nccl(str_cat("nccl/tp", stage()), t.rank, t.size);
+    if (pp_size_ > 1) pp_comm_ = join_nccl(str_cat("nccl/pp", t.rank), stage(), pp_size_);
+        // Small collectives over peer memory where every rank is on this host (hosts_ is 1 on every
+        // rank alike, so all ranks make the exchange or none does).
 #ifdef PG_WITH_CUDA
-    if (hosts_ == 1 && !config_.disable_custom_all_reduce) {
+    if (tp_comm_ && hosts_ == 1 && !config_.disable_custom_all_reduce) {
         const std::string base = str_cat("peer/tp", stage(), "/");
         backend.make_current();
         tp_comm_ = PeerCommunicator::wrap(std::move(tp_comm_), backend.device_index(), backend.native_stream(),

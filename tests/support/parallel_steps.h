@@ -36,8 +36,8 @@ inline BatchInput two_sequence_step(bool decode) {
     return b;
 }
 
-// The prefill's and the decode's logits, one after the other: [10, vocab] (empty on a
-// pipeline stage other than the last).
+// The prefill's and the decode's logits, one after the other: [10, vocab] (with pipeline
+// stages: empty except on rank 0, the first stage's tensor-parallel rank 0).
 inline std::vector<float> run_two_sequence_steps(Model& model, Backend& backend) {
     KvCache cache(backend, model.kv_cache_shape(16, 16));
     std::vector<float> all, logits;
