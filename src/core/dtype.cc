@@ -31,6 +31,12 @@ Info info(DType t) {
             return {"q6_k", 256, 210};
         case DType::F8_E4M3:
             return {"f8_e4m3", 1, 1};
+        case DType::GQ8_32:  // 32 code bytes + f16 scale
+            return {"gq8_32", 32, 34};
+        case DType::GQ8_16:  // 16 code bytes + f16 scale
+            return {"gq8_16", 16, 18};
+        case DType::GQ4_32:  // 16 code bytes + f16 (scale, min)
+            return {"gq4_32", 32, 20};
     }
     PG_CHECK(false, "unknown dtype ", static_cast<int>(t));
 }
@@ -47,6 +53,10 @@ int64_t dtype_block_bytes(DType t) {
 }
 bool dtype_is_quantized(DType t) {
     return info(t).block_size > 1;
+}
+
+bool dtype_is_gpu_layout(DType t) {
+    return t == DType::GQ8_32 || t == DType::GQ8_16 || t == DType::GQ4_32;
 }
 
 size_t dtype_row_bytes(DType t, int64_t n) {

@@ -139,6 +139,11 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
         case DType::F8_E4M3:  // the values alone: a row's factor (Tensor::scale) is the caller's
             for (int64_t i = 0; i < n; ++i) dst[i] = f8e4m3_to_f32(s[i]);
             return;
+        case DType::GQ8_32:  // device layouts: codes and factors are not in blocks (core/gpu_quant.h)
+        case DType::GQ8_16:
+        case DType::GQ4_32:
+            PG_CHECK(false, "dequantize_row: ", dtype_name(t), " is a GPU layout, not a row of blocks");
+            return;
         case DType::I32:
             break;
     }

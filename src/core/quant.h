@@ -66,7 +66,8 @@ static_assert(sizeof(BlockQ6_K) == 210);
 void q4_k_scale_min(const uint8_t* scales, int j, uint8_t* sc, uint8_t* m);
 
 // Dequantizes `n` elements (a multiple of dtype_block_size(t)) of type t (F32, F16, BF16, Q8_0,
-// Q4_0, Q4_K, Q6_K) from src into dst (f32). src needs no particular alignment.
+// Q4_0, Q4_K, Q6_K) from src into dst (f32). src needs no particular alignment. Aborts
+// (PG_CHECK) for the GQ device layouts, whose rows are not contiguous: core/gpu_quant.h reads them.
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 
 // Elements [first, first + n) of row r of host matrix t (t seen as [rows(), cols()]; first and

@@ -49,7 +49,8 @@ struct Tensor {
     T* ptr() const {
         return static_cast<T*>(data);
     }
-    // Row `r` of the tensor seen as [rows(), cols()].
+    // Row `r` of the tensor seen as [rows(), cols()]. Not for the GQ device layouts, whose
+    // codes and factors are stored apart (core/dtype.h).
     const void* row(int64_t r) const { return static_cast<const char*>(data) + r * row_bytes(); }
 
     std::string shape_str() const;

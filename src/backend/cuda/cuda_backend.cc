@@ -224,7 +224,8 @@ void CudaBackend::download(const Tensor& src, void* dst) {
 bool CudaBackend::supports_weight_dtype(DType t) const {
     // Every stored type is read by place_weight, which converts matrices to bf16 row by row;
     // f8_e4m3 layer matrices (FP8 checkpoints) stay FP8 where keeps_fp8 allows.
-    return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::F8_E4M3 || dtype_is_quantized(t);
+    return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::F8_E4M3 ||
+           (dtype_is_quantized(t) && !dtype_is_gpu_layout(t));
 }
 
 bool CudaBackend::keeps_fp8(const std::vector<Tensor>& parts) const {
