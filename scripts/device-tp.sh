@@ -35,14 +35,8 @@ gpu_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | he
 lc_shapes=${LC_SHAPES:-"llama3.1-8b llama3.2-1b"}
 if [[ ( $steps == *llamacpp* || $steps == *lcprep* ) && ! -f /tmp/lc/started ]]; then
     mkdir -p /tmp/lc /tmp/tok && touch /tmp/lc/started
-    tar -C /tmp/lc -xJf "$dir/llamacpp-src.tar.xz"
+    start_llamacpp_build "$dir/llamacpp-src.tar.xz" /tmp/lc
     tar -C /tmp/tok -xJf tests/data/tokenizers.tar.xz tokenizers/llama3
-    cat > /tmp/lc/build.sh <<EOS
-cd /tmp/lc/llama.cpp && nice -n 19 cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/lc/cmake.log 2>&1 &&
-    nice -n 19 cmake --build build -j $(( $(nproc) - 6 )) --target llama-bench > /tmp/lc/build.log 2>&1
-echo \$? > /tmp/lc/rc
-EOS
     # Its GGUFs: random bf16 weights of the bench/models shapes with the Llama 3 vocabulary; the
     # 70B's 141 GB in memory where /dev/shm allows (the 4-GPU machines have 512 GB), one
     # random chunk repeated.
@@ -60,7 +54,6 @@ for s in $lc_shapes; do
 done
 touch /tmp/lc/gguf-done
 EOS
-    setsid nohup bash /tmp/lc/build.sh > /dev/null 2>&1 < /dev/null &
     setsid nohup bash /tmp/lc/gguf.sh > /dev/null 2>&1 < /dev/null &
 fi
 

@@ -47,6 +47,9 @@ class Backend : public DeviceServices {
     // with place_weight; a backend may instead stack q/k/v into wqkv (+ bqkv) and gate/up into
     // w_gate_up (weights.h). q_norm/k_norm are set exactly when the model uses qk-norm.
     virtual LayerWeights place_layer(const LayerWeights& host);
+    // Places an untied LM head (only ever multiplied, never gathered like the embedding): by
+    // default as place_weight does; a backend may keep it in a product-only layout.
+    virtual Tensor place_lm_head(const Tensor& host) { return place_weight(host, true); }
 
     // The blocks of one step, called between begin_step(batch) and the step's end with the
     // same `batch` (n = batch.num_tokens()). Caches: [num_blocks, block_size, num_kv_heads,

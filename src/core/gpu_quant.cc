@@ -163,7 +163,7 @@ float gpu_layout_value(DType t, const void* data, int64_t rows, int64_t k, int64
         const uint8_t byte = codes[r * (k / 2) + c / 2];
         const int q = (c % 2 == 0) ? (byte & 0xF) : (byte >> 4);
         const float scale = f16_to_f32(get_f16(factors + 4 * fi)), min = f16_to_f32(get_f16(factors + 4 * fi + 2));
-        return static_cast<float>(q) * scale - min;
+        return std::fma(static_cast<float>(q), scale, -min);  // one rounding, as the CUDA kernels do
     }
     const auto q = static_cast<int8_t>(codes[r * k + c]);  // GQ8_32, GQ8_16
     return static_cast<float>(q) * f16_to_f32(get_f16(factors + 2 * fi));

@@ -21,7 +21,9 @@ ModelWeights place_weights(const ModelWeights& w, const ModelConfig& c, Backend&
     ModelWeights out;
     out.embed = matrix(w.embed);
     out.final_norm = vec(w.final_norm);
-    out.lm_head = matrix(w.lm_head);
+    // A tied head is the embedding's placement; an untied one may stay in a product-only layout.
+    out.lm_head =
+        w.lm_head.empty() || w.lm_head.data == w.embed.data ? matrix(w.lm_head) : backend.place_lm_head(w.lm_head);
     for (int i = first; i < first + count; ++i) {
         LayerWeights host = w.layers[i];
         if (!c.qk_norm) host.q_norm = host.k_norm = Tensor();  // the blocks apply qk-norm where these are set

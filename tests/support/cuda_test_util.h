@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "core/dtype.h"
 #include "core/half.h"
 
 namespace peregrine::cuda_test {
@@ -119,6 +120,28 @@ inline std::vector<uint8_t> quantize_e4m3(const std::vector<float>& x, int64_t r
         for (int64_t c = 0; c < cols; ++c) q[static_cast<size_t>(r * cols + c)] = f32_to_f8e4m3(row[c] * inv);
     }
     return q;
+}
+
+// Random GGUF blocks of type t (Q8_0, Q4_0, Q4_K, Q6_K) for a [rows, cols] matrix, as the file
+// would hold them: random codes, positive f16 super-block scales around the size real ones have
+// (values ~1e-2), random 6-bit sub-block scales and mins (Q4_K), random int8 sub-block scales (Q6_K).
+inline std::vector<uint8_t> random_gguf_blocks(DType t, int64_t rows, int64_t cols, std::mt19937& rng) {
+    std::vector<uint8_t> b(static_cast<size_t>(rows) * dtype_row_bytes(t, cols));
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (auto& v : b) v = static_cast<uint8_t>(byte(rng));
+    std::uniform_real_distribution<float> d(0.5e-3f, 2e-3f);
+    auto put_f16 = [&](size_t at, float v) {
+        const uint16_t h = f32_to_f16(v);
+        std::memcpy(b.data() + at, &h, 2);
+    };
+    const size_t bytes = static_cast<size_t>(dtype_block_bytes(t)), blocks = b.size() / bytes;
+    for (size_t i = 0; i < blocks; ++i) {
+        const size_t at = i * bytes;
+        if (t == DType::Q8_0 || t == DType::Q4_0) put_f16(at, d(rng) * (t == DType::Q8_0 ? 1.0f : 8.0f));
+        if (t == DType::Q4_K) put_f16(at, d(rng) * 0.5f), put_f16(at + 2, d(rng) * 0.5f);
+        if (t == DType::Q6_K) put_f16(at + bytes - 2, d(rng) * 0.1f);
+    }
+    return b;
 }
 
 // ---- random inputs and comparisons ------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_gguf.h"
 #include "backend/cuda/cuda_sampler.h"
 #include "core/half.h"
 #include "core/quant.h"
@@ -50,17 +51,18 @@ cuda::bf16_t* bf(const Tensor& t) {
     return t.ptr<cuda::bf16_t>();
 }
 
-// A product's weight for the decode kernels: bf16, or e4m3 with its row factors.
+// A product's weight for the decode kernels: bf16, e4m3 with its row factors, or a GGUF layout.
 cuda::GemvWeight gemv_weight(const Tensor& w) {
     if (w.dtype == DType::F8_E4M3) {
         PG_CHECK(w.scale != nullptr, "f8_e4m3 weight ", w.shape_str(), " without row factors");
         return cuda::GemvWeight(w.ptr<uint8_t>(), w.scale);
     }
+    if (dtype_is_gpu_layout(w.dtype)) return gguf_gemv_weight(w);
     return cuda::GemvWeight(bf(w));
 }
 
 bool is_product_weight(const Tensor& w) {
-    return w.dtype == DType::BF16 || w.dtype == DType::F8_E4M3;
+    return w.dtype == DType::BF16 || w.dtype == DType::F8_E4M3 || dtype_is_gpu_layout(w.dtype);
 }
 
 // The padded decode sizes that get a CUDA graph each (vLLM's buckets: 1, 2, 4, then steps of 8).
@@ -265,11 +267,14 @@ Tensor CudaBackend::place_fp8(const std::vector<Tensor>& parts) {
     return dev;
 }
 
+void CudaBackend::ensure_stage() {
+    if (stage_) return;
+    stage_bytes_ = kStageBytes;
+    PG_CUDA_CHECK(cudaMallocHost(&stage_, stage_bytes_));
+}
+
 void CudaBackend::convert_rows_into(const Tensor& host, DType out_type, void* dst_dev) {
-    if (!stage_) {
-        stage_bytes_ = kStageBytes;
-        PG_CUDA_CHECK(cudaMallocHost(&stage_, stage_bytes_));
-    }
+    ensure_stage();
     // Convert whole rows into the pinned stage, then copy each filled stage out.
     const int64_t rows = host.rows(), cols = host.cols();
     const size_t out_row = dtype_row_bytes(out_type, cols);
@@ -545,7 +550,7 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, c
     PG_CHECK(w.cols() == k && out.rows() == n && out.cols() == m, "matmul shapes: x ", x.shape_str(), " w ",
              w.shape_str(), " out ", out.shape_str());
     PG_CHECK(x.dtype == DType::BF16 && is_product_weight(w),
-             "CUDA matmul takes bf16 inputs and bf16 or f8_e4m3 weights");
+             "CUDA matmul takes bf16 inputs and bf16, f8_e4m3 or GGUF-layout weights");
     if (n == 0) return;
     if (options_.batch_invariant) {
         // One k order per element whatever n is (tensor cores, no split-K across CTAs).
@@ -651,6 +656,10 @@ void CudaBackend::cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& 
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
     if (w.dtype == DType::F8_E4M3) {
         fp8_matmul(x, w, out, beta, tune_out.empty() ? out : tune_out);
+        return;
+    }
+    if (dtype_is_gpu_layout(w.dtype)) {
+        gguf_matmul(x, w, out, beta, tune_out.empty() ? out : tune_out);
         return;
     }
     lt_matmul(w.data, x.data, false, n, m, k, out.data, out.dtype, beta, tune_out.empty() ? out.data : tune_out.data);

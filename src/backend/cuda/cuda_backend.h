@@ -33,6 +33,9 @@ struct CudaOptions {
     // FP8 GEMMs with both factor vectors in cuBLASLt (outer-vector scaling) where it has an
     // algorithm; false: always unit-factor GEMMs + scale_fp8_product (tests cover that path).
     bool fp8_outer_vectors = true;
+    // GGUF layer matrices of type Q8_0, Q4_0, Q4_K and Q6_K stay quantized on the device, repacked
+    // into the layouts of core/gpu_quant.h (false, or batch-invariant mode: bf16 as before).
+    bool gguf_quantized = true;
 };
 
 // Whether a CUDA device is present (never throws).
@@ -55,6 +58,8 @@ class CudaBackend final : public Backend {
     void upload(const void* src, const Tensor& dst) override;
     void download(const Tensor& src, void* dst) override;
     Tensor place_weight(const Tensor& host, bool matrix) override;
+    // A GGUF LM head stays quantized (place_layer_matrix); others as place_weight.
+    Tensor place_lm_head(const Tensor& host) override { return place_layer_matrix({host}); }
     void fill_random(const Tensor& t, uint64_t seed, float lo, float hi) override;
     void copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
     // Pinned (cudaHostAlloc), so the copies below run asynchronously.
@@ -173,6 +178,16 @@ class CudaBackend final : public Backend {
     // One f8_e4m3 [sum of rows, k] device matrix of `parts` (keeps_fp8), codes copied as they
     // are, Tensor::scale at the parts' f32 row factors concatenated (device memory, owned).
     Tensor place_fp8(const std::vector<Tensor>& parts);
+    // GGUF matrices (cuda_gguf.cc). Whether host matrices `parts` stay quantized: all of a
+    // type with a device layout (Q8_0, Q4_0, Q4_K, Q6_K), one layout among them, same k,
+    // gguf_quantized on and not batch-invariant.
+    bool keeps_gguf(const std::vector<Tensor>& parts) const;
+    // One [sum of rows, k] device matrix of `parts` (keeps_gguf) in their device layout.
+    Tensor place_gguf(const std::vector<Tensor>& parts);
+    // A layer matrix: kept quantized where keeps_gguf allows, else place_weight / place_stacked.
+    Tensor place_layer_matrix(const std::vector<Tensor>& parts);
+    // out (+)= x . w^T for a GGUF-layout w: w dequantized into gguf_scratch_ (bf16), then cuBLASLt.
+    void gguf_matmul(const Tensor& x, const Tensor& w, const Tensor& out, float beta, const Tensor& tune);
     struct Gemm;  // a cached cuBLASLt plan for one (n, m, k, out dtype)
     struct Graph;
     // An f8_e4m3 copy of a placed bf16 matrix (per-row factors); the bf16 one is freed where this
@@ -239,7 +254,10 @@ class CudaBackend final : public Backend {
     std::unordered_map<const void*, Tensor> placed_;
     std::vector<void*> owned_;
     Tensor f8_input_, f8_scale_, f8_product_;  // see ensure_fp8_buffers
-    bool fp8_outer_vectors_ = true;            // options_.fp8_outer_vectors until cuBLASLt finds none
+    // [largest GGUF-layout matrix] bf16: a weight dequantized for one cuBLASLt product; sized as
+    // matrices are placed, so it never grows during a step.
+    Tensor gguf_scratch_;
+    bool fp8_outer_vectors_ = true;  // options_.fp8_outer_vectors until cuBLASLt finds none
     size_t weight_bytes_ = 0;
 
     // The current step's metadata (layout in begin_step): one device buffer and two pinned host
@@ -260,8 +278,9 @@ class CudaBackend final : public Backend {
 
     void* attn_ws_ = nullptr;
     size_t attn_ws_bytes_ = 0;
-    void* stage_ = nullptr;  // pinned staging for weight uploads
+    void* stage_ = nullptr;  // pinned staging for weight uploads (ensure_stage)
     size_t stage_bytes_ = 0;
+    void ensure_stage();
 
     std::map<int, std::unique_ptr<Graph>> graphs_;
     Scratch scratch_{*this};  // the blocks' buffers (scratch.h)

@@ -8,29 +8,30 @@
 namespace peregrine {
 
 LayerWeights CudaBackend::place_layer(const LayerWeights& l) {
-    auto matrix = [&](const Tensor& t) { return t.empty() ? t : place_weight(t, true); };
     auto vec = [&](const Tensor& t) { return t.empty() ? t : place_weight(t, false); };
     LayerWeights p;
     p.attn_norm = vec(l.attn_norm);
     // qk-norm (qwen3) works on whole q and k heads between the projection and RoPE, so those
     // layers keep q/k/v apart.
-    if (l.q_norm.empty()) {
-        p.wqkv = place_stacked({l.wq, l.wk, l.wv}, true);
+    // GGUF q, k and v of different device layouts (Q4_K_M's Q6_K v) stay apart, each quantized.
+    const bool mixed_qkv = !keeps_gguf({l.wq, l.wk, l.wv}) && (keeps_gguf({l.wq}) || keeps_gguf({l.wv}));
+    if (l.q_norm.empty() && !mixed_qkv) {
+        p.wqkv = place_layer_matrix({l.wq, l.wk, l.wv});
         if (!l.bq.empty()) p.bqkv = place_stacked({l.bq, l.bk, l.bv}, false);
     } else {
-        p.wq = matrix(l.wq);
-        p.wk = matrix(l.wk);
-        p.wv = matrix(l.wv);
+        p.wq = place_layer_matrix({l.wq});
+        p.wk = place_layer_matrix({l.wk});
+        p.wv = place_layer_matrix({l.wv});
         p.bq = vec(l.bq);
         p.bk = vec(l.bk);
         p.bv = vec(l.bv);
     }
     p.q_norm = vec(l.q_norm);
     p.k_norm = vec(l.k_norm);
-    p.wo = matrix(l.wo);
+    p.wo = place_layer_matrix({l.wo});
     p.ffn_norm = vec(l.ffn_norm);
-    p.w_gate_up = place_stacked({l.w_gate, l.w_up}, true);
-    p.w_down = matrix(l.w_down);
+    p.w_gate_up = place_layer_matrix({l.w_gate, l.w_up});
+    p.w_down = place_layer_matrix({l.w_down});
     if (options_.fp8_weights)
         for (Tensor* t : {&p.wqkv, &p.wq, &p.wk, &p.wv, &p.wo, &p.w_gate_up, &p.w_down}) *t = quantize_weight(*t);
     return p;

@@ -107,13 +107,20 @@ void fill_random_f32(float* out, int64_t n, uint64_t seed, float lo, float hi, c
 // out[i, :] = bias (f32 [m]) added to x [n, m] bf16, in place.
 void add_bias(bf16_t* x, const float* bias, int64_t n, int64_t m, cudaStream_t stream);
 
-// A decode product's weight [m, k]: bf16, or (scale set) FP8 E4M3 values with one f32 factor per
-// row, element (r, c) = value(r, c) * scale[r].
+// A decode product's weight [m, k]: bf16; FP8 E4M3 values with one f32 factor per row, element
+// (r, c) = value(r, c) * scale[r]; or a GGUF matrix in one of the device layouts of core/dtype.h
+// (gq8_32, gq8_16, gq4_32): `data` its codes, `factors` its f16 factors (the same allocation).
 struct GemvWeight {
+    enum Kind { kBf16, kF8, kI8B32, kI8B16, kU4 };
     const void* data = nullptr;
     const float* scale = nullptr;
+    const void* factors = nullptr;
+    Kind kind = kBf16;
     GemvWeight(const bf16_t* w) : data(w) {}  // NOLINT: a bf16 matrix converts implicitly
-    GemvWeight(const uint8_t* w, const float* row_scale) : data(w), scale(row_scale) {}
+    GemvWeight(const uint8_t* w, const float* row_scale) : data(w), scale(row_scale), kind(kF8) {}
+    GemvWeight(Kind k, const void* codes, const void* f) : data(codes), factors(f), kind(k) {}
+    // k must be a multiple of this: whole 16-byte chunks of codes, whole factor blocks.
+    int k_multiple() const { return kind == kBf16 ? 8 : kind == kF8 || kind == kI8B16 ? 16 : 32; }
 };
 
 // Skinny product for decode: out[n, m] = x[n, k] . w[m, k]^T, bf16 (or e4m3) in, f32 accumulate,
@@ -133,6 +140,9 @@ void gemv_norm_silu(const float* x, const float* norm, float eps, GemvWeight w_g
                     int k, cudaStream_t stream);
 // out [n, m] f32 += x . w^T: the o / down products added straight into the residual stream.
 void gemv_add(const bf16_t* x, GemvWeight w, float* out, int n, int m, int k, cudaStream_t stream);
+// A GGUF-layout weight (kind kI8B32, kI8B16 or kU4) [m, k] written out as bf16 [m, k], for the
+// cuBLASLt products of larger batches.
+void dequantize_weight(GemvWeight w, bf16_t* out, int m, int k, cudaStream_t stream);
 // FP8: q [rows, cols] e4m3 and scale [rows] f32 from x [rows, cols] bf16, one factor a row
 // (amax / 448; q = x * 448 / amax rounded to nearest even, saturating). cols a multiple of 8.
 void quantize_rows_e4m3(const bf16_t* x, uint8_t* q, float* scale, int64_t rows, int64_t cols, cudaStream_t stream);

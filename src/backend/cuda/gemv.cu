@@ -54,9 +54,10 @@ struct Args {
     const void* x;      // [n, k] bf16, or f32 with a norm
     const float* norm;  // [k] RMSNorm weight (NORM) or nullptr
     float eps;
-    const void* w;         // [m, k] bf16, or (F8) e4m3
-    const float* w_scale;  // F8: [m] factors per row
-    void* out;             // [n, m] (silu: [n, m/2] bf16; add: f32, accumulated into)
+    const void* w;          // [m, k]: bf16, e4m3, or the codes of a GGUF layout (GemvWeight)
+    const float* w_scale;   // e4m3: [m] factors per row
+    const void* w_factors;  // GGUF layouts: f16 factors per block (gq4_32: f16 pairs)
+    void* out;              // [n, m] (silu: [n, m/2] bf16; add: f32, accumulated into)
     bool out_f32;
     int m, k;
 };
@@ -74,19 +75,45 @@ __device__ __forceinline__ uint16_t to_bf16(float v) {
     return *reinterpret_cast<const uint16_t*>(&h);
 }
 
-// A thread's 16-byte weight chunk: 8 bf16 or 16 e4m3 values, in kPieces pieces of 8 elements
-// (each multiplies one 8-element piece of x).
-template <bool F8>
-struct WeightChunk {
-    static constexpr int kBytes = 2;  // per element
+// Weight kinds (GemvWeight::Kind): bf16; e4m3 with a factor per row; the GGUF device layouts of
+// core/dtype.h: int8 codes with an f16 factor per 32 (gq8_32) or 16 (gq8_16) values, 4-bit codes
+// with an f16 (scale, min) pair per 32 (gq4_32).
+constexpr int kBf16 = GemvWeight::kBf16, kF8 = GemvWeight::kF8, kI8B32 = GemvWeight::kI8B32,
+              kI8B16 = GemvWeight::kI8B16, kU4 = GemvWeight::kU4;
+
+// Chunk c of row `row`: 16 bytes of a row of `row_bytes` bytes.
+__device__ __forceinline__ uint4 load16(const void* w, int row, int64_t row_bytes, int c) {
+    const char* p = static_cast<const char*>(w) + static_cast<int64_t>(row) * row_bytes;
+    return __ldg(reinterpret_cast<const uint4*>(p) + c);
+}
+// int8 codes (4 in a word) to floats, exactly: the byte with its sign bit flipped is u = code +
+// 128, and 2^23 + u is a float whose mantissa holds u (one byte permute and one add a value).
+__device__ __forceinline__ float i8_at(uint32_t flipped, int i) {
+    return __uint_as_float(__byte_perm(flipped, 0x4B00u, 0x5440u | i)) - 8388736.0f;  // 2^23 + 128
+}
+__device__ __forceinline__ float f16_bits(uint32_t h) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+}
+
+// A thread's unit of weight: a 16-byte chunk of codes (and for the GGUF layouts its block's
+// factors), in kPieces pieces of 8 elements, each multiplying one 8-element piece of x.
+template <int W>
+struct WeightChunk;
+template <>
+struct WeightChunk<kBf16> {
     static constexpr int kPieces = 1;
-    __device__ static void unpack(const uint4& v, int, float f[8]) { unpack8(v, f); }
+    using Chunk = uint4;
+    __host__ __device__ static int64_t row_bytes(int k) { return 2 * static_cast<int64_t>(k); }
+    __device__ static Chunk load(const Args& a, int row, int c) { return load16(a.w, row, row_bytes(a.k), c); }
+    __device__ static void unpack(const Chunk& v, int, float f[8]) { unpack8(v, f); }
 };
 template <>
-struct WeightChunk<true> {
-    static constexpr int kBytes = 1;
+struct WeightChunk<kF8> {
     static constexpr int kPieces = 2;
-    __device__ static void unpack(const uint4& v, int piece, float f[8]) {
+    using Chunk = uint4;
+    __host__ __device__ static int64_t row_bytes(int k) { return k; }
+    __device__ static Chunk load(const Args& a, int row, int c) { return load16(a.w, row, row_bytes(a.k), c); }
+    __device__ static void unpack(const Chunk& v, int piece, float f[8]) {
         const uint32_t w[2] = {piece == 0 ? v.x : v.z, piece == 0 ? v.y : v.w};
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -101,16 +128,59 @@ struct WeightChunk<true> {
         }
     }
 };
-// Chunk c of row `row` (k elements a row).
-template <bool F8>
-__device__ __forceinline__ uint4 load_chunk(const void* w, int row, int k, int c) {
-    const char* p = static_cast<const char*>(w) + static_cast<int64_t>(row) * k * WeightChunk<F8>::kBytes;
-    return __ldg(reinterpret_cast<const uint4*>(p) + c);
-}
-// The factor a row's sum is scaled by: 1 for bf16.
-template <bool F8>
+// A GGUF-layout chunk: 16 bytes of codes and the raw f16 factor(s) of the block it lies in.
+struct QuantChunk {
+    uint4 q;
+    uint32_t f;
+};
+// int8 codes, 16 a chunk (two pieces), one f16 factor per B values.
+template <int B>
+struct I8Chunk {
+    static constexpr int kPieces = 2;
+    using Chunk = QuantChunk;
+    __host__ __device__ static int64_t row_bytes(int k) { return k; }
+    __device__ static Chunk load(const Args& a, int row, int c) {
+        // Chunk c holds values [16c, 16c + 16): factor (16c) / B of the row.
+        const auto* f = static_cast<const uint16_t*>(a.w_factors) + static_cast<int64_t>(row) * (a.k / B) + 16 * c / B;
+        return {load16(a.w, row, row_bytes(a.k), c), __ldg(f)};
+    }
+    __device__ static void unpack(const Chunk& v, int piece, float f[8]) {
+        const float s = f16_bits(v.f);
+        const uint32_t w[2] = {(piece == 0 ? v.q.x : v.q.z) ^ 0x80808080u, (piece == 0 ? v.q.y : v.q.w) ^ 0x80808080u};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) f[e] = i8_at(w[e / 4], e % 4) * s;
+    }
+};
+template <>
+struct WeightChunk<kI8B32> : I8Chunk<32> {};
+template <>
+struct WeightChunk<kI8B16> : I8Chunk<16> {};
+// 4-bit codes, 32 a chunk (four pieces; byte i holds element 2i low, 2i + 1 high), one f16
+// (scale, min) pair per chunk: value = q * scale - min.
+template <>
+struct WeightChunk<kU4> {
+    static constexpr int kPieces = 4;
+    using Chunk = QuantChunk;
+    __host__ __device__ static int64_t row_bytes(int k) { return k / 2; }
+    __device__ static Chunk load(const Args& a, int row, int c) {
+        const auto* f = static_cast<const uint32_t*>(a.w_factors) + static_cast<int64_t>(row) * (a.k / 32) + c;
+        return {load16(a.w, row, row_bytes(a.k), c), __ldg(f)};
+    }
+    __device__ static void unpack(const Chunk& v, int piece, float f[8]) {
+        const float scale = f16_bits(v.f & 0xffffu), min = f16_bits(v.f >> 16);
+        const uint32_t w = piece == 0 ? v.q.x : piece == 1 ? v.q.y : piece == 2 ? v.q.z : v.q.w;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            // 2^23 + q as a float, minus 2^23: q exactly.
+            const float q = __uint_as_float(((w >> (4 * e)) & 0xFu) | 0x4B000000u) - 8388608.0f;
+            f[e] = fmaf(q, scale, -min);
+        }
+    }
+};
+// The factor a row's sum is scaled by: e4m3's per-row factor, else 1.
+template <int W>
 __device__ __forceinline__ float row_factor(const Args& a, int row) {
-    if constexpr (F8) return __ldg(a.w_scale + row);
+    if constexpr (W == kF8) return __ldg(a.w_scale + row);
     return 1.0f;
 }
 
@@ -130,11 +200,11 @@ __device__ __forceinline__ void load_normed_chunk(const Args& a, int j, int c, f
 // chunks c = threadIdx.x + 128 j of every row and keeps D chunks per row in flight (a group),
 // loading the next group while it multiplies the current one; the four warps' partial sums
 // are added in a fixed order at the end.
-template <int N, int R, int D, int EPI, bool NORM, bool F8>
+template <int N, int R, int D, int EPI, bool NORM, int W>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
     static_assert(EPI != kSilu || R == 2, "silu pairs a gate row with its up row");
-    using WC = WeightChunk<F8>;
-    using Chunk = uint4;
+    using WC = WeightChunk<W>;
+    using Chunk = typename WC::Chunk;
     constexpr int P = WC::kPieces;
     const int m = a.m, k = a.k;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -149,8 +219,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
         for (int d = 0; d < D; ++d) {
             const int c = base + d * kThreads;
 #pragma unroll
-            for (int r = 0; r < R; ++r)
-                g[d][r] = row_of(r) < m && c < chunks ? load_chunk<F8>(a.w, row_of(r), k, c) : make_uint4(0, 0, 0, 0);
+            for (int r = 0; r < R; ++r) g[d][r] = row_of(r) < m && c < chunks ? WC::load(a, row_of(r), c) : Chunk{};
         }
     };
     // Under programmatic launch this runs while the previous kernel finishes: the first weight
@@ -159,11 +228,11 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
     pdl_launch_dependents();
     Chunk next[D][R];
     load_group(threadIdx.x, next);
-    const int lines = (k * WC::kBytes + 127) / 128;
+    const int lines = static_cast<int>((WC::row_bytes(k) + 127) / 128);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         if (row_of(r) >= m) break;
-        const char* row = static_cast<const char*>(a.w) + static_cast<int64_t>(row_of(r)) * k * WC::kBytes;
+        const char* row = static_cast<const char*>(a.w) + static_cast<int64_t>(row_of(r)) * WC::row_bytes(k);
         for (int i = threadIdx.x; i < lines; i += kThreads)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(row + static_cast<int64_t>(i) * 128));
     }
@@ -236,7 +305,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
         return v;
     };
     auto total = [&](int r, int j) {  // the output value of row r, token j
-        const float v = sum(r, j) * row_factor<F8>(a, row_of(r));
+        const float v = sum(r, j) * row_factor<W>(a, row_of(r));
         if constexpr (NORM) return v / sqrtf(sum(R, j) / static_cast<float>(k) + a.eps);
         return v;
     };
@@ -270,7 +339,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
 // streams its row blocks, the next weight group in flight while it multiplies the current one.
 // The chunk each thread takes and every sum order are those of gemv_kernel with the same R and
 // D, so both give bitwise the same output.
-template <int N, int R, int D, int EPI, bool NORM, bool F8>
+template <int N, int R, int D, int EPI, bool NORM, int W>
 __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a) {
     static_assert(EPI != kSilu || R % 2 == 0, "silu pairs gate rows with up rows");
     constexpr int U = EPI == kSilu ? R / 2 : R;  // units a row block
@@ -280,8 +349,8 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
     extern __shared__ uint4 x_smem[];
     __shared__ float part[2][kWarps][R][N];  // per-warp row sums, two buffers: one barrier a block
     __shared__ float ss_part[kWarps][N];     // NORM: per-warp sums of x^2
-    using WC = WeightChunk<F8>;
-    using Chunk = uint4;
+    using WC = WeightChunk<W>;
+    using Chunk = typename WC::Chunk;
     constexpr int P = WC::kPieces;
     const int m = a.m, k = a.k;
     const int chunks = k / (8 * P), xchunks = k / 8;  // 16-byte weight chunks; 8-element pieces of x
@@ -299,16 +368,14 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
         for (int d = 0; d < D; ++d) {
             const int c = threadIdx.x + (g * D + d) * kThreads;
 #pragma unroll
-            for (int r = 0; r < R; ++r)
-                dst[d][r] =
-                    valid(u, r) && c < chunks ? load_chunk<F8>(a.w, row_of(u, r), k, c) : make_uint4(0, 0, 0, 0);
+            for (int r = 0; r < R; ++r) dst[d][r] = valid(u, r) && c < chunks ? WC::load(a, row_of(u, r), c) : Chunk{};
         }
     };
     pdl_launch_dependents();
     Chunk next[D][R];
     load_group(u_begin, 0, next);
     {  // The rest of this CTA's rows towards L2, up to its share of kPrefetchBytes.
-        const int64_t row_bytes = static_cast<int64_t>(k) * WC::kBytes;
+        const int64_t row_bytes = WC::row_bytes(k);
         const int64_t cap = kPrefetchBytes / gridDim.x / (EPI == kSilu ? 2 : 1);
         const int64_t bytes = min(static_cast<int64_t>(u_end - u_begin) * row_bytes, cap);
 #pragma unroll
@@ -433,7 +500,7 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
             float v = 0;
 #pragma unroll
             for (int q = 0; q < kWarps; ++q) v += part[buf][q][r][j];
-            v *= row_factor<F8>(a, row_of(u, r));
+            v *= row_factor<W>(a, row_of(u, r));
             if constexpr (NORM) v /= rms;
             return v;
         };
@@ -465,15 +532,15 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
     }
 }
 
-template <int N, int R, int D, int EPI, bool NORM, bool F8>
+template <int N, int R, int D, int EPI, bool NORM, int W>
 void launch_rd(const Args& a, cudaStream_t stream) {
     const int blocks = EPI == kSilu ? a.m / 2 : (a.m + R - 1) / R;
-    launch_pdl(gemv_kernel<N, R, D, EPI, NORM, F8>, static_cast<unsigned>(blocks), kThreads, 0, stream, a);
+    launch_pdl(gemv_kernel<N, R, D, EPI, NORM, W>, static_cast<unsigned>(blocks), kThreads, 0, stream, a);
 }
 
 // Resident CTAs per SM of one persistent instantiation (x in `smem` bytes), cached per device
 // with the smem it was computed for (an instantiation usually meets one k).
-template <int N, int R, int D, int EPI, bool NORM, bool F8>
+template <int N, int R, int D, int EPI, bool NORM, int W>
 int resident_ctas(size_t smem) {
     static std::atomic<uint64_t> cached[64];
     int dev = 0;
@@ -481,7 +548,7 @@ int resident_ctas(size_t smem) {
     std::atomic<uint64_t>& slot = cached[dev & 63];
     const uint64_t c = slot.load(std::memory_order_relaxed);
     if (c != 0 && (c >> 32) == smem) return static_cast<int>(c & 0xffffffffu);
-    auto kernel = gemv_persistent_kernel<N, R, D, EPI, NORM, F8>;
+    auto kernel = gemv_persistent_kernel<N, R, D, EPI, NORM, W>;
     PG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     int v = 0;
     PG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kernel, kThreads, smem));
@@ -490,17 +557,17 @@ int resident_ctas(size_t smem) {
     return v;
 }
 
-template <int N, int R, int D, int EPI, bool NORM, bool F8>
+template <int N, int R, int D, int EPI, bool NORM, int W>
 void launch_persistent(const Args& a, cudaStream_t stream) {
     const size_t smem = static_cast<size_t>(N) * a.k * (NORM ? 4 : 2);
-    const int per_sm = resident_ctas<N, R, D, EPI, NORM, F8>(smem);
+    const int per_sm = resident_ctas<N, R, D, EPI, NORM, W>(smem);
     // Every CTA the same number of units, whole row blocks (the last CTA fewer): a CTA with one
     // more unit than the rest would set the kernel's end.
     constexpr int U = EPI == kSilu ? R / 2 : R;
     const int units = EPI == kSilu ? a.m / 2 : a.m, slots = sm_count() * per_sm;
     const int per_cta = (units + slots * U - 1) / (slots * U) * U;
     const int grid = (units + per_cta - 1) / per_cta;
-    launch_pdl(gemv_persistent_kernel<N, R, D, EPI, NORM, F8>, static_cast<unsigned>(grid), kThreads, smem, stream, a);
+    launch_pdl(gemv_persistent_kernel<N, R, D, EPI, NORM, W>, static_cast<unsigned>(grid), kThreads, smem, stream, a);
 }
 
 // Launches the persistent kernel where it was measured faster (H100, `bench latency` batch 1,
@@ -526,41 +593,42 @@ int fp8_persistent_depth() {
     return v;
 }
 
-template <int N, int R, int D, int EPI, bool NORM, bool F8>
+template <int N, int R, int D, int EPI, bool NORM, int W>
 void launch_persistent_scaled(const Args& a, cudaStream_t stream) {
-    if constexpr (!F8) {
-        launch_persistent<N, R, D, EPI, NORM, F8>(a, stream);
+    if constexpr (W != kF8) {
+        launch_persistent<N, R, D, EPI, NORM, W>(a, stream);
     } else {
         switch (fp8_persistent_depth()) {
             case 0:
-                return launch_persistent<N, R, D / 2, EPI, NORM, F8>(a, stream);
+                return launch_persistent<N, R, D / 2, EPI, NORM, W>(a, stream);
             case 2:
-                return launch_persistent<N, R, D * 2, EPI, NORM, F8>(a, stream);
+                return launch_persistent<N, R, D * 2, EPI, NORM, W>(a, stream);
             default:
-                return launch_persistent<N, R, D, EPI, NORM, F8>(a, stream);
+                return launch_persistent<N, R, D, EPI, NORM, W>(a, stream);
         }
     }
 }
 
-template <int N, int EPI, bool NORM, bool F8>
+template <int N, int EPI, bool NORM, int W>
 bool launch_persistent_by_k(const Args& a, cudaStream_t stream) {
-    if constexpr (N != 1 || !(NORM || EPI == kAdd)) {
+    // The GGUF layouts run on gemv_kernel only (the persistent kernel was not measured with them).
+    if constexpr (N != 1 || !(NORM || EPI == kAdd) || W > kF8) {
         return false;
     } else {
         const int k = a.k;
         if (g_rows > 0 || (NORM && k < 4096) || static_cast<size_t>(k) * (NORM ? 4 : 2) > kMaxStagedX) return false;
         if constexpr (!NORM) {
             if (k <= 2048) {
-                launch_persistent_scaled<N, 2, 2, EPI, NORM, F8>(a, stream);
+                launch_persistent_scaled<N, 2, 2, EPI, NORM, W>(a, stream);
                 return true;
             }
         }
         if constexpr (EPI == kSilu) {  // two rows a block by construction
-            launch_persistent_scaled<N, 2, 4, EPI, NORM, F8>(a, stream);
+            launch_persistent_scaled<N, 2, 4, EPI, NORM, W>(a, stream);
         } else if (k <= 4096) {
-            launch_persistent_scaled<N, 2, 4, EPI, NORM, F8>(a, stream);
+            launch_persistent_scaled<N, 2, 4, EPI, NORM, W>(a, stream);
         } else {
-            launch_persistent_scaled<N, 1, 8, EPI, NORM, F8>(a, stream);
+            launch_persistent_scaled<N, 1, 8, EPI, NORM, W>(a, stream);
         }
         return true;
     }
@@ -569,55 +637,71 @@ bool launch_persistent_by_k(const Args& a, cudaStream_t stream) {
 // Chunks in flight per thread by k (measured on an H100 over the Llama 1B/8B shapes,
 // CudaGemvPerf.Report): rows up to 4096 long want two rows per CTA so there are enough loads
 // at once, longer rows one row with deeper groups. set_gemv_config overrides it.
-template <int N, int EPI, bool NORM, bool F8>
+template <int N, int EPI, bool NORM, int W>
 void launch(const Args& a, cudaStream_t stream) {
-    if (launch_persistent_by_k<N, EPI, NORM, F8>(a, stream)) return;
+    if (launch_persistent_by_k<N, EPI, NORM, W>(a, stream)) return;
     const int k = a.k;
     int rows = k <= 4096 ? 2 : 1;
     int depth = k <= 2048 ? (N == 1 ? 2 : 1) : k <= 4096 ? 4 : 8;
-    if (F8) depth = std::max(1, depth / 2);  // see fp8_persistent_depth
+    // Chunks of e4m3 and int8 codes hold 16 values, of 4-bit codes 32: fewer in flight for the
+    // same work a load (fp8: see fp8_persistent_depth; the GGUF layouts are not tuned yet).
+    if constexpr (W == kF8 || W == kI8B32 || W == kI8B16) depth = std::max(1, depth / 2);
+    if constexpr (W == kU4) depth = std::max(1, depth / 4);
     if (g_rows > 0) rows = g_rows, depth = g_depth;
     // The normed q|k|v product (x read as f32 with the norm weight, 4x the bytes of a bf16 x)
     // wants x shared by more rows: 4 rows per CTA (H100, 1B decode 898 -> 908 tok/s).
     if constexpr (NORM && EPI == kPlain)
-        if (k <= 2048 && g_rows == 0) return launch_rd<N, 4, 1, EPI, NORM, F8>(a, stream);
+        if (k <= 2048 && g_rows == 0) return launch_rd<N, 4, 1, EPI, NORM, W>(a, stream);
     if constexpr (EPI == kSilu) {  // two rows per CTA by construction
-        if (depth <= 1) return launch_rd<N, 2, 1, EPI, NORM, F8>(a, stream);
-        if (depth == 2) return launch_rd<N, 2, 2, EPI, NORM, F8>(a, stream);
-        return launch_rd<N, 2, 4, EPI, NORM, F8>(a, stream);
+        if (depth <= 1) return launch_rd<N, 2, 1, EPI, NORM, W>(a, stream);
+        if (depth == 2) return launch_rd<N, 2, 2, EPI, NORM, W>(a, stream);
+        return launch_rd<N, 2, 4, EPI, NORM, W>(a, stream);
     } else {
-        if (rows == 2 && depth == 2) return launch_rd<N, 2, 2, EPI, NORM, F8>(a, stream);
-        if (rows == 2 && depth == 4) return launch_rd<N, 2, 4, EPI, NORM, F8>(a, stream);
-        if (rows == 1 && depth == 4) return launch_rd<N, 1, 4, EPI, NORM, F8>(a, stream);
-        if (rows == 1 && depth == 8) return launch_rd<N, 1, 8, EPI, NORM, F8>(a, stream);
-        return launch_rd<N, 2, 1, EPI, NORM, F8>(a, stream);
+        if (rows == 2 && depth == 2) return launch_rd<N, 2, 2, EPI, NORM, W>(a, stream);
+        if (rows == 2 && depth == 4) return launch_rd<N, 2, 4, EPI, NORM, W>(a, stream);
+        if (rows == 1 && depth == 4) return launch_rd<N, 1, 4, EPI, NORM, W>(a, stream);
+        if (rows == 1 && depth == 8) return launch_rd<N, 1, 8, EPI, NORM, W>(a, stream);
+        return launch_rd<N, 2, 1, EPI, NORM, W>(a, stream);
     }
 }
 
-template <int EPI, bool NORM, bool F8>
+template <int EPI, bool NORM, int W>
 void dispatch_n(const Args& a, int n, cudaStream_t stream) {
     switch (n) {
         case 1:
-            return launch<1, EPI, NORM, F8>(a, stream);
+            return launch<1, EPI, NORM, W>(a, stream);
         case 2:
-            return launch<2, EPI, NORM, F8>(a, stream);
+            return launch<2, EPI, NORM, W>(a, stream);
         case 3:
-            return launch<3, EPI, NORM, F8>(a, stream);
+            return launch<3, EPI, NORM, W>(a, stream);
         default:
-            return launch<4, EPI, NORM, F8>(a, stream);
+            return launch<4, EPI, NORM, W>(a, stream);
     }
 }
 
 template <int EPI, bool NORM>
-void dispatch(const Args& a, int n, cudaStream_t stream) {
-    if (a.w_scale)
-        dispatch_n<EPI, NORM, true>(a, n, stream);
-    else
-        dispatch_n<EPI, NORM, false>(a, n, stream);
+void dispatch(const Args& a, GemvWeight::Kind kind, int n, cudaStream_t stream) {
+    switch (kind) {
+        case GemvWeight::kBf16:
+            return dispatch_n<EPI, NORM, kBf16>(a, n, stream);
+        case GemvWeight::kF8:
+            return dispatch_n<EPI, NORM, kF8>(a, n, stream);
+        case GemvWeight::kI8B32:
+            return dispatch_n<EPI, NORM, kI8B32>(a, n, stream);
+        case GemvWeight::kI8B16:
+            return dispatch_n<EPI, NORM, kI8B16>(a, n, stream);
+        case GemvWeight::kU4:
+            return dispatch_n<EPI, NORM, kU4>(a, n, stream);
+    }
+}
+
+Args make_args(const void* x, const float* norm, float eps, GemvWeight w, void* out, bool out_f32, int m, int k) {
+    return Args{x, norm, eps, w.data, w.scale, w.factors, out, out_f32, m, k};
 }
 
 void check_args(const char* what, int n, int k, const void* x, GemvWeight w) {
-    if (!gemv_supported(n, k, x, w.data) || (w.scale && k % 16 != 0))
+    if (!gemv_supported(n, k, x, w.data) || k % w.k_multiple() != 0 ||
+        (w.kind == GemvWeight::kF8 && w.scale == nullptr) || (w.kind > GemvWeight::kF8 && w.factors == nullptr))
         fail(what, ": unsupported shape n ", n, " k ", k, " or misaligned operands");
 }
 
@@ -636,7 +720,7 @@ bool gemv_supported(int n, int k, const void* x, const void* w) {
 void gemv(const bf16_t* x, GemvWeight w, void* out, bool out_f32, int n, int m, int k, cudaStream_t stream) {
     if (m <= 0 || n <= 0) return;
     check_args("gemv", n, k, x, w);
-    dispatch<kPlain, false>(Args{x, nullptr, 0.0f, w.data, w.scale, out, out_f32, m, k}, n, stream);
+    dispatch<kPlain, false>(make_args(x, nullptr, 0.0f, w, out, out_f32, m, k), w.kind, n, stream);
     check_launch("gemv");
 }
 
@@ -644,7 +728,7 @@ void gemv_silu(const bf16_t* x, GemvWeight w_gate_up, bf16_t* out, int n, int m,
     if (m <= 0 || n <= 0) return;
     check_args("gemv_silu", n, k, x, w_gate_up);
     if (m % 2 != 0) fail("gemv_silu: ", m, " rows is not gate | up");
-    dispatch<kSilu, false>(Args{x, nullptr, 0.0f, w_gate_up.data, w_gate_up.scale, out, false, m, k}, n, stream);
+    dispatch<kSilu, false>(make_args(x, nullptr, 0.0f, w_gate_up, out, false, m, k), w_gate_up.kind, n, stream);
     check_launch("gemv_silu");
 }
 
@@ -653,7 +737,7 @@ void gemv_norm(const float* x, const float* norm, float eps, GemvWeight w, void*
     if (m <= 0 || n <= 0) return;
     check_args("gemv_norm", n, k, x, w);
     check_args("gemv_norm", n, k, norm, w);
-    dispatch<kPlain, true>(Args{x, norm, eps, w.data, w.scale, out, out_f32, m, k}, n, stream);
+    dispatch<kPlain, true>(make_args(x, norm, eps, w, out, out_f32, m, k), w.kind, n, stream);
     check_launch("gemv_norm");
 }
 
@@ -663,15 +747,57 @@ void gemv_norm_silu(const float* x, const float* norm, float eps, GemvWeight w_g
     check_args("gemv_norm_silu", n, k, x, w_gate_up);
     check_args("gemv_norm_silu", n, k, norm, w_gate_up);
     if (m % 2 != 0) fail("gemv_norm_silu: ", m, " rows is not gate | up");
-    dispatch<kSilu, true>(Args{x, norm, eps, w_gate_up.data, w_gate_up.scale, out, false, m, k}, n, stream);
+    dispatch<kSilu, true>(make_args(x, norm, eps, w_gate_up, out, false, m, k), w_gate_up.kind, n, stream);
     check_launch("gemv_norm_silu");
 }
 
 void gemv_add(const bf16_t* x, GemvWeight w, float* out, int n, int m, int k, cudaStream_t stream) {
     if (m <= 0 || n <= 0) return;
     check_args("gemv_add", n, k, x, w);
-    dispatch<kAdd, false>(Args{x, nullptr, 0.0f, w.data, w.scale, out, true, m, k}, n, stream);
+    dispatch<kAdd, false>(make_args(x, nullptr, 0.0f, w, out, true, m, k), w.kind, n, stream);
     check_launch("gemv_add");
+}
+
+namespace {
+// One thread per 16-byte chunk of codes: its values, unpacked as the decode kernel does, written
+// as bf16 (8 a piece, 16-byte stores).
+template <int W>
+__global__ void dequantize_kernel(const Args a, bf16_t* out) {
+    using WC = WeightChunk<W>;
+    constexpr int P = WC::kPieces;
+    const int chunks = a.k / (8 * P);
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= static_cast<int64_t>(a.m) * chunks) return;
+    const int row = static_cast<int>(i / chunks), c = static_cast<int>(i % chunks);
+    const auto chunk = WC::load(a, row, c);
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+        float f[8];
+        WC::unpack(chunk, p, f);
+        uint4 v;
+        uint32_t* w = &v.x;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w[e] = to_bf16(f[2 * e]) | static_cast<uint32_t>(to_bf16(f[2 * e + 1])) << 16;
+        reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * a.k)[c * P + p] = v;
+    }
+}
+}  // namespace
+
+void dequantize_weight(GemvWeight w, bf16_t* out, int m, int k, cudaStream_t stream) {
+    if (m <= 0) return;
+    if (w.kind <= GemvWeight::kF8 || w.factors == nullptr || k % w.k_multiple() != 0)
+        fail("dequantize_weight: not a GGUF-layout weight, or k ", k, " not a multiple of its chunk");
+    const Args a = make_args(nullptr, nullptr, 0.0f, w, out, false, m, k);
+    const int per_chunk = w.kind == GemvWeight::kU4 ? 32 : 16;  // values a 16-byte chunk of codes
+    const int64_t threads = static_cast<int64_t>(m) * (k / per_chunk);
+    const unsigned blocks = static_cast<unsigned>((threads + 255) / 256);
+    if (w.kind == GemvWeight::kI8B32)
+        dequantize_kernel<kI8B32><<<blocks, 256, 0, stream>>>(a, out);
+    else if (w.kind == GemvWeight::kI8B16)
+        dequantize_kernel<kI8B16><<<blocks, 256, 0, stream>>>(a, out);
+    else
+        dequantize_kernel<kU4><<<blocks, 256, 0, stream>>>(a, out);
+    check_launch("dequantize_weight");
 }
 
 }  // namespace peregrine::cuda

@@ -55,14 +55,15 @@ std::vector<Case> cases() {
         {"qwen2_tiny", d + "/qwen2-tiny", d + "/qwen2-tiny/logits.f32", d + "/qwen2-tiny/golden.json", 1e-3},
         {"qwen3_tiny", d + "/qwen3-tiny", d + "/qwen3-tiny/logits.f32", d + "/qwen3-tiny/golden.json", 1e-3},
     };
-    for (const char* t : {"bf16", "q8_0", "q6_k", "q4_k"}) {
+    // The GGUF types stay quantized on the GPU (core/gpu_quant.h layouts): against llama.cpp's
+    // logits of the same file, within issue #23's bounds (q4_0's golden was made again without
+    // llama.cpp's faulty AMX path, so it is held to its own file like the others).
+    const std::pair<const char*, double> quant[] = {
+        {"bf16", 1e-3}, {"q8_0", 1e-4}, {"q6_k", 5e-4}, {"q4_k", 2e-3}, {"q4_0", 5e-2}};
+    for (const auto& [t, kl] : quant) {
         const std::string base = d + "/quant-tiny/qt-" + t;
-        out.push_back({t, base + ".gguf", base + ".logits.f32", base + ".golden.json", 1e-3});
+        out.push_back({t, base + ".gguf", base + ".logits.f32", base + ".golden.json", kl});
     }
-    // q4_0: llama.cpp's own q4_0 golden is off (docs/notes/q4_0-investigation.md); hold the file
-    // to the bf16 golden as the CPU test does.
-    out.push_back({"q4_0", d + "/quant-tiny/qt-q4_0.gguf", d + "/quant-tiny/qt-bf16.logits.f32",
-                   d + "/quant-tiny/qt-q4_0.golden.json", 2e-3, 0.1});  // q4_0's own error vs bf16
     return out;
 }
 
@@ -91,7 +92,11 @@ TEST(GpuGolden, FixturesWithinBf16Tolerance) {
         const auto golden = read_json_file(c.golden);
         const std::vector<int32_t> prompt = golden["prompt_ids"].get<std::vector<int32_t>>();
         const std::vector<float> ref = read_f32_file(c.logits);
-        for (int chunk : {0, 7}) {  // whole prompt at once, and chunked prefill over cached blocks
+        // Whole prompt at once, chunked prefill over cached blocks, and (GGUF files) one token a
+        // step: the decode products that read the quantized layouts in registers.
+        const bool gguf = c.model.ends_with(".gguf");
+        for (int chunk : {0, 7, 1}) {
+            if (chunk == 1 && !gguf) continue;
             const std::vector<float> ours = g.all_logits(prompt, chunk);
             ASSERT_EQ(ref.size(), ours.size());
             const LogitStats s = compare_logits(ref, ours, g.vocab());

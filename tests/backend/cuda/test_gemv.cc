@@ -12,6 +12,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "core/gpu_quant.h"
 #include "core/half.h"
 #include "support/cuda_test_util.h"
 
@@ -201,14 +202,19 @@ TEST(CudaGemv, FusedNormAndResidualAddMatchSeparateSteps) {
 // Then bitwise against the one-block-per-CTA kernel (set_gemv_config 2x1), which sums in the
 // same order. With fp8 the weights are e4m3 codes with a factor per row (quantized on the host as
 // quantize_rows_e4m3 does) and the reference multiplies the decoded values.
-void check_every_entry_point(bool fp8) {
+// With a GGUF type (gguf != F32) the weights are random blocks of that type repacked into its
+// device layout (core/gpu_quant.h), and the reference multiplies the layout's values
+// (gpu_layout_value); dequantize_weight must write those values rounded to bf16.
+void check_every_entry_point(bool fp8, DType gguf = DType::F32) {
     using cuda_test::DeviceBuffer;
     std::mt19937 rng(17);
     cudaStream_t stream;
     PG_CUDA_CHECK(cudaStreamCreate(&stream));
     const float eps = 1e-5f;
+    const bool quant = gguf != DType::F32;
     for (auto [m, k] : {std::pair{3072, 2048}, std::pair{1030, 64}, std::pair{1030, 4096}, std::pair{130, 14336},
                         std::pair{8, 32768}}) {
+        if (quant && k % dtype_block_size(gguf) != 0) continue;
         for (int n = 1; n <= 4; ++n) {
             const std::vector<float> x =
                 cuda_test::round_bf16(cuda_test::random_floats(static_cast<size_t>(n) * k, rng));
@@ -225,6 +231,17 @@ void check_every_entry_point(bool fp8) {
                     for (int c = 0; c < k; ++c)
                         w[static_cast<size_t>(r) * k + c] =
                             f8e4m3_to_f32(codes[static_cast<size_t>(r) * k + c]) * row_scale[r];
+            }
+            const DType layout = quant ? gpu_layout_of(gguf) : DType::F32;
+            if (quant) {  // codes then factors, as placed on the device
+                const std::vector<uint8_t> blocks = cuda_test::random_gguf_blocks(gguf, m, k, rng);
+                const Tensor src(const_cast<uint8_t*>(blocks.data()), gguf, {m, k});
+                const size_t cb = gpu_code_bytes(layout, k), fb = gpu_factor_bytes(layout, k);
+                codes.assign(static_cast<size_t>(m) * (cb + fb), 0);
+                repack_rows(src, 0, m, codes.data(), codes.data() + static_cast<size_t>(m) * cb);
+                for (int r = 0; r < m; ++r)
+                    for (int c = 0; c < k; ++c)
+                        w[static_cast<size_t>(r) * k + c] = gpu_layout_value(layout, codes.data(), m, k, r, c);
             }
             const std::vector<float> res = cuda_test::random_floats(static_cast<size_t>(n) * m, rng);
             // Double references: plain[j][r] (x . w), normed[j][r] (rms_norm(xr) * g . w).
@@ -269,7 +286,20 @@ void check_every_entry_point(bool fp8) {
             DeviceBuffer<uint16_t> dx(cuda_test::to_bf16(x)), dw(cuda_test::to_bf16(w));
             DeviceBuffer<uint8_t> dcodes(codes);
             DeviceBuffer<float> dscale(row_scale);
-            const cuda::GemvWeight wt = fp8 ? cuda::GemvWeight(dcodes.get(), dscale.get()) : cuda::GemvWeight(dw.get());
+            cuda::GemvWeight wt = fp8 ? cuda::GemvWeight(dcodes.get(), dscale.get()) : cuda::GemvWeight(dw.get());
+            if (quant) {
+                const auto kind = layout == DType::GQ8_32   ? cuda::GemvWeight::kI8B32
+                                  : layout == DType::GQ8_16 ? cuda::GemvWeight::kI8B16
+                                                            : cuda::GemvWeight::kU4;
+                wt = cuda::GemvWeight(kind, dcodes.get(),
+                                      dcodes.get() + static_cast<size_t>(m) * gpu_code_bytes(layout, k));
+                // The bf16 matrix larger products use: the layout's values rounded to bf16.
+                DeviceBuffer<uint16_t> deq(static_cast<size_t>(m) * k);
+                cuda::dequantize_weight(wt, deq.get(), m, k, stream);
+                PG_CUDA_CHECK(cudaStreamSynchronize(stream));
+                EXPECT_TRUE(deq.download() == cuda_test::to_bf16(w))
+                    << "dequantize_weight " << dtype_name(gguf) << " m " << m << " k " << k;
+            }
             DeviceBuffer<float> dxr(xr), dg(g), of(static_cast<size_t>(n) * m), oa(static_cast<size_t>(n) * m);
             DeviceBuffer<uint16_t> ob(static_cast<size_t>(n) * m), os(static_cast<size_t>(n) * (m / 2));
             // Runs all six with the current config; returns each output's raw bytes.
@@ -327,14 +357,16 @@ void check_every_entry_point(bool fp8) {
                 }
                 ASSERT_EQ(cuda_test::count_nonfinite(f), 0u) << names[i] << " n " << n << " m " << m << " k " << k;
                 EXPECT_LT(cuda_test::rel_error(f, want[i]), tol[i])
-                    << names[i] << (fp8 ? " fp8" : "") << " n " << n << " m " << m << " k " << k;
+                    << names[i] << (fp8 ? " fp8" : "") << (quant ? dtype_name(gguf) : "") << " n " << n << " m " << m
+                    << " k " << k;
             }
             cuda::set_gemv_config(2, 1);
             const auto one_block = run_all();
             cuda::set_gemv_config(0, 0);
             for (int i = 0; i < 6; ++i)
                 EXPECT_TRUE(got[i] == one_block[i])
-                    << names[i] << (fp8 ? " fp8" : "") << " n " << n << " m " << m << " k " << k;
+                    << names[i] << (fp8 ? " fp8" : "") << (quant ? dtype_name(gguf) : "") << " n " << n << " m " << m
+                    << " k " << k;
         }
     }
     PG_CUDA_CHECK(cudaStreamDestroy(stream));
@@ -348,6 +380,11 @@ TEST(CudaGemv, EveryEntryPointMatchesReferenceAndOneBlockPerCta) {
 TEST(CudaGemv, Fp8WeightsEveryEntryPointMatchesReference) {
     PG_SKIP_WITHOUT_CUDA();
     check_every_entry_point(true);
+}
+
+TEST(CudaGemv, GgufLayoutsEveryEntryPointMatchesReference) {
+    PG_SKIP_WITHOUT_CUDA();
+    for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) check_every_entry_point(false, t);
 }
 
 // Decode-product speed on the Llama 1B / 8B shapes, n = 1 and 4, bf16 and FP8 weights: a chain

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Issue #23 on one GPU (device tool, repo root): GGUF files kept quantized on the GPU against
+# llama.cpp built there from source, same machine, same call. Steps (default all):
+#   prep   starts, detached (setsid: a later call on the same warm machine finds them), the
+#          llama.cpp build (llama-bench) and the random GGUFs of make_random_gguf.py
+#          (Llama-3.1-8B and 3.2-1B shapes, q4_k_m and q8_0, Llama 3 vocabulary)
+#   tests  the GGUF kernel tests and the golden fixtures on the GPU (GPU_FILTER overrides)
+#   bench  `peregrine bench latency --batch-size 1` (128 in / 128 out, best of 3) on each GGUF,
+#          then llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 3 on the same files
+# BUNDLE_DIR holds bundle.tar.xz (scripts/pack-device.sh) and llamacpp-src.tar.xz (a `git
+# archive` of llama.cpp). One line per result; logs come back as $OUT/gguf-logs.tar.xz.
+# usage: scripts/device-gguf.sh BUNDLE_DIR [STEPS]   (SHAPES="llama3.1-8b llama3.2-1b", TYPES="q4_k_m q8_0")
+set -uo pipefail
+dir=$1
+steps=${2:-"prep tests bench"}
+t_start=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t_start )) s] $*"; }
+source scripts/device-lib.sh
+OUT= unpack_bundle "$dir" gguf
+out=${OUT:-/tmp}
+trap 'tar -C /tmp/gguf -cJf "$out/gguf-logs.tar.xz" gguf' EXIT
+export PG_TEST_DATA_DIR=$PWD/tests/data PG_MODELS_DIR=$PWD/models PEREGRINE_MODELS=$PWD/models
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+shapes=${SHAPES:-"llama3.1-8b llama3.2-1b"}
+types=${TYPES:-"q4_k_m q8_0"}
+
+if [[ $steps == *prep* && ! -f /tmp/lcg/started ]]; then
+    mkdir -p /tmp/lcg /tmp/tok && touch /tmp/lcg/started
+    start_llamacpp_build "$dir/llamacpp-src.tar.xz" /tmp/lcg
+    tar -C /tmp/tok -xJf tests/data/tokenizers.tar.xz tokenizers/llama3
+    cat > /tmp/lcg/gguf.sh <<EOS
+cd $PWD
+for s in $shapes; do for t in $types; do
+    nice -n 10 python3 scripts/make_random_gguf.py /tmp/tok/tokenizers/llama3/tokenizer.json /tmp/lcg/\$s-\$t.gguf --shape \$s --dtype \$t --reuse-random > /tmp/lcg/gguf-\$s-\$t.log 2>&1
+done; done
+touch /tmp/lcg/gguf-done
+EOS
+    setsid nohup bash /tmp/lcg/gguf.sh > /dev/null 2>&1 < /dev/null &
+fi
+
+if [[ $steps == *tests* ]]; then
+    filter=${GPU_FILTER:-'CudaGemv.GgufLayouts*:CudaGemv.EveryEntryPoint*:CudaGemv.Fp8*:GpuGolden.*:GpuModel.*'}
+    timeout 300 "$pg/peregrine_cuda_tests" --gtest_filter="$filter" > $logs/tests.log 2>&1
+    stamp "tests: rc $? $(grep -E '^\[  (PASSED|FAILED) ' $logs/tests.log | tr '\n' ' ')"
+    grep -E "^gpu |FAILED|Failure|dequantize_weight|Expected|Which is" $logs/tests.log | head -60
+fi
+
+if [[ $steps == *bench* ]]; then
+    while [[ ! -f /tmp/lcg/gguf-done ]]; do sleep 3; done
+    ls -la /tmp/lcg/*.gguf
+    for s in $shapes; do for t in $types; do
+        f=/tmp/lcg/$s-$t.gguf
+        timeout 300 "$pg/peregrine" bench latency --model $f --batch-size 1 --input-len 128 --output-len 128 > $logs/pg-$s-$t.log 2>&1
+        stamp "ours $s $t: rc $? $(grep -E '^latency \(best' $logs/pg-$s-$t.log)"
+        grep -iE "weights|error" $logs/pg-$s-$t.log | head -3
+    done; done
+    while [[ ! -f /tmp/lcg/rc ]]; do sleep 5; done
+    stamp "llama.cpp build rc $(cat /tmp/lcg/rc)"
+    lb=/tmp/lcg/llama.cpp/build/bin/llama-bench
+    for s in $shapes; do for t in $types; do
+        timeout 200 $lb -m /tmp/lcg/$s-$t.gguf -ngl 99 -fa 1 -p 512 -n 128 -r ${LC_REPS:-2} -o md > $logs/lc-$s-$t.md 2> $logs/lc-$s-$t.err
+        stamp "llama.cpp $s $t: rc $?"
+        grep -E "pp512|tg128" $logs/lc-$s-$t.md
+    done; done
+fi
+stamp done

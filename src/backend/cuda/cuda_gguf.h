@@ -1,0 +1,13 @@
+// GGUF matrices kept quantized on the GPU: the device layouts of core/gpu_quant.h seen as decode
+// product weights. CudaBackend's placement and products of them are in cuda_gguf.cc.
+#pragma once
+
+#include "backend/cuda/cuda_kernels.h"
+#include "core/tensor.h"
+
+namespace peregrine {
+
+// A placed device-layout matrix [m, k] as a decode product's weight: its codes, then its factors.
+cuda::GemvWeight gguf_gemv_weight(const Tensor& w);
+
+}  // namespace peregrine
