@@ -48,16 +48,22 @@ fi
 if [[ $steps == *bench* ]]; then
     while [[ ! -f /tmp/lcg/gguf-done ]]; do sleep 3; done
     ls -la /tmp/lcg/*.gguf
+    [[ ${BASELINE:-1} == 1 ]] && for s in $shapes; do  # bf16 random weights of the shape, same call
+        m=$(model_dir "$(echo "$s" | sed 's/^llama3\./llama-3./')")  # bench/models/llama-3.1-8b
+        timeout 200 "$pg/peregrine" bench latency --model $m --load-format dummy --batch-size 1 --input-len 128 --output-len 128 > $logs/pg-$s-bf16.log 2>&1
+        stamp "ours $s bf16 (dummy): rc $? $(grep -E '^latency \(best' $logs/pg-$s-bf16.log)"
+    done
     for s in $shapes; do for t in $types; do
         f=/tmp/lcg/$s-$t.gguf
         timeout 300 "$pg/peregrine" bench latency --model $f --batch-size 1 --input-len 128 --output-len 128 > $logs/pg-$s-$t.log 2>&1
         stamp "ours $s $t: rc $? $(grep -E '^latency \(best' $logs/pg-$s-$t.log)"
         grep -iE "weights|error" $logs/pg-$s-$t.log | head -3
     done; done
-    while [[ ! -f /tmp/lcg/rc ]]; do sleep 5; done
-    stamp "llama.cpp build rc $(cat /tmp/lcg/rc)"
+    # DEADLINE (seconds since the start, default 570): stop waiting for the peer's build there.
+    while [[ ! -f /tmp/lcg/rc ]] && (( $(date +%s) - t_start < ${DEADLINE:-570} )); do sleep 5; done
+    stamp "llama.cpp build rc $(cat /tmp/lcg/rc 2>/dev/null || echo 'not done'; tail -1 /tmp/lcg/build.log)"
     lb=/tmp/lcg/llama.cpp/build/bin/llama-bench
-    for s in $shapes; do for t in $types; do
+    [[ -x $lb ]] && for s in $shapes; do for t in $types; do
         timeout 200 $lb -m /tmp/lcg/$s-$t.gguf -ngl 99 -fa 1 -p 512 -n 128 -r ${LC_REPS:-2} -o md > $logs/lc-$s-$t.md 2> $logs/lc-$s-$t.err
         stamp "llama.cpp $s $t: rc $?"
         grep -E "pp512|tg128" $logs/lc-$s-$t.md
