@@ -56,9 +56,11 @@ void add_engine_options(CLI::App* cmd, EngineConfig& o) {
         ->check(CLI::NonNegativeNumber);
     cmd->add_option("--kv-eviction", o.kv_eviction, "Prefix-cache eviction: lru | lfu | fifo (default lru)")
         ->check(CLI::IsMember({"lru", "lfu", "fifo"}));
-    cmd->add_option("--kv-offload-memory", o.kv_offload_memory,
-                    "Host-memory bytes (pinned on CUDA) for the prefix cache's host tier: blocks evicted from the "
-                    "KV cache are copied there and copied back on a prefix hit (default 0: none)")
+    cmd->add_option(
+           "--kv-offload-memory", o.kv_offload_memory,
+           "Host-memory bytes (pinned on CUDA) for the prefix cache's host tier: blocks evicted from the "
+           "KV cache are copied there and copied back on a prefix hit (default 0: none); with tensor / pipeline "
+           "parallelism each rank pins this much for its slice")
         ->check(CLI::NonNegativeNumber);
     cmd->add_option("--kv-offload-disk", o.kv_offload_disk,
                     "A directory for the prefix cache's disk tier, below the host tier (needs --kv-offload-memory): "

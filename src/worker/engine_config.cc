@@ -57,7 +57,6 @@ void EngineConfig::validate() const {
             fail("kv_offload_memory ", kv_offload_memory, " bytes is more than this host's memory (", physical,
                  " bytes)");
         if (!prefix_caching) fail("kv_offload_memory needs prefix caching (it keeps the prefix cache's blocks)");
-        if (parallel_size() > 1) fail("kv_offload_memory is not supported with tensor or pipeline parallelism yet");
     }
     if (!kv_offload_disk.empty() || kv_offload_disk_size != 0) {
         if (kv_offload_disk.empty()) fail("--kv-offload-disk-size needs --kv-offload-disk PATH (a directory)");
@@ -66,6 +65,8 @@ void EngineConfig::validate() const {
                  kv_offload_disk_size);
         if (kv_offload_memory <= 0)
             fail("--kv-offload-disk needs a host tier to read its blocks back through (--kv-offload-memory BYTES)");
+        if (parallel_size() > 1)
+            fail("--kv-offload-disk is not supported with tensor or pipeline parallelism yet (the host tier is)");
         struct stat st {};
         if (::stat(kv_offload_disk.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
             ::access(kv_offload_disk.c_str(), W_OK | X_OK) != 0)

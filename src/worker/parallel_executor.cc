@@ -43,6 +43,10 @@ std::unique_ptr<Worker> ready_worker(RankGroup& g) {
     w->init_device();
     w->load_model();
     w->init_kv_cache(g.agree_min("kv-blocks", w->determine_kv_blocks()));
+    // Each rank pins --kv-offload-memory for its own slice of every block; all keep as many
+    // slots as the rank with the fewest, so a slot means the same block everywhere.
+    if (g.config().kv_offload_memory > 0)
+        w->init_host_kv_blocks(g.agree_min("host-kv-blocks", w->host_kv_blocks_for(g.config().kv_offload_memory)));
     w->warm_up();
     return w;
 }
@@ -84,6 +88,12 @@ void stop_later_on_signal(int rank) {
                     break;
                 case StepMessage::kCopyBlocks:
                     w->copy_blocks(m.copies);
+                    break;
+                case StepMessage::kOffload:
+                    w->offload_blocks(m.copies);
+                    break;
+                case StepMessage::kOnload:
+                    w->onload_blocks(m.copies);
                     break;
                 case StepMessage::kStop:
                     stopped = true;
@@ -158,6 +168,34 @@ void ParallelExecutor::copy_blocks(const std::vector<std::pair<int32_t, int32_t>
     try {
         group_->send_step(encode_copy_blocks(pairs));
         worker_->copy_blocks(pairs);
+    } catch (const Error& e) {
+        RankGroup::exit_group(group_->diagnose(e.what()));
+    }
+}
+
+int ParallelExecutor::num_host_kv_blocks() const {
+    return worker_->num_host_kv_blocks();
+}
+
+size_t ParallelExecutor::kv_block_bytes() const {
+    return worker_->kv_block_bytes();
+}
+
+void ParallelExecutor::offload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+    if (pairs.empty()) return;
+    try {
+        group_->send_step(encode_tier_copies(StepMessage::kOffload, pairs));
+        worker_->offload_blocks(pairs);
+    } catch (const Error& e) {
+        RankGroup::exit_group(group_->diagnose(e.what()));
+    }
+}
+
+void ParallelExecutor::onload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+    if (pairs.empty()) return;
+    try {
+        group_->send_step(encode_tier_copies(StepMessage::kOnload, pairs));
+        worker_->onload_blocks(pairs);
     } catch (const Error& e) {
         RankGroup::exit_group(group_->diagnose(e.what()));
     }

@@ -36,6 +36,13 @@ class ParallelExecutor final : public ModelExecutor {
     int num_kv_blocks() const override;
     int block_size() const override;
     void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
+    // The host tier: every rank holds its slice of each slot (rank 0's block bytes reported);
+    // the copies go to every rank like a step. No disk tier (host_kv_data stays null: the
+    // ranks' slices would each need their own files).
+    int num_host_kv_blocks() const override;
+    size_t kv_block_bytes() const override;
+    void offload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
+    void onload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
     void execute(const BatchInput& batch, std::vector<float>& logits) override;
     // Rank 0 samples where its logits lie (CUDA: the gathered logits on its GPU). Draws are not
     // fed into the next batch on the device (max_fed_draws 0): the other ranks embed the ids

@@ -53,7 +53,12 @@ std::string encode_execute(const BatchInput& b) {
 }
 
 std::string encode_copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
-    std::string out(1, static_cast<char>(StepMessage::kCopyBlocks));
+    return encode_tier_copies(StepMessage::kCopyBlocks, pairs);
+}
+
+std::string encode_tier_copies(StepMessage::Op op, const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+    PG_CHECK(op == StepMessage::kCopyBlocks || op == StepMessage::kOffload || op == StepMessage::kOnload);
+    std::string out(1, static_cast<char>(op));
     const uint32_t n = static_cast<uint32_t>(pairs.size());
     put(out, &n, 4);
     for (const auto& [src, dst] : pairs) {
@@ -81,8 +86,10 @@ StepMessage decode_step(const std::string& bytes) {
                 r.array(*v);
             break;
         }
-        case StepMessage::kCopyBlocks: {
-            m.op = StepMessage::kCopyBlocks;
+        case StepMessage::kCopyBlocks:
+        case StepMessage::kOffload:
+        case StepMessage::kOnload: {
+            m.op = static_cast<StepMessage::Op>(bytes[0]);
             m.copies.resize(r.count(8));
             for (auto& [src, dst] : m.copies) {
                 r.take(&src, 4);

@@ -298,15 +298,26 @@ const LoadedModel& Worker::loaded() const {
     return *loaded_;
 }
 
-void Worker::init_host_kv_cache(int64_t bytes) {
-    PG_CHECK(cache_ && !host_kv_, "init_host_kv_cache: call init_kv_cache first, once");
+int Worker::host_kv_blocks_for(int64_t bytes) const {
+    PG_CHECK(cache_, "host_kv_blocks_for: call init_kv_cache first");
     if (bytes < 0) fail("--kv-offload-memory must be >= 0 bytes, got ", bytes);
-    if (bytes == 0) return;
+    if (bytes == 0) return 0;
     const int64_t per_block = static_cast<int64_t>(kv_block_bytes());
     const int64_t blocks = std::min<int64_t>(bytes / per_block, 1 << 30);
     if (blocks < 1)
         fail("--kv-offload-memory ", bytes, " is less than one KV block (", per_block,
              " bytes, every layer's K and V)");
+    return static_cast<int>(blocks);
+}
+
+void Worker::init_host_kv_cache(int64_t bytes) {
+    init_host_kv_blocks(host_kv_blocks_for(bytes));
+}
+
+void Worker::init_host_kv_blocks(int blocks) {
+    PG_CHECK(cache_ && !host_kv_ && blocks >= 0, "init_host_kv_blocks: call init_kv_cache first, once");
+    if (blocks == 0) return;
+    const int64_t per_block = static_cast<int64_t>(kv_block_bytes());
     host_kv_ = backend_->allocate_host(static_cast<size_t>(blocks * per_block));
     host_blocks_ = static_cast<int>(blocks);
     if (own_model_ && place_.verbose)

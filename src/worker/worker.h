@@ -75,6 +75,10 @@ class Worker {
     // from the backend (pinned on CUDA). 0: none. Throws Error when bytes is negative or less
     // than one block.
     void init_host_kv_cache(int64_t bytes);
+    // The host-tier blocks `bytes` hold at this worker's block size (its slice of the cache in a
+    // group), and the tier made of exactly `blocks` of them (a group agrees on the fewest).
+    int host_kv_blocks_for(int64_t bytes) const;
+    void init_host_kv_blocks(int blocks);
     void warm_up();
 
     const ModelConfig& model_config() const { return model_->config(); }

@@ -86,6 +86,46 @@ describe('greedy completions of a group equal one rank', () => {
     }
 });
 
+// The KV host tier in a group: every rank keeps its slice of each host slot, and the copies go
+// to every rank like a step. Embedded model, TP 2 x PP 2: a block is 6,144 bytes on stage 0's
+// ranks (3 of 5 layers, 2 of 4 kv heads) and 4,096 on stage 1's; the group keeps the fewest.
+describe('the KV host tier in a group', () => {
+    test('TP 2 x PP 2 in a tiny pool swaps to the host tier and gives one rank\'s greedy text', async () => {
+        const prompts = Array.from({ length: 5 }, (_, i) => `Story ${i}: the little ${['dog', 'cat', 'bird', 'fox', 'owl'][i]} went`);
+        const one = (s, prompt) => s.client().completions.create(
+            { model: 'stories260K', prompt, max_tokens: 64, temperature: 0, ignore_eos: true });
+        const alone = await startServer(cpu);
+        const want = [];
+        for (const p of prompts) want.push((await one(alone, p)).choices[0].text);
+        assert.deepEqual(await alone.stop(), { code: 0, signal: null });
+
+        const group = await startServer([...cpu, '--tensor-parallel-size', '2', '--pipeline-parallel-size', '2',
+                                         '--kv-cache-memory', String(12 * 6144), '--kv-offload-memory',
+                                         String(64 * 6144)]);
+        try {
+            assert.match(group.log(), /KV host tier: 64 blocks/);
+            const together = await Promise.all(prompts.map((p) => one(group, p)));
+            assert.deepEqual(together.map((r) => r.choices[0].text), want);
+            const m = await (await fetch(`${group.url}/metrics`)).text();
+            const metric = (name) => Number((m.match(new RegExp(`^${name}\\{[^}]*\\} (\\S+)$`, 'm')) ?? [])[1]);
+            assert.ok(metric('peregrine:num_swap_preemptions_total') > 0, 'the pool is small enough to swap');
+            assert.ok(metric('peregrine:kv_swapped_in_bytes_total') > 0);
+        } finally {
+            assert.deepEqual(await group.stop(), { code: 0, signal: null }, group.log());
+        }
+    });
+
+    test('the disk tier is refused in a group, naming it', async () => {
+        const r = spawn(binary, ['serve', ...cpu, '--tensor-parallel-size', '2', '--kv-offload-memory', '1000000',
+                                 '--kv-offload-disk', '/tmp', '--kv-offload-disk-size', '1000000']);
+        let err = '';
+        r.stderr.on('data', (d) => { err += d; });
+        const exit = await exitWithin(r, 10000);
+        assert.ok(exit && exit.code !== 0, err);
+        assert.match(err, /--kv-offload-disk is not supported with tensor or pipeline parallelism/);
+    });
+});
+
 describe('a rank that dies stops the group', () => {
     test('idle: serve exits non-zero within 5 s naming the rank', async () => {
         const s = await startServer([...cpu, '--tensor-parallel-size', '2', '--pipeline-parallel-size', '2']);

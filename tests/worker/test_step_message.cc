@@ -44,6 +44,18 @@ TEST(StepMessage, EmptyBatchCopiesAndStop) {
     EXPECT_EQ(decode_step(encode_stop()).op, StepMessage::kStop);
 }
 
+TEST(StepMessage, HostTierCopiesKeepTheirOpAndPairs) {
+    const std::vector<std::pair<int32_t, int32_t>> pairs = {{7, 0}, {2, 63}};
+    for (const auto op : {StepMessage::kOffload, StepMessage::kOnload}) {
+        const StepMessage m = decode_step(encode_tier_copies(op, pairs));
+        EXPECT_EQ(m.op, op);
+        EXPECT_EQ(m.copies, pairs);
+        const std::string bytes = encode_tier_copies(op, pairs);
+        EXPECT_THROW(decode_step(bytes.substr(0, bytes.size() - 3)), Error);
+    }
+    EXPECT_TRUE(decode_step(encode_tier_copies(StepMessage::kOnload, {})).copies.empty());
+}
+
 TEST(StepMessage, DamagedMessagesAreErrors) {
     const std::string good = encode_execute(sample_batch());
     EXPECT_THROW(decode_step(""), Error);
