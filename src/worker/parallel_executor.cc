@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "core/error.h"
@@ -161,18 +162,6 @@ int ParallelExecutor::block_size() const {
     return worker_->block_size();
 }
 
-// A failed collective or a closed connection leaves the group unusable (the ranks no longer
-// agree on which step they are in): the whole group stops.
-void ParallelExecutor::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
-    if (pairs.empty()) return;
-    try {
-        group_->send_step(encode_copy_blocks(pairs));
-        worker_->copy_blocks(pairs);
-    } catch (const Error& e) {
-        RankGroup::exit_group(group_->diagnose(e.what()));
-    }
-}
-
 int ParallelExecutor::num_host_kv_blocks() const {
     return worker_->num_host_kv_blocks();
 }
@@ -181,33 +170,34 @@ size_t ParallelExecutor::kv_block_bytes() const {
     return worker_->kv_block_bytes();
 }
 
-void ParallelExecutor::offload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
-    if (pairs.empty()) return;
+// `message` to every other rank, then `mine` on rank 0's worker. A failed collective or a
+// closed connection leaves the group unusable (the ranks no longer agree on which step they are
+// in): the whole group stops.
+void ParallelExecutor::in_step(const std::string& message, const std::function<void()>& mine) {
     try {
-        group_->send_step(encode_tier_copies(StepMessage::kOffload, pairs));
-        worker_->offload_blocks(pairs);
+        group_->send_step(message);
+        mine();
     } catch (const Error& e) {
         RankGroup::exit_group(group_->diagnose(e.what()));
     }
+}
+
+void ParallelExecutor::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+    if (!pairs.empty()) in_step(encode_copy_blocks(pairs), [&] { worker_->copy_blocks(pairs); });
+}
+
+void ParallelExecutor::offload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+    if (!pairs.empty())
+        in_step(encode_tier_copies(StepMessage::kOffload, pairs), [&] { worker_->offload_blocks(pairs); });
 }
 
 void ParallelExecutor::onload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
-    if (pairs.empty()) return;
-    try {
-        group_->send_step(encode_tier_copies(StepMessage::kOnload, pairs));
-        worker_->onload_blocks(pairs);
-    } catch (const Error& e) {
-        RankGroup::exit_group(group_->diagnose(e.what()));
-    }
+    if (!pairs.empty())
+        in_step(encode_tier_copies(StepMessage::kOnload, pairs), [&] { worker_->onload_blocks(pairs); });
 }
 
 void ParallelExecutor::execute(const BatchInput& batch, std::vector<float>& logits) {
-    try {
-        group_->send_step(encode_execute(batch));
-        worker_->execute(batch, logits);
-    } catch (const Error& e) {
-        RankGroup::exit_group(group_->diagnose(e.what()));
-    }
+    in_step(encode_execute(batch), [&] { worker_->execute(batch, logits); });
 }
 
 bool ParallelExecutor::samples_on_device() const {
@@ -215,12 +205,7 @@ bool ParallelExecutor::samples_on_device() const {
 }
 
 void ParallelExecutor::execute_on_device(const BatchInput& batch) {
-    try {
-        group_->send_step(encode_execute(batch));
-        worker_->execute_on_device(batch);
-    } catch (const Error& e) {
-        RankGroup::exit_group(group_->diagnose(e.what()));
-    }
+    in_step(encode_execute(batch), [&] { worker_->execute_on_device(batch); });
 }
 
 void ParallelExecutor::launch_sampling(const std::vector<SampleRow>& rows) {

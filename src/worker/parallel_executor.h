@@ -10,7 +10,9 @@
 // whether the rank died in a step or while the group idled (RankGroup::watch).
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -58,6 +60,7 @@ class ParallelExecutor final : public ModelExecutor {
 
   private:
     ParallelExecutor(std::unique_ptr<RankGroup> group, std::unique_ptr<Worker> worker);
+    void in_step(const std::string& message, const std::function<void()>& mine);
     std::unique_ptr<RankGroup> group_;
     std::unique_ptr<Worker> worker_;
 };
