@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -440,6 +442,60 @@ TEST(CudaGemvPerf, Report) {
                 cuda::set_gemv_config(0, 0);
                 for (Tensor& t : ws) b.release(t);
                 for (Tensor& t : scales) b.release(t);
+                b.release(x);
+                b.release(out);
+            }
+        }
+    }
+}
+
+// The same for the GGUF device layouts (gq8_32: Q8_0, gq8_16: Q6_K, gq4_32: Q4_0 / Q4_K) on the
+// 8B shapes: random codes and finite random f16 factors (speed does not depend on the values),
+// through CudaBackend::matmul as a decode step calls it. TB/s counts the layout's bytes (codes
+// and factors); the limit a copy reaches on an H100 is ~3.0. The measurement to tune the GGUF
+// decode products by (issue #23: the 8B Q4_K_M decoded at ~0.9 TB/s).
+TEST(CudaGemvPerf, GgufLayoutsReport) {
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+    if (!std::getenv("PG_GEMV_PERF")) GTEST_SKIP() << "a measurement: PG_GEMV_PERF=1 runs it (~1 min)";
+    CudaBackend b;
+    const std::pair<int, int> shapes[] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}, {128256, 4096}};
+    const std::pair<int, int> configs[] = {{0, 0}, {2, 1}, {2, 2}, {2, 4}, {1, 4}, {1, 8}};
+    for (DType layout : {DType::GQ8_32, DType::GQ8_16, DType::GQ4_32}) {
+        for (int n : {1, 4}) {
+            for (auto [m, k] : shapes) {
+                const size_t bytes = static_cast<size_t>(m) * dtype_row_bytes(layout, k);
+                const int copies = static_cast<int>(std::max<size_t>(2, (size_t{256} << 20) / bytes + 1));
+                std::vector<Tensor> raw, ws;
+                for (int c = 0; c < copies; ++c) {
+                    raw.push_back(b.allocate(DType::BF16, {static_cast<int64_t>((bytes + 1) / 2)}));
+                    b.fill_random(raw.back(), 11 + c, -0.05f, 0.05f);  // as f16 bits: finite, |v| < 2
+                    ws.push_back(Tensor(raw.back().data, layout, {m, k}, Device::CUDA));
+                }
+                Tensor x = b.allocate(DType::BF16, {n, k}), out = b.allocate(DType::F32, {n, m});
+                b.fill_random(x, 3, -1.0f, 1.0f);
+                std::printf("gemv %s n %d m %6d k %5d (%6.1f MB):", std::string(dtype_name(layout)).c_str(), n, m, k,
+                            bytes / 1e6);
+                for (auto [rows, depth] : configs) {
+                    cuda::set_gemv_config(rows, depth);
+                    const int reps = std::max(copies, 20);
+                    for (int r = 0; r < copies; ++r) b.matmul(x, ws[r % copies], Tensor(), out);
+                    cudaEvent_t e0, e1;
+                    cudaEventCreate(&e0);
+                    cudaEventCreate(&e1);
+                    cudaEventRecord(e0, b.stream());
+                    for (int r = 0; r < reps; ++r) b.matmul(x, ws[r % copies], Tensor(), out);
+                    cudaEventRecord(e1, b.stream());
+                    cudaEventSynchronize(e1);
+                    float ms = 0;
+                    cudaEventElapsedTime(&ms, e0, e1);
+                    const double us = 1e3 * ms / reps;
+                    std::printf("  %dx%d %6.1f us %4.2f TB/s", rows, depth, us, bytes / us / 1e6);
+                    cudaEventDestroy(e0);
+                    cudaEventDestroy(e1);
+                }
+                std::printf("\n");
+                cuda::set_gemv_config(0, 0);
+                for (Tensor& t : raw) b.release(t);
                 b.release(x);
                 b.release(out);
             }

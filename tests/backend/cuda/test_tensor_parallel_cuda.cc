@@ -187,7 +187,11 @@ TEST_P(CudaTensorParallelModels, TwoRanksOnOneGpuGiveOneRanksLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaTensorParallelModels,
                          ::testing::Values(models_dir() + "/stories260K", data_dir() + "/llama3-tiny",
-                                           data_dir() + "/qwen2-tiny", data_dir() + "/qwen3-tiny"));
+                                           data_dir() + "/qwen2-tiny", data_dir() + "/qwen3-tiny",
+                                           // GGUF slices kept quantized on the GPU (or bf16 where
+                                           // a slice is not whole blocks)
+                                           data_dir() + "/quant-tiny/qt-q8_0.gguf",
+                                           data_dir() + "/quant-tiny/qt-q4_k.gguf"));
 
 }  // namespace
 }  // namespace peregrine::testing
