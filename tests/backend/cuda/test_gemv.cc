@@ -389,6 +389,33 @@ TEST(CudaGemv, GgufLayoutsEveryEntryPointMatchesReference) {
     for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) check_every_entry_point(false, t);
 }
 
+// Times b.matmul(x, w) over the rotating weight copies `ws` at every rows x depth config (0x0:
+// the default), printing us a call and TB/s of `bytes` a weight; leaves the default config.
+void time_configs(CudaBackend& b, const Tensor& x, const std::vector<Tensor>& ws, const Tensor& out, size_t bytes) {
+    const std::pair<int, int> configs[] = {{0, 0}, {2, 1}, {2, 2}, {2, 4}, {1, 4}, {1, 8}};
+    const int copies = static_cast<int>(ws.size());
+    for (auto [rows, depth] : configs) {
+        cuda::set_gemv_config(rows, depth);
+        const int reps = std::max(copies, 20);
+        for (int r = 0; r < copies; ++r) b.matmul(x, ws[r % copies], Tensor(), out);
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        cudaEventRecord(e0, b.stream());
+        for (int r = 0; r < reps; ++r) b.matmul(x, ws[r % copies], Tensor(), out);
+        cudaEventRecord(e1, b.stream());
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        const double us = 1e3 * ms / reps;
+        std::printf("  %dx%d %6.1f us %4.2f TB/s", rows, depth, us, bytes / us / 1e6);
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+    }
+    std::printf("\n");
+    cuda::set_gemv_config(0, 0);
+}
+
 // Decode-product speed on the Llama 1B / 8B shapes, n = 1 and 4, bf16 and FP8 weights: a chain
 // of launches over rotating weight copies (> 256 MB, so L2 holds none of them), as a decode step
 // reads each weight once.
@@ -398,7 +425,6 @@ TEST(CudaGemvPerf, Report) {
     for (bool fp8 : {false, true}) {
         const std::pair<int, int> shapes[] = {{3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}, {128256, 2048},
                                               {6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
-        const std::pair<int, int> configs[] = {{0, 0}, {2, 1}, {2, 2}, {2, 4}, {1, 4}, {1, 8}};
         for (int n : {1, 4}) {
             for (auto [m, k] : shapes) {
                 const size_t bytes = static_cast<size_t>(m) * k * (fp8 ? 1 : 2);
@@ -420,26 +446,7 @@ TEST(CudaGemvPerf, Report) {
                 Tensor x = b.allocate(DType::BF16, {n, k}), out = b.allocate(DType::F32, {n, m});
                 b.fill_random(x, 3, -1.0f, 1.0f);
                 std::printf("gemv %s n %d m %6d k %5d (%6.1f MB):", fp8 ? "fp8 " : "bf16", n, m, k, bytes / 1e6);
-                for (auto [rows, depth] : configs) {
-                    cuda::set_gemv_config(rows, depth);
-                    const int reps = std::max(copies, 20);
-                    for (int r = 0; r < copies; ++r) b.matmul(x, ws[r % copies], Tensor(), out);
-                    cudaEvent_t e0, e1;
-                    cudaEventCreate(&e0);
-                    cudaEventCreate(&e1);
-                    cudaEventRecord(e0, b.stream());
-                    for (int r = 0; r < reps; ++r) b.matmul(x, ws[r % copies], Tensor(), out);
-                    cudaEventRecord(e1, b.stream());
-                    cudaEventSynchronize(e1);
-                    float ms = 0;
-                    cudaEventElapsedTime(&ms, e0, e1);
-                    const double us = 1e3 * ms / reps;
-                    std::printf("  %dx%d %6.1f us %4.2f TB/s", rows, depth, us, bytes / us / 1e6);
-                    cudaEventDestroy(e0);
-                    cudaEventDestroy(e1);
-                }
-                std::printf("\n");
-                cuda::set_gemv_config(0, 0);
+                time_configs(b, x, ws, out, bytes);
                 for (Tensor& t : ws) b.release(t);
                 for (Tensor& t : scales) b.release(t);
                 b.release(x);
@@ -459,7 +466,6 @@ TEST(CudaGemvPerf, GgufLayoutsReport) {
     if (!std::getenv("PG_GEMV_PERF")) GTEST_SKIP() << "a measurement: PG_GEMV_PERF=1 runs it (~1 min)";
     CudaBackend b;
     const std::pair<int, int> shapes[] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}, {128256, 4096}};
-    const std::pair<int, int> configs[] = {{0, 0}, {2, 1}, {2, 2}, {2, 4}, {1, 4}, {1, 8}};
     for (DType layout : {DType::GQ8_32, DType::GQ8_16, DType::GQ4_32}) {
         for (int n : {1, 4}) {
             for (auto [m, k] : shapes) {
@@ -475,26 +481,7 @@ TEST(CudaGemvPerf, GgufLayoutsReport) {
                 b.fill_random(x, 3, -1.0f, 1.0f);
                 std::printf("gemv %s n %d m %6d k %5d (%6.1f MB):", std::string(dtype_name(layout)).c_str(), n, m, k,
                             bytes / 1e6);
-                for (auto [rows, depth] : configs) {
-                    cuda::set_gemv_config(rows, depth);
-                    const int reps = std::max(copies, 20);
-                    for (int r = 0; r < copies; ++r) b.matmul(x, ws[r % copies], Tensor(), out);
-                    cudaEvent_t e0, e1;
-                    cudaEventCreate(&e0);
-                    cudaEventCreate(&e1);
-                    cudaEventRecord(e0, b.stream());
-                    for (int r = 0; r < reps; ++r) b.matmul(x, ws[r % copies], Tensor(), out);
-                    cudaEventRecord(e1, b.stream());
-                    cudaEventSynchronize(e1);
-                    float ms = 0;
-                    cudaEventElapsedTime(&ms, e0, e1);
-                    const double us = 1e3 * ms / reps;
-                    std::printf("  %dx%d %6.1f us %4.2f TB/s", rows, depth, us, bytes / us / 1e6);
-                    cudaEventDestroy(e0);
-                    cudaEventDestroy(e1);
-                }
-                std::printf("\n");
-                cuda::set_gemv_config(0, 0);
+                time_configs(b, x, ws, out, bytes);
                 for (Tensor& t : raw) b.release(t);
                 b.release(x);
                 b.release(out);
