@@ -115,6 +115,9 @@ void add_engine_options(CLI::App* cmd, EngineConfig& o) {
                     "Weights quantized at load: none | fp8 (CUDA: layer matrices to FP8 E4M3 with a factor per "
                     "output row, activations quantized per token; embedding and LM head stay as loaded). Default none")
         ->check(CLI::IsMember({"none", "fp8"}));
+    cmd->add_flag("--dequantize-gguf", o.dequantize_gguf,
+                  "CUDA: convert a GGUF's Q8_0 / Q4_0 / Q4_K / Q6_K matrices to bf16 at load instead of keeping "
+                  "them quantized on the GPU (more memory, bf16's product speed)");
     cmd->add_option("--dummy-seed", o.dummy_seed, "Seed of --load-format dummy weights (default 0)");
 
     // Parallelism (docs/PARALLEL.md); vLLM's and SGLang's spellings.

@@ -37,6 +37,7 @@ std::unique_ptr<Backend> make_backend(const EngineConfig& c, int device_index) {
         co.graphs = !c.enforce_eager;
         co.batch_invariant = c.batch_invariant;
         co.fp8_weights = c.quantization == "fp8";
+        co.gguf_quantized = !c.dequantize_gguf;
         co.max_graph_batch = c.max_num_seqs > 0 ? std::min(c.max_num_seqs, 256) : 256;
         // cuda:K picks the GPU of a replica alone; a model-parallel rank gets its place's.
         co.device = device_index > 0 ? device_index : std::max(0, cuda_device_index(c.device));
@@ -54,6 +55,8 @@ std::unique_ptr<Backend> make_backend(const EngineConfig& c, int device_index) {
         fail("--quantization ", c.quantization,
              ": quantization at load runs on the CUDA backend only (the CPU backend runs GGUF quantized types "
              "as stored: load a q8_0 / q4_k GGUF instead)");
+    if (c.dequantize_gguf)
+        fail("--dequantize-gguf is for the CUDA backend (the CPU backend reads GGUF quantized types as stored)");
     return std::make_unique<CpuBackend>(c.threads, cpu_precision_from_name(c.dtype));
 }
 

@@ -3,6 +3,8 @@
 // the command line are never replaced.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "core/error.h"
 #include "peregrine/engine_config.h"
 #include "worker/worker.h"
@@ -52,6 +54,26 @@ TEST(EngineConfigDefaults, ACpuWorkerRunsTheCpuDefaults) {
     EXPECT_EQ(w.config().max_num_batched_tokens, 2048);
     c.max_num_seqs = -1;
     EXPECT_THROW(c.validate(), Error);
+}
+
+// CUDA-only load options are refused on the CPU backend with a message naming the flag.
+TEST(EngineConfigDefaults, CpuRefusesCudaOnlyWeightOptions) {
+    for (int which = 0; which < 2; ++which) {
+        EngineConfig c;
+        c.device = "cpu";
+        c.threads = 1;
+        if (which == 0) c.quantization = "fp8";
+        if (which == 1) c.dequantize_gguf = true;
+        Worker w(c);
+        try {
+            w.init_device();
+            ADD_FAILURE() << "accepted on the CPU: option " << which;
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(which == 0 ? "--quantization fp8" : "--dequantize-gguf"),
+                      std::string::npos)
+                << e.what();
+        }
+    }
 }
 
 }  // namespace
