@@ -137,7 +137,7 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
 
 CudaBackend::~CudaBackend() {
     scratch_.clear();
-    for (Tensor* t : {&f8_input_, &f8_scale_, &f8_product_})
+    for (Tensor* t : {&f8_input_, &f8_scale_, &f8_product_, &gguf_scratch_})
         if (!t->empty()) release(*t);
     cudaStreamSynchronize(stream_);
     graphs_.clear();
