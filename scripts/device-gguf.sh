@@ -6,10 +6,13 @@
 #          (Llama-3.1-8B and 3.2-1B shapes, q4_k_m and q8_0, Llama 3 vocabulary)
 #   tests  the GGUF kernel tests and the golden fixtures on the GPU (GPU_FILTER overrides)
 #   bench  `peregrine bench latency --batch-size 1` (128 in / 128 out, best of 3) on each GGUF,
-#          then llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 3 on the same files
+#          then llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 2 on the same files
+#   batched offline throughput (256 x 128 in / 128 out) and prefill (64 x 512 in, 8192-token
+#          steps) of each GGUF kept quantized and with --dequantize-gguf, same call
 # BUNDLE_DIR holds bundle.tar.xz (scripts/pack-device.sh) and llamacpp-src.tar.xz (a `git
 # archive` of llama.cpp). One line per result; logs come back as $OUT/gguf-logs.tar.xz.
-# usage: scripts/device-gguf.sh BUNDLE_DIR [STEPS]   (SHAPES="llama3.1-8b llama3.2-1b", TYPES="q4_k_m q8_0")
+# usage: scripts/device-gguf.sh BUNDLE_DIR [STEPS]   (default "prep tests bench"; SHAPES="llama3.1-8b
+#        llama3.2-1b", TYPES="q4_k_m q8_0")
 set -uo pipefail
 dir=$1
 steps=${2:-"prep tests bench"}
@@ -68,5 +71,18 @@ if [[ $steps == *bench* ]]; then
         stamp "llama.cpp $s $t: rc $?"
         grep -E "pp512|tg128" $logs/lc-$s-$t.md
     done; done
+fi
+if [[ $steps == *batched* ]]; then
+    while [[ ! -f /tmp/lcg/gguf-done ]]; do sleep 3; done
+    for s in $shapes; do for t in $types; do for mode in kept dequantized; do
+        f=/tmp/lcg/$s-$t.gguf flag=()
+        [[ $mode == dequantized ]] && flag=(--dequantize-gguf)
+        timeout 300 "$pg/peregrine" bench throughput --model $f "${flag[@]}" --num-prompts 256 --input-len 128 \
+            --output-len 128 --iters 2 > $logs/off-$s-$t-$mode.log 2>&1
+        stamp "offline $s $t $mode: rc $? $(grep -E '^throughput \(best' $logs/off-$s-$t-$mode.log)"
+        timeout 300 "$pg/peregrine" bench throughput --model $f "${flag[@]}" --num-prompts 64 --input-len 512 \
+            --output-len 1 --max-num-batched-tokens 8192 > $logs/pre-$s-$t-$mode.log 2>&1
+        stamp "prefill $s $t $mode: rc $? $(grep -E '^throughput \(best' $logs/pre-$s-$t-$mode.log)"
+    done; done; done
 fi
 stamp done
