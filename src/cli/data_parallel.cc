@@ -119,6 +119,11 @@ int run_data_parallel(const DataParallelOptions& o) {
     const bool cuda = worker_uses_cuda(o.engine);
     const int gpus = cuda ? worker_gpu_count() : 0;
     const int cores = std::max(1u, std::thread::hardware_concurrency());
+    // Ranks of each replica's model-parallel group (tensor x pipeline parallel; 1 without).
+    const int group = o.engine.parallel_size();
+    if (cuda && group > 1 && gpus < o.size * group)
+        fail("--data-parallel-size ", o.size, " with ", group, " ranks a replica needs ", o.size * group,
+             " GPUs (one a rank); this host has ", gpus);
     std::vector<std::string> base;
     for (size_t i = 0; i < original_args().size(); ++i) {
         const std::string& a = original_args()[i];
@@ -137,12 +142,11 @@ int run_data_parallel(const DataParallelOptions& o) {
         for (const std::string& a : {std::string("--data-parallel-size"), std::string("1"), std::string("--host"),
                                      std::string("127.0.0.1"), std::string("--port"), std::to_string(r.port)})
             r.args.push_back(a);
-        if (!cuda) {
-            r.args.insert(r.args.end(),
-                          {"--device", "cpu", "--threads",
-                           std::to_string(o.engine.threads > 0 ? o.engine.threads : std::max(1, cores / o.size))});
-        } else if (gpus >= o.size) {
-            r.args.insert(r.args.end(), {"--device", "cuda:" + std::to_string(i), "--gpu-memory-utilization",
+        if (!cuda) {  // --threads is per rank
+            const int threads = o.engine.threads > 0 ? o.engine.threads : std::max(1, cores / (o.size * group));
+            r.args.insert(r.args.end(), {"--device", "cpu", "--threads", std::to_string(threads)});
+        } else if (gpus >= o.size * group) {  // replica i's group: GPUs [i * group, (i + 1) * group)
+            r.args.insert(r.args.end(), {"--device", "cuda:" + std::to_string(i * group), "--gpu-memory-utilization",
                                          std::to_string(o.engine.gpu_memory_utilization)});
         } else {
             r.args.insert(r.args.end(),
@@ -156,12 +160,14 @@ int run_data_parallel(const DataParallelOptions& o) {
                           {"--kv-events-replay-endpoint", shift_endpoint_port(o.kv_events_replay_endpoint, i)});
         urls.push_back("http://127.0.0.1:" + std::to_string(r.port));
     }
-    std::fprintf(
-        stderr, "data parallel: %d replicas (%s)\n", o.size,
-        !cuda ? str_cat("CPU, ", std::max(1, cores / o.size), " threads each").c_str()
-        : gpus >= o.size
-            ? "one GPU each"
-            : str_cat("sharing a GPU, ", o.engine.gpu_memory_utilization / o.size, " of its memory each").c_str());
+    const std::string where =
+        !cuda ? str_cat("CPU, ", o.engine.threads > 0 ? o.engine.threads : std::max(1, cores / (o.size * group)),
+                        " threads a rank")
+        : gpus >= o.size * group
+            ? (group > 1 ? str_cat(group, " GPUs each") : std::string("one GPU each"))
+            : str_cat("sharing a GPU, ", o.engine.gpu_memory_utilization / o.size, " of its memory each");
+    std::fprintf(stderr, "data parallel: %d replicas%s (%s)\n", o.size,
+                 group > 1 ? str_cat(" of ", group, " ranks").c_str() : "", where.c_str());
     std::mutex mu;  // replicas' pids
     // Replicas sharing one GPU start one after another: each sizes its KV cache from what it
     // took itself, which a neighbour allocating at the same moment would blur.

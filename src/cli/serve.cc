@@ -155,8 +155,10 @@ int run(ServeArgs& a) {
     if (!a.chat_template.empty()) (void)ChatTemplate::from_flag(a.chat_template, "", "");
     check_tls_flags(a.tls);
     if (a.data_parallel_size > 1) {
-        if (a.engine.parallel_size() > 1)
-            fail("--data-parallel-size with --tensor-parallel-size / --pipeline-parallel-size is not supported yet");
+        if (a.engine.parallel_size() > 1 && (a.engine.nnodes > 1 || a.engine.master_port > 0))
+            fail(
+                "--data-parallel-size with a model-parallel group across hosts (--nnodes, --master-port) is not "
+                "supported: each replica's group is local to this host");
         if (!a.root_path.empty()) fail("--root-path with --data-parallel-size is not supported yet");
         DataParallelOptions o;
         o.size = a.data_parallel_size;

@@ -118,7 +118,8 @@ std::unique_ptr<RankGroup> RankGroup::join(const EngineConfig& config) {
     g->cuda_ = worker_uses_cuda(config);
     // GPUs of a host in launch order: several launched processes on one host (mpirun -np N on a
     // single machine) take consecutive blocks of per_host GPUs.
-    g->device_index_ = launch.local_rank * per_host + local;
+    // `--device cuda:K` moves the block to start at GPU K (a data-parallel replica's group).
+    g->device_index_ = std::max(0, cuda_device_index(config.device)) + launch.local_rank * per_host + local;
 
     TcpStore::Options so;
     so.master_addr = where.master_addr;

@@ -221,4 +221,35 @@ describe('serve --data-parallel-size', () => {
         const code = await new Promise((res) => s.proc.on('exit', (c) => res(c)));
         assert.equal(code, 0);
     });
+
+    test('two replicas of a tensor-parallel group each give one rank\'s greedy text', async () => {
+        const prompts = ['Once upon a time', 'The cat sat on', 'Lily and Ben went', 'One day a big'];
+        const body = (prompt) => ({ model: 'stories260K', prompt, max_tokens: 16, temperature: 0 });
+        const one = await start(['serve', '--port', '0', '--device', 'cpu', '--threads', '1'],
+                                /ready: serving '[^']*' at (http:\/\/[^\s]+)\/v1/);
+        const want = [];
+        for (const p of prompts) want.push((await client(one.url).completions.create(body(p))).choices[0].text);
+        one.proc.kill('SIGTERM');
+        await new Promise((res) => one.proc.on('exit', res));
+
+        const s = await start(['serve', '--port', '0', '--data-parallel-size', '2', '--tensor-parallel-size', '2',
+                               '--device', 'cpu', '--threads', '1'],
+                              /ready: serving '[^']*' at (http:\/\/[^\s]+)\/v1 \(data parallel 2\)/);
+        try {
+            assert.match(s.log(), /data parallel: 2 replicas of 2 ranks \(CPU, 1 threads a rank\)/);
+            assert.equal((await http(`${s.url}/health`, { method: 'GET' })).json.healthy_replicas, 2);
+            // Four prompts at once (no shared prefix: the router spreads them by load and footprint).
+            const got = await Promise.all(prompts.map((p) => client(s.url).completions.create(body(p))));
+            assert.deepEqual(got.map((r) => r.choices[0].text), want);
+            const m = (await http(`${s.url}/metrics`, { method: 'GET' })).text;
+            const served = [...m.matchAll(/^peregrine_router:requests_total\{[^}]*\} (\S+)$/gm)].map((x) => Number(x[1]));
+            assert.equal(served.length, 2, m);
+            assert.ok(served.every((n) => n > 0), `both replicas served: ${served}`);
+            const groups = s.log().match(/tensor parallel 2 x pipeline parallel 1: 2 ranks/g) ?? [];
+            assert.equal(groups.length, 2, s.log());
+        } finally {
+            s.proc.kill('SIGTERM');
+            assert.equal(await new Promise((res) => s.proc.on('exit', (c) => res(c))), 0);
+        }
+    });
 });
