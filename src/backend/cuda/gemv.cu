@@ -9,13 +9,17 @@
 //   scales its dot products by 1 / sqrt(mean(x^2) + eps) at the end: no normalised copy of x.
 // (A residual-add + RMSNorm epilogue done by the last CTA to finish was tried and cost 10-20% of
 // decode speed on an H100: not kept.)
-// FP8 weights (F8 = true): E4M3 values with one f32 factor per row; a thread's 16-byte chunk then
-// holds 16 values (two 8-element pieces of x), converted in registers, each row's sum scaled by its
-// factor at the end. A 16-byte chunk either way, so the bytes in flight of a configuration are the
-// same for both (measured for bf16; not re-tuned for FP8).
+// Weight kinds (template W, GemvWeight::Kind): bf16; FP8 E4M3 with one f32 factor per row (a
+// thread's 16-byte chunk holds 16 values, two 8-element pieces of x, each row's sum scaled by its
+// factor at the end); the GGUF device layouts of core/gpu_quant.h (a chunk of 16 int8 or 32
+// 4-bit codes plus its block's f16 factor, applied per value as it is unpacked). A 16-byte chunk
+// in every kind, so a configuration's chunks in flight are the same bytes (measured for bf16;
+// FP8 and int8 codes take half as many, 4-bit codes a quarter: see launch; the GGUF layouts are
+// not tuned, issue #23's figures in docs/PERFORMANCE.md).
 // Two kernels: gemv_kernel, one CTA per row block (thousands of short CTAs), and at n = 1 for
-// some products gemv_persistent_kernel, one CTA per resident slot walking a range of row blocks
-// with x staged once in shared memory (launch_persistent_by_k says which, with the numbers).
+// some bf16 / FP8 products gemv_persistent_kernel, one CTA per resident slot walking a range of
+// row blocks with x staged once in shared memory (launch_persistent_by_k says which, with the
+// numbers).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
