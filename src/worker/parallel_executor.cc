@@ -39,7 +39,8 @@ WorkerPlace place_of(RankGroup& g) {
 }
 
 // Every rank readies its worker the same way; the KV pool is the smallest any rank can hold.
-std::unique_ptr<Worker> ready_worker(RankGroup& g) {
+// `block_bytes`: a KV block's bytes over every rank's slice.
+std::unique_ptr<Worker> ready_worker(RankGroup& g, int64_t* block_bytes = nullptr) {
     auto w = std::make_unique<Worker>(g.config(), place_of(g));
     w->init_device();
     w->load_model();
@@ -48,6 +49,8 @@ std::unique_ptr<Worker> ready_worker(RankGroup& g) {
     // slots as the rank with the fewest, so a slot means the same block everywhere.
     if (g.config().kv_offload_memory > 0)
         w->init_host_kv_blocks(g.agree_min("host-kv-blocks", w->host_kv_blocks_for(g.config().kv_offload_memory)));
+    const int64_t bytes = g.agree_sum("kv-block-bytes", static_cast<int64_t>(w->kv_block_bytes()));
+    if (block_bytes) *block_bytes = bytes;
     w->warm_up();
     return w;
 }
@@ -132,8 +135,11 @@ std::unique_ptr<ParallelExecutor> ParallelExecutor::create(std::unique_ptr<RankG
     // A rank that dies while this one loads ends the group at once, not after the load.
     group->watch(nullptr);
     std::fprintf(stderr, "%s\n", group->describe().c_str());
-    std::unique_ptr<Worker> w = ready_worker(*group);
-    return std::unique_ptr<ParallelExecutor>(new ParallelExecutor(std::move(group), std::move(w)));
+    int64_t block_bytes = 0;
+    std::unique_ptr<Worker> w = ready_worker(*group, &block_bytes);
+    auto e = std::unique_ptr<ParallelExecutor>(new ParallelExecutor(std::move(group), std::move(w)));
+    e->block_bytes_ = static_cast<size_t>(block_bytes);
+    return e;
 }
 
 ParallelExecutor::~ParallelExecutor() {
@@ -167,7 +173,7 @@ int ParallelExecutor::num_host_kv_blocks() const {
 }
 
 size_t ParallelExecutor::kv_block_bytes() const {
-    return worker_->kv_block_bytes();
+    return block_bytes_;
 }
 
 // `message` to every other rank, then `mine` on rank 0's worker. A failed collective or a

@@ -38,9 +38,9 @@ class ParallelExecutor final : public ModelExecutor {
     int num_kv_blocks() const override;
     int block_size() const override;
     void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
-    // The host tier: every rank holds its slice of each slot (rank 0's block bytes reported);
-    // the copies go to every rank like a step. No disk tier (host_kv_data stays null: the
-    // ranks' slices would each need their own files).
+    // The host tier: every rank holds its slice of each slot; kv_block_bytes is a block's bytes
+    // over all the slices (what a copy of one block moves in the group). The copies go to every
+    // rank like a step. No disk tier (host_kv_data stays null: each slice would need its file).
     int num_host_kv_blocks() const override;
     size_t kv_block_bytes() const override;
     void offload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
@@ -63,6 +63,7 @@ class ParallelExecutor final : public ModelExecutor {
     void in_step(const std::string& message, const std::function<void()>& mine);
     std::unique_ptr<RankGroup> group_;
     std::unique_ptr<Worker> worker_;
+    size_t block_bytes_ = 0;  // a KV block over every rank's slice
 };
 
 // Joins the group `config` asks for (config.parallel_size() > 1) as early as the caller can, so

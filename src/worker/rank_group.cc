@@ -231,13 +231,21 @@ std::string RankGroup::who(int rank) const {
 }
 
 int RankGroup::agree_min(const std::string& key, int value) {
-    store_->set(str_cat("min/", key, "/", rank_), std::to_string(value));
+    return static_cast<int>(agree(str_cat("min/", key), value, [](int64_t a, int64_t b) { return std::min(a, b); }));
+}
+
+int64_t RankGroup::agree_sum(const std::string& key, int64_t value) {
+    return agree(str_cat("sum/", key), value, [](int64_t a, int64_t b) { return a + b; });
+}
+
+int64_t RankGroup::agree(const std::string& key, int64_t value, int64_t (*op)(int64_t, int64_t)) {
+    store_->set(str_cat(key, "/", rank_), std::to_string(value));
     if (rank_ == 0) {
-        int m = value;
-        for (int r = 1; r < size(); ++r) m = std::min(m, std::stoi(store_->get(str_cat("min/", key, "/", r))));
-        store_->set(str_cat("min/", key), std::to_string(m));
+        int64_t m = value;
+        for (int r = 1; r < size(); ++r) m = op(m, std::stoll(store_->get(str_cat(key, "/", r))));
+        store_->set(key, std::to_string(m));
     }
-    return std::stoi(store_->get(str_cat("min/", key)));
+    return std::stoll(store_->get(key));
 }
 
 void RankGroup::send_step(const std::string& message) {

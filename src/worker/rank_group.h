@@ -65,6 +65,8 @@ class RankGroup {
     // The smallest `value` over the ranks (the KV blocks that fit on every rank); every rank
     // calls it with the same `key`.
     int agree_min(const std::string& key, int value);
+    // The sum of `value` over the ranks (a KV block's bytes over every rank's slice), likewise.
+    int64_t agree_sum(const std::string& key, int64_t value);
 
     // Rank 0: `message` to every other rank, in order. Others: the next message from rank 0;
     // false once rank 0 stopped or went away.
@@ -86,6 +88,8 @@ class RankGroup {
     void reap_children(double seconds);
 
   private:
+    // Every rank's `value` through the store under `key`, folded by rank 0 with `op` in rank order.
+    int64_t agree(const std::string& key, int64_t value, int64_t (*op)(int64_t, int64_t));
     RankGroup() = default;
     std::string who(int rank) const;  // "rank 1 (pid 4242 on host-a)"
     std::string failure();            // "" while every rank is there

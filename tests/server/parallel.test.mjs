@@ -88,7 +88,8 @@ describe('greedy completions of a group equal one rank', () => {
 
 // The KV host tier in a group: every rank keeps its slice of each host slot, and the copies go
 // to every rank like a step. Embedded model, TP 2 x PP 2: a block is 6,144 bytes on stage 0's
-// ranks (3 of 5 layers, 2 of 4 kv heads) and 4,096 on stage 1's; the group keeps the fewest.
+// ranks (3 of 5 layers, 2 of 4 kv heads) and 4,096 on stage 1's (20,480 together); the group
+// keeps the fewest slots.
 describe('the KV host tier in a group', () => {
     test('TP 2 x PP 2 in a tiny pool swaps to the host tier and gives one rank\'s greedy text', async () => {
         const prompts = Array.from({ length: 5 }, (_, i) => `Story ${i}: the little ${['dog', 'cat', 'bird', 'fox', 'owl'][i]} went`);
@@ -104,6 +105,10 @@ describe('the KV host tier in a group', () => {
                                          String(64 * 6144)]);
         try {
             assert.match(group.log(), /KV host tier: 64 blocks/);
+            // Bytes over every rank's slice: 64 slots of a whole block (20,480 bytes, as one rank's).
+            const health = await (await fetch(`${group.url}/health`)).json();
+            assert.equal(health.host_kv_blocks_total, 64);
+            assert.equal(health.host_kv_bytes_total, 64 * 20480);
             const together = await Promise.all(prompts.map((p) => one(group, p)));
             assert.deepEqual(together.map((r) => r.choices[0].text), want);
             const m = await (await fetch(`${group.url}/metrics`)).text();
