@@ -120,6 +120,17 @@ describe('the KV host tier in a group', () => {
         }
     });
 
+    test('a host tier the host cannot hold for every rank is refused at start', async () => {
+        const bytes = Math.floor((await import('node:os')).totalmem() / 2) + (1 << 20);  // fits once, not twice
+        const r = spawn(binary, ['serve', ...cpu, '--tensor-parallel-size', '2', '--kv-offload-memory',
+                                 String(bytes)]);
+        let err = '';
+        r.stderr.on('data', (d) => { err += d; });
+        const exit = await exitWithin(r, 10000);
+        assert.ok(exit && exit.code !== 0, err);
+        assert.match(err, /--kv-offload-memory \d+ bytes x 2 ranks on this host is more than its memory/);
+    });
+
     test('the disk tier is refused in a group, naming it', async () => {
         const r = spawn(binary, ['serve', ...cpu, '--tensor-parallel-size', '2', '--kv-offload-memory', '1000000',
                                  '--kv-offload-disk', '/tmp', '--kv-offload-disk-size', '1000000']);
