@@ -128,6 +128,8 @@ struct EngineConfig {
 
 // The GPU index `device` names: "cuda" 0, "cuda:K" K; -1 for anything else.
 int cuda_device_index(const std::string& device);
+// This host's physical memory in bytes (0 when the system does not say).
+int64_t host_memory_bytes();
 
 struct EngineStats {
     int num_running = 0;

@@ -11,13 +11,6 @@ namespace peregrine {
 
 namespace {
 
-template <typename Block>
-Block load_block(const uint8_t* src, int64_t i) {
-    Block b;
-    std::memcpy(&b, src + i * static_cast<int64_t>(sizeof(Block)), sizeof(Block));
-    return b;
-}
-
 void put_f16(uint8_t* dst, uint16_t h) {
     std::memcpy(dst, &h, 2);
 }
@@ -85,23 +78,17 @@ void repack_q6_k(const uint8_t* src, int64_t k, uint8_t* codes, uint8_t* factors
     for (int64_t i = 0; i < k / kQK_K; ++i) {
         const auto b = load_block<BlockQ6_K>(src, i);
         const float d = f16_to_f32(b.d);
-        for (int h = 0; h < 2; ++h) {
-            const uint8_t* ql = b.ql + 64 * h;
-            const uint8_t* qh = b.qh + 32 * h;
-            auto* y = reinterpret_cast<int8_t*>(codes + i * kQK_K + 128 * h);
-            for (int l = 0; l < 32; ++l) {
-                y[l] = static_cast<int8_t>(((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32);
-                y[l + 32] = static_cast<int8_t>(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
-                y[l + 64] = static_cast<int8_t>(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
-                y[l + 96] = static_cast<int8_t>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
-            }
-        }
+        q6_k_codes(b, reinterpret_cast<int8_t*>(codes + i * kQK_K));
         for (int s = 0; s < kQK_K / 16; ++s)
             put_f16(factors + (i * 16 + s) * 2, f32_to_f16(d * static_cast<float>(b.scales[s])));
     }
 }
 
 }  // namespace
+
+bool has_gpu_layout(DType gguf) {
+    return gguf == DType::Q8_0 || gguf == DType::Q4_0 || gguf == DType::Q4_K || gguf == DType::Q6_K;
+}
 
 DType gpu_layout_of(DType gguf) {
     switch (gguf) {

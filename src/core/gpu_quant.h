@@ -14,6 +14,9 @@
 
 namespace peregrine {
 
+// Whether GGUF type `gguf` has a device layout (Q8_0, Q4_0, Q4_K, Q6_K).
+bool has_gpu_layout(DType gguf);
+
 // The device layout a GGUF type is repacked into: Q8_0 -> GQ8_32, Q6_K -> GQ8_16,
 // Q4_0 / Q4_K -> GQ4_32; throws Error naming the dtype otherwise.
 DType gpu_layout_of(DType gguf);

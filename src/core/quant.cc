@@ -11,14 +11,6 @@ namespace peregrine {
 
 namespace {
 
-// Copies block `i` out of an unaligned byte stream (the compiler turns this into plain loads).
-template <typename Block>
-Block load_block(const uint8_t* src, int64_t i) {
-    Block b;
-    std::memcpy(&b, src + i * static_cast<int64_t>(sizeof(Block)), sizeof(Block));
-    return b;
-}
-
 void dequantize_q8_0(const uint8_t* src, float* dst, int64_t nblocks) {
     for (int64_t i = 0; i < nblocks; ++i) {
         const auto b = load_block<BlockQ8_0>(src, i);
@@ -66,30 +58,32 @@ void dequantize_q4_k(const uint8_t* src, float* dst, int64_t nblocks) {
 }
 
 void dequantize_q6_k(const uint8_t* src, float* dst, int64_t nblocks) {
+    int8_t q[kQK_K];
     for (int64_t i = 0; i < nblocks; ++i) {
         const auto b = load_block<BlockQ6_K>(src, i);
         const float d = f16_to_f32(b.d);
-        for (int h = 0; h < 2; ++h) {
-            const uint8_t* ql = b.ql + 64 * h;
-            const uint8_t* qh = b.qh + 32 * h;
-            const int8_t* sc = b.scales + 8 * h;
-            float* y = dst + i * kQK_K + 128 * h;
-            for (int l = 0; l < 32; ++l) {
-                const int s = l / 16;  // sub-blocks of 16: elements l + 32k use scale sc[s + 2k]
-                const int q0 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-                const int q1 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                const int q2 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                const int q3 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                y[l + 0] = d * static_cast<float>(sc[s + 0]) * static_cast<float>(q0);
-                y[l + 32] = d * static_cast<float>(sc[s + 2]) * static_cast<float>(q1);
-                y[l + 64] = d * static_cast<float>(sc[s + 4]) * static_cast<float>(q2);
-                y[l + 96] = d * static_cast<float>(sc[s + 6]) * static_cast<float>(q3);
-            }
-        }
+        q6_k_codes(b, q);
+        float* y = dst + i * kQK_K;
+        for (int e = 0; e < kQK_K; ++e)  // sub-blocks of 16 elements, one scale each
+            y[e] = d * static_cast<float>(b.scales[e / 16]) * static_cast<float>(q[e]);
     }
 }
 
 }  // namespace
+
+void q6_k_codes(const BlockQ6_K& b, int8_t q[kQK_K]) {
+    for (int h = 0; h < 2; ++h) {
+        const uint8_t* ql = b.ql + 64 * h;
+        const uint8_t* qh = b.qh + 32 * h;
+        int8_t* y = q + 128 * h;
+        for (int l = 0; l < 32; ++l) {
+            y[l] = static_cast<int8_t>(((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32);
+            y[l + 32] = static_cast<int8_t>(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+            y[l + 64] = static_cast<int8_t>(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+            y[l + 96] = static_cast<int8_t>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+        }
+    }
+}
 
 void q4_k_scale_min(const uint8_t* scales, int j, uint8_t* sc, uint8_t* m) {
     if (j < 4) {

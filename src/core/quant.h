@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -58,6 +59,17 @@ struct BlockQ6_K {
     uint16_t d;  // f16 super-block scale
 };
 static_assert(sizeof(BlockQ6_K) == 210);
+
+// Block `i` copied out of an unaligned byte stream of blocks (the compiler makes plain loads).
+template <typename Block>
+Block load_block(const uint8_t* src, int64_t i) {
+    Block b;
+    std::memcpy(&b, src + i * static_cast<int64_t>(sizeof(Block)), sizeof(Block));
+    return b;
+}
+
+// The 256 signed 6-bit codes q - 32 of a Q6_K super-block, in element order (layout: BlockQ6_K).
+void q6_k_codes(const BlockQ6_K& b, int8_t q[kQK_K]);
 
 // Unpacks the 6-bit scale and min of Q4_K sub-block `j` (0..7) from the 12 packed bytes:
 // sub-blocks 0-3 are the low 6 bits of bytes j (scale) and j + 4 (min); sub-blocks 4-7 take

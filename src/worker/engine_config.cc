@@ -20,6 +20,11 @@ int cuda_device_index(const std::string& device) {
     return std::stoi(device.substr(5));
 }
 
+int64_t host_memory_bytes() {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
+
 void EngineConfig::validate() const {
     auto one_of = [](const std::string& v, std::initializer_list<const char*> names) {
         for (const char* n : names)
@@ -51,8 +56,7 @@ void EngineConfig::validate() const {
         fail("preemption_mode swap needs a host tier to swap to (kv_offload_memory > 0)");
     if (kv_offload_memory < 0) fail("kv_offload_memory must be >= 0 bytes (0 = no host tier), got ", kv_offload_memory);
     if (kv_offload_memory > 0) {
-        const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-        const int64_t physical = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+        const int64_t physical = host_memory_bytes();
         if (physical > 0 && kv_offload_memory > physical)
             fail("kv_offload_memory ", kv_offload_memory, " bytes is more than this host's memory (", physical,
                  " bytes)");

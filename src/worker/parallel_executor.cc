@@ -127,8 +127,8 @@ void join_model_group(const EngineConfig& config) {
     joined_group() = std::move(g);
 }
 
-ParallelExecutor::ParallelExecutor(std::unique_ptr<RankGroup> group, std::unique_ptr<Worker> worker)
-    : group_(std::move(group)), worker_(std::move(worker)) {}
+ParallelExecutor::ParallelExecutor(std::unique_ptr<RankGroup> group, std::unique_ptr<Worker> worker, size_t block_bytes)
+    : group_(std::move(group)), worker_(std::move(worker)), block_bytes_(block_bytes) {}
 
 std::unique_ptr<ParallelExecutor> ParallelExecutor::create(std::unique_ptr<RankGroup> group) {
     PG_CHECK(group && group->rank() == 0, "ParallelExecutor: rank 0 only");
@@ -137,9 +137,8 @@ std::unique_ptr<ParallelExecutor> ParallelExecutor::create(std::unique_ptr<RankG
     std::fprintf(stderr, "%s\n", group->describe().c_str());
     int64_t block_bytes = 0;
     std::unique_ptr<Worker> w = ready_worker(*group, &block_bytes);
-    auto e = std::unique_ptr<ParallelExecutor>(new ParallelExecutor(std::move(group), std::move(w)));
-    e->block_bytes_ = static_cast<size_t>(block_bytes);
-    return e;
+    return std::unique_ptr<ParallelExecutor>(
+        new ParallelExecutor(std::move(group), std::move(w), static_cast<size_t>(block_bytes)));
 }
 
 ParallelExecutor::~ParallelExecutor() {

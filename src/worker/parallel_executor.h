@@ -59,11 +59,11 @@ class ParallelExecutor final : public ModelExecutor {
     void pool(const BatchInput& batch, std::vector<float>& out) override;
 
   private:
-    ParallelExecutor(std::unique_ptr<RankGroup> group, std::unique_ptr<Worker> worker);
+    ParallelExecutor(std::unique_ptr<RankGroup> group, std::unique_ptr<Worker> worker, size_t block_bytes);
     void in_step(const std::string& message, const std::function<void()>& mine);
     std::unique_ptr<RankGroup> group_;
     std::unique_ptr<Worker> worker_;
-    size_t block_bytes_ = 0;  // a KV block over every rank's slice
+    const size_t block_bytes_;  // a KV block over every rank's slice
 };
 
 // Joins the group `config` asks for (config.parallel_size() > 1) as early as the caller can, so

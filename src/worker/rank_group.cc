@@ -88,8 +88,7 @@ std::unique_ptr<RankGroup> RankGroup::join(const EngineConfig& config) {
         g->config_.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / per_host);
     // Every rank of this host pins --kv-offload-memory for its slice of the host tier.
     if (config.kv_offload_memory > 0) {
-        const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-        const int64_t physical = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+        const int64_t physical = host_memory_bytes();
         if (physical > 0 && config.kv_offload_memory > physical / per_host)
             fail("--kv-offload-memory ", config.kv_offload_memory, " bytes x ", per_host,
                  " ranks on this host is more than its memory (", physical,

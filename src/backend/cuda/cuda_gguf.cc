@@ -14,12 +14,6 @@
 
 namespace peregrine {
 
-namespace {
-bool has_gpu_layout(DType t) {
-    return t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_K || t == DType::Q6_K;
-}
-}  // namespace
-
 cuda::GemvWeight gguf_gemv_weight(const Tensor& w) {
     PG_CHECK(dtype_is_gpu_layout(w.dtype) && w.ndim == 2, "not a GGUF device-layout matrix: ", w.shape_str());
     const auto kind = w.dtype == DType::GQ8_32   ? cuda::GemvWeight::kI8B32

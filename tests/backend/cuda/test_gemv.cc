@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_gguf.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "core/gpu_quant.h"
 #include "core/half.h"
@@ -290,11 +291,7 @@ void check_every_entry_point(bool fp8, DType gguf = DType::F32) {
             DeviceBuffer<float> dscale(row_scale);
             cuda::GemvWeight wt = fp8 ? cuda::GemvWeight(dcodes.get(), dscale.get()) : cuda::GemvWeight(dw.get());
             if (quant) {
-                const auto kind = layout == DType::GQ8_32   ? cuda::GemvWeight::kI8B32
-                                  : layout == DType::GQ8_16 ? cuda::GemvWeight::kI8B16
-                                                            : cuda::GemvWeight::kU4;
-                wt = cuda::GemvWeight(kind, dcodes.get(),
-                                      dcodes.get() + static_cast<size_t>(m) * gpu_code_bytes(layout, k));
+                wt = gguf_gemv_weight(Tensor(dcodes.get(), layout, {m, k}, Device::CUDA));
                 // The bf16 matrix larger products use: the layout's values rounded to bf16.
                 DeviceBuffer<uint16_t> deq(static_cast<size_t>(m) * k);
                 cuda::dequantize_weight(wt, deq.get(), m, k, stream);
