@@ -1,5 +1,7 @@
 #include "template/parser.h"
 
+#include <charconv>
+#include <cstdlib>
 #include <initializer_list>
 
 #include "core/error.h"
@@ -7,6 +9,13 @@
 namespace peregrine::jinja {
 
 namespace {
+
+// A decimal literal's digits as int64; false when they do not fit (std::stoll would throw a
+// non-peregrine exception there, which the fuzzer found).
+bool parse_int(const std::string& digits, int64_t& out) {
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), out);
+    return ec == std::errc() && end == digits.data() + digits.size();
+}
 
 bool is_keyword(std::string_view s) {
     for (const char* k : {"and", "or", "not", "in", "is", "if", "else", "recursive"})
@@ -541,11 +550,11 @@ class Parser {
             }
             case Tok::Int: {
                 auto e = make(Expr::Kind::Literal, off);
-                try {
-                    e->value = Value(static_cast<int64_t>(std::stoll(t.value)));
-                } catch (const std::exception&) {
-                    e->value = Value(std::stod(t.value));  // beyond int64: a float, not an error
-                }
+                int64_t v = 0;
+                if (parse_int(t.value, v))
+                    e->value = Value(v);
+                else  // beyond int64: a float (inf past its range), not an error
+                    e->value = Value(std::strtod(t.value.c_str(), nullptr));
                 advance();
                 return e;
             }
@@ -627,7 +636,10 @@ class Parser {
                     auto g = make(Expr::Kind::GetItem, off);
                     g->args.push_back(std::move(e));
                     auto idx = make(Expr::Kind::Literal, cur().offset);
-                    idx->value = Value(static_cast<int64_t>(std::stoll(cur().value)));
+                    int64_t v = 0;
+                    if (!parse_int(cur().value, v))
+                        fail_at(cur().offset, "index '" + cur().value + "' is out of range");
+                    idx->value = Value(v);
                     g->args.push_back(std::move(idx));
                     advance();
                     e = std::move(g);

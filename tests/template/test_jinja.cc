@@ -251,6 +251,14 @@ TEST(JinjaLimits, HostileTemplatesAreBounded) {
               std::string::npos);
 }
 
+TEST(JinjaLimits, NumbersPastInt64AreNotACrash) {
+    // `x.N` with N past int64 once threw std::out_of_range out of the parser (found by the fuzzer).
+    EXPECT_NE(error_of("{{ messages.99999999999999999999999 }}").find("out of range"), std::string::npos);
+    // An integer literal past int64 is a float, and past a double's range infinity, as before.
+    EXPECT_EQ(render("{{ 100000000000000000000 > 1 }}"), "True");
+    EXPECT_EQ(render("{{ " + std::string(400, '9') + " > 1 }}"), "True");
+}
+
 TEST(JinjaLimits, CyclesAndDeepValuesDoNotCrash) {
     // A list that contains itself prints with an error, and is freed when the render ends.
     EXPECT_NE(error_of("{% set l = [] %}{% do l.append(l) %}{{ l }}").find("nested too deeply"), std::string::npos);
