@@ -154,7 +154,10 @@ struct EngineStats {
     uint64_t kv_onloaded_blocks = 0;    // host -> device copies
     uint64_t kv_block_bytes = 0;        // one block's K/V, every layer (this process's share)
     uint64_t pinned_prefix_tokens = 0;  // tokens of --pin-prefix held in the KV cache for good
-    uint64_t prompt_tokens = 0;         // of finished and running requests, counted at submit
+    // Requests naming their conversation (prompt_cache_key, or X-Session-ID over HTTP): their
+    // blocks are evicted after anonymous ones.
+    uint64_t conversation_requests = 0;
+    uint64_t prompt_tokens = 0;  // of finished and running requests, counted at submit
     uint64_t generation_tokens = 0;
     uint64_t steps = 0;
     // The disk tier below the host tier (EngineConfig::kv_offload_disk; zeros without one).

@@ -175,6 +175,7 @@ void EngineCore::add_request(Request request, std::shared_ptr<const grammar::Tok
     seq->sampling = &r->req.sampling;
     seq->cache_salt = BlockManager::hash_salt(r->req.cache_salt);
     seq->keyed = !r->req.prompt_cache_key.empty();
+    if (seq->keyed) ++totals_.conversation_requests;
     seq->tokens = r->req.prompt_ids;
     seq->num_prompt_tokens = static_cast<int>(seq->tokens.size());
     // A sequence must fit the model's context and, alone, the whole KV cache.

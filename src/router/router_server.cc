@@ -61,13 +61,18 @@ std::string error_json(const std::string& message, const std::string& type = "se
     return json{{"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}}}}.dump();
 }
 
-// What the prefix index keys on (the prompt as text) and the session key of an API request.
-void prompt_facts(const std::string& path, const std::string& body, std::string& text, std::string& session) {
-    if (path != "/v1/completions" && path != "/v1/chat/completions") return;
+// What the prefix index keys on (the prompt as text) and the session key of an API request: its
+// `prompt_cache_key`, else the X-Session-ID header (vLLM's router and llm-d key sessions by it),
+// else its `user`.
+void prompt_facts(const std::string& path, const std::string& body, std::string_view session_header, std::string& text,
+                  std::string& session) {
+    if (path != "/v1/completions" && path != "/v1/chat/completions" && path != "/v1/responses") return;
     const json j = json::parse(body, nullptr, false);
     if (!j.is_object()) return;
     if (j.contains("prompt_cache_key") && j["prompt_cache_key"].is_string())
         session = j["prompt_cache_key"].get<std::string>();
+    else if (!session_header.empty())
+        session = std::string(session_header);
     else if (j.contains("user") && j["user"].is_string())
         session = j["user"].get<std::string>();
     if (j.contains("messages") && j["messages"].is_array()) {
@@ -79,9 +84,10 @@ void prompt_facts(const std::string& path, const std::string& body, std::string&
             text += c.is_string() ? c.get<std::string>() : c.dump();
             text += "\n";
         }
-    } else if (j.contains("prompt")) {
-        const json& p = j["prompt"];
-        text = p.is_string() ? p.get<std::string>() : p.dump();
+    } else if (j.contains("prompt") || j.contains("input")) {  // completions; responses
+        const json& p = j.contains("prompt") ? j["prompt"] : j["input"];
+        if (j.contains("instructions") && j["instructions"].is_string()) text = j["instructions"].get<std::string>();
+        text += p.is_string() ? p.get<std::string>() : p.dump();
     }
 }
 
@@ -346,7 +352,7 @@ struct RouterService::Impl {
     // ---- forwarding ------------------------------------------------------------------------
 
     struct Job {
-        std::string method, path, body, content_type, authorization, request_id, text, session;
+        std::string method, path, body, content_type, authorization, request_id, session_header, text, session;
         std::shared_ptr<server::Exchange> ex;
         std::shared_ptr<std::atomic<bool>> gone = std::make_shared<std::atomic<bool>>(false);
         std::shared_ptr<std::function<void()>> cancel = std::make_shared<std::function<void()>>();
@@ -393,6 +399,7 @@ struct RouterService::Impl {
         if (!job.content_type.empty()) req.set(http::field::content_type, job.content_type);
         if (!job.authorization.empty()) req.set(http::field::authorization, job.authorization);
         req.set("X-Request-Id", job.request_id);
+        if (!job.session_header.empty()) req.set("X-Session-ID", job.session_header);
         req.body() = job.body;
         req.prepare_payload();
         beast::flat_buffer buffer;
@@ -673,8 +680,9 @@ void RouterService::handle(const server::HttpRequest& req, std::shared_ptr<serve
     job->content_type = std::string(req.header("content-type"));
     job->authorization = std::string(req.header("authorization"));
     job->request_id = req.request_id;
+    job->session_header = std::string(req.header("x-session-id"));
     job->ex = ex;
-    prompt_facts(req.path, req.body, job->text, job->session);
+    prompt_facts(req.path, req.body, job->session_header, job->text, job->session);
     ex->on_client_gone([gone = job->gone, cancel = job->cancel, mu = job->cancel_mu, exec = job->exec] {
         gone->store(true);
         asio::post(exec, [cancel, mu] {

@@ -253,6 +253,9 @@ std::string ServerMetrics::render(std::string_view model_name, const EngineStats
             static_cast<double>(s.kv_swapped_out_blocks * s.kv_block_bytes));
     counter("peregrine:kv_swapped_in_bytes", "Bytes of resumed sequences' KV blocks copied back from the host tier.",
             static_cast<double>(s.kv_swapped_in_blocks * s.kv_block_bytes));
+    counter("peregrine:conversation_requests",
+            "Requests naming a conversation (prompt_cache_key or X-Session-ID): its blocks are evicted last.",
+            static_cast<double>(s.conversation_requests));
     counter("peregrine:prompt_tokens", "Number of prefill tokens processed.", static_cast<double>(s.prompt_tokens));
     counter("peregrine:generation_tokens", "Number of generation tokens processed.",
             static_cast<double>(s.generation_tokens));

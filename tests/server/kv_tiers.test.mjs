@@ -62,3 +62,21 @@ test('concurrent requests in a tiny pool are swapped, not recomputed, and all fi
     const health = await http(`${server.url}/health`, { method: 'GET' });
     assert.ok(health.json.swap_preemptions > 0);
 });
+
+test('a conversation is named by prompt_cache_key or the X-Session-ID header, and counted', async () => {
+    const count = async () => metric((await http(`${server.url}/metrics`, { method: 'GET' })).text,
+                                     'peregrine:conversation_requests_total');
+    const before = await count();
+    const ask = (extra, headers = {}) => http(`${server.url}/v1/completions`,
+                                              { body: { prompt: 'Hi there', max_tokens: 2, ...extra }, headers });
+    assert.equal((await ask({ prompt_cache_key: 'conv-a' })).status, 200);
+    assert.equal((await ask({}, { 'X-Session-ID': 'conv-b' })).status, 200);
+    assert.equal((await ask({})).status, 200, 'an anonymous request');
+    const chat = await http(`${server.url}/v1/chat/completions`, {
+        body: { messages: [{ role: 'user', content: 'Hi' }], max_tokens: 2 }, headers: { 'x-session-id': 'conv-c' },
+    });
+    assert.equal(chat.status, 200, chat.text);
+    assert.equal(await count(), before + 3);
+    const health = await http(`${server.url}/health`, { method: 'GET' });
+    assert.equal(health.json.conversation_requests, before + 3);
+});

@@ -151,6 +151,26 @@ describe('router', async () => {
                                                      prompt_cache_key: 'conv-1' });
         assert.match((await http(`${r.url}/metrics`, { method: 'GET' })).text,
                      /routing_decisions_total\{reason="session"\} 4/);
+        // The X-Session-ID header (vLLM's router and llm-d) names a session too, and goes on to the
+        // replica, which keeps the request's blocks as a conversation's.
+        const conversations = async () => {
+            let n = 0;
+            for (const u of [a.url, b.url]) {
+                const m = (await http(`${u}/metrics`, { method: 'GET' })).text;
+                n += Number((m.match(/^peregrine:conversation_requests_total\{[^}]*\} (\S+)$/m) ?? [])[1]);
+            }
+            return n;
+        };
+        const keyedBefore = await conversations();
+        for (let i = 0; i < 3; i++) {
+            const x = await http(`${r.url}/v1/completions`, { body: { model: 'stories260K', prompt: `other ${i}`,
+                                                                       max_tokens: 2 },
+                                                               headers: { 'X-Session-ID': 'conv-2' } });
+            assert.equal(x.status, 200, x.text);
+        }
+        assert.match((await http(`${r.url}/metrics`, { method: 'GET' })).text,
+                     /routing_decisions_total\{reason="session"\} 7/);
+        assert.equal(await conversations(), keyedBefore + 3);
         r.proc.kill('SIGTERM');
     });
 

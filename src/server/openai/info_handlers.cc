@@ -69,6 +69,7 @@ void handle_health(CompletionService& service, ApiCall& call) {
     j["preemptions"] = s.preemptions;
     j["swap_preemptions"] = s.swap_preemptions;
     j["pinned_prefix_tokens"] = s.pinned_prefix_tokens;  // --pin-prefix, held in the KV cache for good
+    j["conversation_requests"] = s.conversation_requests;
     j["prompt_tokens"] = s.prompt_tokens;
     j["generation_tokens"] = s.generation_tokens;
     j["memory_rss_bytes"] = rss_bytes();
