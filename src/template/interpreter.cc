@@ -584,7 +584,9 @@ Value Interpreter::eval_binary(const Expr& e, const std::shared_ptr<Scope>& scop
         const Value* seq = a.is_string() || a.is_array() ? &a : b.is_string() || b.is_array() ? &b : nullptr;
         const Value* count = seq == &a ? &b : &a;
         if (seq && is_intlike(*count)) {
-            const int64_t n = std::max<int64_t>(0, int_of(*count));
+            // An empty sequence repeated stays empty: no loop of n (found by the fuzzer: '' * 7744**3).
+            const bool empty = seq->is_string() ? seq->as_string().empty() : seq->as_array().empty();
+            const int64_t n = empty ? 0 : std::max<int64_t>(0, int_of(*count));
             if (seq->is_string()) {
                 const size_t unit = seq->as_string().size();
                 if (unit && static_cast<uint64_t>(n) > limits_.max_output_bytes / unit)

@@ -251,12 +251,14 @@ TEST(JinjaLimits, HostileTemplatesAreBounded) {
               std::string::npos);
 }
 
-TEST(JinjaLimits, NumbersPastInt64AreNotACrash) {
+TEST(JinjaLimits, HugeNumbersAreNotACrashOrAHang) {
     // `x.N` with N past int64 once threw std::out_of_range out of the parser (found by the fuzzer).
     EXPECT_NE(error_of("{{ messages.99999999999999999999999 }}").find("out of range"), std::string::npos);
     // An integer literal past int64 is a float, and past a double's range infinity, as before.
     EXPECT_EQ(render("{{ 100000000000000000000 > 1 }}"), "True");
     EXPECT_EQ(render("{{ " + std::string(400, '9') + " > 1 }}"), "True");
+    // An empty list or string times a huge count is empty at once (it once looped the count).
+    EXPECT_EQ(render("{{ ([] * 7744**3)|length }}|{{ '' * 7744**3 }}|{{ 7744**3 * [] }}"), "0||[]");
 }
 
 TEST(JinjaLimits, CyclesAndDeepValuesDoNotCrash) {
