@@ -113,6 +113,20 @@ TEST(ToolCallStreaming, HermesCallsStreamTheirArguments) {
                    {{"late", kLongCompact}}, {}, false, /*in_pieces=*/false);
 }
 
+TEST(ToolCallStreaming, HermesClosingTagInsideAnArgumentIsText) {
+    // A call that writes the tag itself (say, code that emits tool calls): the tag inside the JSON
+    // string is argument text, the tag after the object ends the block.
+    const std::string args = R"j({"code": "print('</tool_call>')", "n": 1})j";
+    expect_streams(F::Hermes, "<tool_call>\n{\"name\": \"run\", \"arguments\": " + args + "}\n</tool_call> done",
+                   " done", {{"run", R"j({"code":"print('</tool_call>')","n":1})j"}});
+    // Two such tags and an escaped quote before them; then a second call.
+    const std::string tricky = R"({"a": "x\" </tool_call> y", "b": "</tool_call></tool_call>"})";
+    expect_streams(F::Hermes,
+                   "<tool_call>{\"name\": \"f\", \"arguments\": " + tricky +
+                       "}</tool_call><tool_call>{\"name\": \"g\", \"arguments\": {}}</tool_call>",
+                   "", {{"f", R"({"a":"x\" </tool_call> y","b":"</tool_call></tool_call>"})"}, {"g", "{}"}});
+}
+
 TEST(ToolCallStreaming, Llama3AndMistralCallsStreamTheirArguments) {
     expect_streams(
         F::Llama3Json,

@@ -52,6 +52,8 @@ class JsonCallScanner {
     bool committed() const { return committed_; }
     // Done: one past the value's last character scanned.
     size_t end() const { return i_; }
+    // Whether the text scanned so far ends inside a JSON string.
+    bool in_string() const { return in_string_; }
     const std::vector<ScannedCall>& calls() const { return calls_; }
 
   private:

@@ -196,10 +196,22 @@ bool ToolCallParser::advance_block(bool final, ToolCallDelta& out) {
         }
     }
     // hermes: the block ends at its closing tag (the JSON is read up to it; a partial tag at the
-    // end is not given to the scanner).
+    // end is not given to the scanner). A tag inside one of the JSON's strings (an argument that
+    // quotes "</tool_call>") is text: each tag is judged once, with the JSON scanned up to it.
     std::string_view json = rest.substr(b.json_at);
     bool json_final = final;
-    const size_t close = format_ == ToolCallFormat::Hermes ? json.find(kHermesClose) : std::string_view::npos;
+    size_t close = std::string_view::npos;
+    if (format_ == ToolCallFormat::Hermes) {
+        for (size_t c = json.find(kHermesClose, b.tags_judged); c != std::string_view::npos;
+             c = json.find(kHermesClose, b.tags_judged)) {
+            b.scan->scan(json.substr(0, c), false);
+            b.tags_judged = c + 1;
+            if (b.scan->state() != JsonCallScanner::State::Scanning || !b.scan->in_string()) {
+                close = c;
+                break;
+            }
+        }
+    }
     if (close != std::string_view::npos) {
         json = json.substr(0, close);
         json_final = true;

@@ -86,6 +86,7 @@ class ToolCallParser {
         int first_index = 0;       // the answer's index of the block's first call
         std::vector<size_t> sent;  // per call announced: its arguments' bytes sent
         size_t completed = 0;      // calls reported in ToolCallDelta::calls
+        size_t tags_judged = 0;    // hermes: closing tags before this (from json_at) were inside strings
     };
 
     void step(bool final, ToolCallDelta& out);
