@@ -51,7 +51,12 @@ int64_t int_arg(const CallArgs& a, size_t pos, std::string_view name, int64_t df
     const Value* v = a.get(pos, name);
     if (!v || v->is_undefined() || v->is_none()) return dflt;
     if (is_intlike(*v)) return int_of(*v);
-    if (v->is_float()) return static_cast<int64_t>(v->as_float());
+    if (v->is_float()) {  // truncated, as Python's int(); past int64 (or inf / nan) it is an error
+        const double f = v->as_float();
+        if (!std::isfinite(f) || std::fabs(f) >= 9.2e18)
+            throw ValueError("argument '" + std::string(name) + "' is out of the integer range");
+        return static_cast<int64_t>(f);
+    }
     throw ValueError("argument '" + std::string(name) + "' must be an integer, not " + std::string(v->type_name()));
 }
 
@@ -1092,7 +1097,16 @@ std::string percent_format(const std::string& fmt, const Array& args, size_t max
             case 'd':
             case 'i':
                 if (!a.is_number() && !a.is_bool()) throw ValueError("%d format: a number is required");
-                out += std::to_string(a.is_float() ? static_cast<int64_t>(a.as_float()) : int_of(a));
+                if (a.is_float()) {  // Python: the float truncated, however large; inf / nan are errors
+                    const double f = std::trunc(a.as_float());
+                    if (!std::isfinite(f))
+                        throw ValueError("%d format: cannot convert " + to_str(a, 64) + " to integer");
+                    char buf[400];  // the largest double has 309 digits
+                    std::snprintf(buf, sizeof buf, "%.0f", f);
+                    out += buf;
+                } else {
+                    out += std::to_string(int_of(a));
+                }
                 break;
             case 'f': {
                 if (!a.is_number() && !a.is_bool()) throw ValueError("%f format: a number is required");

@@ -257,6 +257,10 @@ TEST(JinjaLimits, HugeNumbersAreNotACrashOrAHang) {
     // An integer literal past int64 is a float, and past a double's range infinity, as before.
     EXPECT_EQ(render("{{ 100000000000000000000 > 1 }}"), "True");
     EXPECT_EQ(render("{{ " + std::string(400, '9') + " > 1 }}"), "True");
+    // '%d' of a float past int64 is its digits (as Python prints it); of inf an error.
+    EXPECT_EQ(render("{{ '%d' % 1e20 }}|{{ '%d' % -2.5 }}"), "100000000000000000000|-2");
+    EXPECT_NE(error_of("{{ '%d' % (1e308 * 10) }}").find("cannot convert"), std::string::npos);
+    EXPECT_NE(error_of("{{ [1, 2]|batch(1e30) }}").find("out of the integer range"), std::string::npos);
     // An empty list or string times a huge count is empty at once (it once looped the count).
     EXPECT_EQ(render("{{ ([] * 7744**3)|length }}|{{ '' * 7744**3 }}|{{ 7744**3 * [] }}"), "0||[]");
 }
