@@ -7,14 +7,14 @@
 # The targets run side by side (one core each, at most JOBS at once).
 #
 # Environment: BUILD_DIR (default build-fuzz), FUZZ_TIME (seconds per target, default 60),
-# FUZZ_TARGETS (default "chat_template tokenizer"), ARTIFACTS (default BUILD_DIR/fuzz-artifacts),
+# FUZZ_TARGETS (default "chat_template tokenizer grammar"), ARTIFACTS (default BUILD_DIR/fuzz-artifacts),
 # KEEP_CORPUS=DIR (copy each grown corpus to DIR/<name> afterwards, e.g. to merge new seeds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
 BUILD_DIR="${BUILD_DIR:-build-fuzz}"
 FUZZ_TIME="${FUZZ_TIME:-60}"
-FUZZ_TARGETS="${FUZZ_TARGETS:-chat_template tokenizer}"
+FUZZ_TARGETS="${FUZZ_TARGETS:-chat_template tokenizer grammar}"
 ARTIFACTS="${ARTIFACTS:-$root/$BUILD_DIR/fuzz-artifacts}"
 JOBS="${JOBS:-$(nproc)}"
 
