@@ -5,8 +5,8 @@
 #          llama.cpp build (llama-bench) and the random GGUFs of make_random_gguf.py
 #          (Llama-3.1-8B and 3.2-1B shapes, q4_k_m and q8_0, Llama 3 vocabulary)
 #   tests  the GGUF kernel tests and the golden fixtures on the GPU (GPU_FILTER overrides)
-#   bench  `peregrine bench latency --batch-size 1` (128 in / 128 out, best of 3) on each GGUF,
-#          then llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 2 on the same files
+#   bench  `peregrine bench latency --batch-size 1` (128 in / 128 out, best of 3) on each GGUF
+#          under each GGUF_GEMV policy (default "blocks persistent"), then llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 2 on the same files
 #   batched offline throughput (256 x 128 in / 128 out) and prefill (64 x 512 in, 8192-token
 #          steps) of each GGUF kept quantized and with --dequantize-gguf, same call
 # BUNDLE_DIR holds bundle.tar.xz (scripts/pack-device.sh) and llamacpp-src.tar.xz (a `git
@@ -56,12 +56,14 @@ if [[ $steps == *bench* ]]; then
         timeout 200 "$pg/peregrine" bench latency --model $m --load-format dummy --batch-size 1 --input-len 128 --output-len 128 > $logs/pg-$s-bf16.log 2>&1
         stamp "ours $s bf16 (dummy): rc $? $(grep -E '^latency \(best' $logs/pg-$s-bf16.log)"
     done
-    for s in $shapes; do for t in $types; do
+    # GGUF_GEMV="blocks persistent": the decode products' launch policies (PEREGRINE_GGUF_GEMV), each run.
+    for s in $shapes; do for t in $types; do for g in ${GGUF_GEMV:-blocks persistent}; do
         f=/tmp/lcg/$s-$t.gguf
-        timeout 300 "$pg/peregrine" bench latency --model $f --batch-size 1 --input-len 128 --output-len 128 > $logs/pg-$s-$t.log 2>&1
-        stamp "ours $s $t: rc $? $(grep -E '^latency \(best' $logs/pg-$s-$t.log)"
-        grep -iE "weights|error" $logs/pg-$s-$t.log | head -3
-    done; done
+        PEREGRINE_GGUF_GEMV=$g timeout 300 "$pg/peregrine" bench latency --model $f --batch-size 1 --input-len 128 \
+            --output-len 128 > $logs/pg-$s-$t-$g.log 2>&1
+        stamp "ours $s $t ($g): rc $? $(grep -E '^latency \(best' $logs/pg-$s-$t-$g.log)"
+        grep -iE "weights|error" $logs/pg-$s-$t-$g.log | head -3
+    done; done; done
     # DEADLINE (seconds since the start, default 570): stop waiting for the peer's build there.
     while [[ ! -f /tmp/lcg/rc ]] && (( $(date +%s) - t_start < ${DEADLINE:-570} )); do sleep 5; done
     stamp "llama.cpp build rc $(cat /tmp/lcg/rc 2>/dev/null || echo 'not done'; tail -1 /tmp/lcg/build.log)"

@@ -156,6 +156,11 @@ void add_f32(const float* x, float* out, int64_t n, cudaStream_t stream);
 // 2x4, 1x4, 1x8, of the one-CTA-per-row-block kernel, which then takes every product (0, 0:
 // chosen by k, and at n = 1 some products take the persistent kernel).
 void set_gemv_config(int rows, int depth);
+// Whether the GGUF device layouts' normed and add products at n = 1 take the persistent kernel
+// (x staged once a CTA, several rows a block) instead of one short CTA per row pair:
+// PEREGRINE_GGUF_GEMV=persistent | blocks (default blocks until measured, issue #23). Test hook:
+// 1 / 0 override the variable, -1 goes back to it.
+void set_gguf_gemv_persistent(int mode);
 
 // ---- batch-invariant products -------------------------------------------------------------------
 // out[n, m] = x[n, k] . w[m, k]^T, bf16 in, f32 accumulate on tensor cores, out f32 (out_f32)

@@ -43,6 +43,16 @@ constexpr int kThreads = kWarps * 32;
 // Test hook (set_gemv_config): rows per CTA and chunks in flight (2x1, 2x2, 2x4, 1x4, 1x8) of
 // gemv_kernel, which then takes every product; 0 = by k.
 int g_rows = 0, g_depth = 0;
+// set_gguf_gemv_persistent: -1 = PEREGRINE_GGUF_GEMV decides.
+int g_gguf_persistent = -1;
+bool gguf_persistent() {
+    if (g_gguf_persistent >= 0) return g_gguf_persistent == 1;
+    static const bool env = [] {
+        const char* e = std::getenv("PEREGRINE_GGUF_GEMV");
+        return e && std::string(e) == "persistent";
+    }();
+    return env;
+}
 
 enum Epilogue { kPlain, kSilu, kAdd };
 
@@ -613,10 +623,33 @@ void launch_persistent_scaled(const Args& a, cudaStream_t stream) {
     }
 }
 
+// The GGUF layouts in the persistent kernel (PEREGRINE_GGUF_GEMV=persistent, not measured yet):
+// a row of 4-bit codes is a quarter of bf16's bytes (k = 4096: 128 chunks, one a thread), so
+// one short CTA per row pair, as gemv_kernel runs it, does a chunk a thread between its
+// prologue (x, the norm) and its reduction. Here x is staged once a CTA and row blocks are
+// streamed, each thread keeping about 8 chunks in flight: R rows x D chunks by the row's chunks.
+template <int N, int EPI, bool NORM, int W>
+bool launch_persistent_gguf(const Args& a, cudaStream_t stream) {
+    if constexpr (N != 1 || !(NORM || EPI == kAdd) || W <= kF8) {
+        return false;
+    } else {
+        const int k = a.k, chunks = k / (8 * WeightChunk<W>::kPieces);
+        if (!gguf_persistent() || g_rows > 0 || static_cast<size_t>(k) * (NORM ? 4 : 2) > kMaxStagedX) return false;
+        if (chunks <= kThreads)
+            launch_persistent<N, 8, 1, EPI, NORM, W>(a, stream);
+        else if (chunks <= 2 * kThreads)
+            launch_persistent<N, 4, 2, EPI, NORM, W>(a, stream);
+        else
+            launch_persistent<N, 2, 4, EPI, NORM, W>(a, stream);
+        return true;
+    }
+}
+
 template <int N, int EPI, bool NORM, int W>
 bool launch_persistent_by_k(const Args& a, cudaStream_t stream) {
-    // The GGUF layouts run on gemv_kernel only (the persistent kernel was not measured with them).
-    if constexpr (N != 1 || !(NORM || EPI == kAdd) || W > kF8) {
+    if constexpr (W > kF8) {
+        return launch_persistent_gguf<N, EPI, NORM, W>(a, stream);
+    } else if constexpr (N != 1 || !(NORM || EPI == kAdd)) {
         return false;
     } else {
         const int k = a.k;
@@ -714,6 +747,10 @@ void check_args(const char* what, int n, int k, const void* x, GemvWeight w) {
 void set_gemv_config(int rows, int depth) {
     g_rows = rows;
     g_depth = depth;
+}
+
+void set_gguf_gemv_persistent(int mode) {
+    g_gguf_persistent = mode;
 }
 
 bool gemv_supported(int n, int k, const void* x, const void* w) {

@@ -383,7 +383,14 @@ TEST(CudaGemv, Fp8WeightsEveryEntryPointMatchesReference) {
 
 TEST(CudaGemv, GgufLayoutsEveryEntryPointMatchesReference) {
     PG_SKIP_WITHOUT_CUDA();
-    for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) check_every_entry_point(false, t);
+    // Both launch policies of the GGUF layouts: short CTAs, and the persistent kernel (n = 1
+    // normed and add products; PEREGRINE_GGUF_GEMV=persistent).
+    for (int persistent : {0, 1}) {
+        SCOPED_TRACE(persistent ? "persistent" : "blocks");
+        cuda::set_gguf_gemv_persistent(persistent);
+        for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) check_every_entry_point(false, t);
+    }
+    cuda::set_gguf_gemv_persistent(-1);
 }
 
 // Times b.matmul(x, w) over the rotating weight copies `ws` at every rows x depth config (0x0:
