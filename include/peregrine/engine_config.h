@@ -57,9 +57,14 @@ struct EngineConfig {
     bool dequantize_gguf = false;
 
     // --- the KV cache
-    int block_size = 16;              // tokens per block
-    int64_t kv_cache_memory = 0;      // bytes; 0 = CUDA: what the utilisation target leaves, CPU: room for
-                                      // max_num_seqs full contexts, at most 4 GiB
+    int block_size = 16;          // tokens per block
+    int64_t kv_cache_memory = 0;  // bytes; 0 = CUDA: what the utilisation target leaves, CPU: room for
+                                  // max_num_seqs full contexts, at most 4 GiB
+    // Element type of the KV cache: auto (the backend's: bf16 on CUDA, f32 on the CPU) | bf16
+    // (CUDA) | fp8 (E4M3 codes with a bf16 scale per token and kv head, core/kv_fp8.h: about half
+    // the bytes of bf16 a token, so about twice the tokens in the same memory). fp8_e4m3 and
+    // bfloat16 are accepted as vLLM spells them.
+    std::string kv_cache_dtype = "auto";
     std::string kv_eviction = "lru";  // prefix-cache eviction: lru | lfu | fifo
     bool prefix_caching = true;
     // Bytes of host memory (pinned on CUDA) for the prefix cache's host tier: committed blocks
@@ -153,6 +158,7 @@ struct EngineStats {
     uint64_t kv_offloaded_blocks = 0;   // device -> host copies
     uint64_t kv_onloaded_blocks = 0;    // host -> device copies
     uint64_t kv_block_bytes = 0;        // one block's K/V, every layer (this process's share)
+    std::string kv_cache_dtype;         // the KV cache's element type: f32 | bf16 | f8_e4m3 ("": unknown)
     uint64_t pinned_prefix_tokens = 0;  // tokens of --pin-prefix held in the KV cache for good
     // Requests naming their conversation (prompt_cache_key, or X-Session-ID over HTTP): their
     // blocks are evicted after anonymous ones.

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/error.h"
 #include "core/half.h"
 
 namespace peregrine {
@@ -108,6 +109,13 @@ LayerWeights Backend::place_layer(const LayerWeights& host) {
     p.w_up = matrix(host.w_up);
     p.w_down = matrix(host.w_down);
     return p;
+}
+
+void Backend::set_kv_cache_dtype(DType t) {
+    if (t != DType::F8_E4M3 && t != native_kv_cache_dtype())
+        fail("this backend keeps its KV cache in ", dtype_name(native_kv_cache_dtype()), " or f8_e4m3, not ",
+             dtype_name(t));
+    kv_fp8_ = t == DType::F8_E4M3;
 }
 
 }  // namespace peregrine

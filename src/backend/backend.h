@@ -40,7 +40,13 @@ class Backend : public DeviceServices {
     // Element type of the buffers between kernels (projection inputs and outputs, q/k/v,
     // attention output). The residual stream, norm weights and logits are always f32.
     virtual DType activation_dtype() const { return DType::F32; }
-    virtual DType kv_cache_dtype() const { return DType::F32; }
+    // Element type of the KV caches made from now on (model/kv_cache.h): the backend's native one
+    // (f32 on the CPU, bf16 on CUDA), or F8_E4M3 codes with per-(token, kv head) scales
+    // (core/kv_fp8.h) once set_kv_cache_dtype chose it. Every attention op reads either.
+    virtual DType native_kv_cache_dtype() const { return DType::F32; }
+    DType kv_cache_dtype() const { return kv_fp8_ ? DType::F8_E4M3 : native_kv_cache_dtype(); }
+    // t: native_kv_cache_dtype() or F8_E4M3; Error for any other. Set before the caches are made.
+    void set_kv_cache_dtype(DType t);
 
     // Places one layer's loaded weights (host tensors, or this device's for dummy weights) and
     // returns the layer as this backend's blocks read it. The base places each tensor apart
@@ -53,7 +59,7 @@ class Backend : public DeviceServices {
 
     // The blocks of one step, called between begin_step(batch) and the step's end with the
     // same `batch` (n = batch.num_tokens()). Caches: [num_blocks, block_size, num_kv_heads,
-    // head_dim] of kv_cache_dtype().
+    // head_dim] of kv_cache_dtype(), or for F8_E4M3 the byte layout of core/kv_fp8.h.
 
     // out[i] = table[ids[i] - vocab_begin] (any weight dtype, converted to f32); rows whose id
     // lies outside [vocab_begin, vocab_begin + table.rows()) are zeros: under vocabulary-parallel
@@ -84,6 +90,9 @@ class Backend : public DeviceServices {
     // in a reduced-precision mode: its near-ties decide greedy tokens, and it runs for few rows.
     virtual void logits(const Tensor& residual, const Tensor& final_norm, float norm_eps, const Tensor& lm_head,
                         const BatchInput& batch, const Tensor& out) = 0;
+
+  private:
+    bool kv_fp8_ = false;
 };
 
 }  // namespace peregrine

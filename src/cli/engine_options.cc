@@ -54,6 +54,15 @@ void add_engine_options(CLI::App* cmd, EngineConfig& o) {
     cmd->add_option("--kv-cache-memory", o.kv_cache_memory,
                     "KV-cache bytes (default: room for max-num-seqs full contexts, at most 4 GiB)")
         ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--kv-cache-dtype", o.kv_cache_dtype,
+                    "KV-cache element type: auto (bf16 on CUDA, f32 on the CPU) | bf16 (CUDA) | fp8 (E4M3 with a "
+                    "bf16 scale per token and kv head, set when the token is written: about half the bytes of "
+                    "bf16, so about twice the tokens in the same memory; fp8_e4m3 is the same). Default auto")
+        ->check([](const std::string& v) {
+            for (const char* ok : {"auto", "bf16", "bfloat16", "fp8", "fp8_e4m3"})
+                if (v == ok) return std::string();
+            return std::string("must be auto, bf16 or fp8 (fp8_e4m3)");
+        });
     cmd->add_option("--kv-eviction", o.kv_eviction, "Prefix-cache eviction: lru | lfu | fifo (default lru)")
         ->check(CLI::IsMember({"lru", "lfu", "fifo"}));
     cmd->add_option(

@@ -594,6 +594,7 @@ EngineStats EngineCore::stats() const {
     s.kv_offloaded_blocks = blocks_.stats().offloaded_blocks;
     s.kv_onloaded_blocks = blocks_.stats().onloaded_blocks;
     s.kv_block_bytes = executor_.kv_block_bytes();
+    s.kv_cache_dtype = executor_.kv_cache_dtype();
     if (const HostBlockPool* disk = blocks_.disk()) {
         s.num_disk_kv_blocks = disk->num_slots();
         s.num_disk_kv_blocks_used = disk->num_used();

@@ -1,9 +1,14 @@
-// Paged KV cache storage: per layer, K and V as [num_blocks, block_size, num_kv_heads, head_dim].
-// The block bookkeeping (tables, reference counts) lives in the engine; this only holds memory.
+// Paged KV cache storage: per layer, K and V as [num_blocks, block_size, num_kv_heads, head_dim]
+// of the backend's kv_cache_dtype(), or for F8_E4M3 [num_blocks, block_size, num_kv_heads,
+// head_dim + 2] bytes laid out as core/kv_fp8.h says (codes, then a bf16 scale per token and
+// head). Either way each block is contiguous, so block copies and the host and disk tiers move
+// blocks by bytes. The block bookkeeping (tables, reference counts) lives in the engine; this
+// only holds memory.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -24,6 +29,11 @@ struct KvCacheShape {
     size_t bytes_per_block() const;  // all layers, K and V
 };
 
+// The KV cache's element type for --kv-cache-dtype `name` on a backend whose native type is
+// `native` (f32 on the CPU, bf16 on CUDA): auto -> native; bf16 | bfloat16 -> bf16 where that is
+// native; fp8 | fp8_e4m3 -> F8_E4M3. Anything else: Error naming the allowed values.
+DType kv_cache_dtype_from_name(const std::string& name, DType native);
+
 class KvCache {
   public:
     KvCache(Backend& backend, const KvCacheShape& shape);
@@ -32,7 +42,7 @@ class KvCache {
     KvCache& operator=(const KvCache&) = delete;
 
     const KvCacheShape& shape() const { return shape_; }
-    const Tensor& k(int layer) const { return k_[layer]; }  // [num_blocks, block_size, kv_heads, head_dim]
+    const Tensor& k(int layer) const { return k_[layer]; }  // see the top of the file
     const Tensor& v(int layer) const { return v_[layer]; }
 
   private:

@@ -185,7 +185,9 @@ std::string ServerMetrics::render(std::string_view model_name, const EngineStats
     gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv_usage);
     w.header("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig");
     w.sample("vllm:cache_config_info",
-             with_label(model, str_cat("block_size=\"", s.block_size, "\",num_gpu_blocks=\"", s.num_kv_blocks, "\"")),
+             with_label(model, str_cat("block_size=\"", s.block_size,
+                                       s.kv_cache_dtype.empty() ? "" : "\",cache_dtype=\"" + s.kv_cache_dtype,
+                                       "\",num_gpu_blocks=\"", s.num_kv_blocks, "\"")),
              1.0);
     counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
             static_cast<double>(s.prefix_queries));

@@ -50,6 +50,8 @@ void EngineConfig::validate() const {
         fail("gpu_memory_utilization must be in [0.05, 1], got ", gpu_memory_utilization);
     if (block_size < 1 || block_size > 1024) fail("block_size must be in [1, 1024], got ", block_size);
     if (kv_cache_memory < 0) fail("kv_cache_memory must be >= 0, got ", kv_cache_memory);
+    if (!one_of(kv_cache_dtype, {"auto", "bf16", "bfloat16", "fp8", "fp8_e4m3"}))
+        fail("kv_cache_dtype must be auto, bf16 or fp8 (fp8_e4m3), got '", kv_cache_dtype, "'");
     if (!preemption_mode.empty() && preemption_mode != "swap" && preemption_mode != "recompute")
         fail("preemption_mode must be swap or recompute, got '", preemption_mode, "'");
     if (preemption_mode == "swap" && kv_offload_memory <= 0)

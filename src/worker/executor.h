@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -29,6 +30,8 @@ class ModelExecutor {
     // none) and the bytes of one block, every layer's K and V.
     virtual int num_host_kv_blocks() const { return 0; }
     virtual size_t kv_block_bytes() const { return 0; }
+    // The KV cache's element type, as dtype_name spells it ("": not known).
+    virtual std::string kv_cache_dtype() const { return {}; }
     // Copies whole blocks between the device pool and the host tier, after every op queued
     // before and before every op queued after (the next step waits for them): pairs
     // (device block, host slot) out, (host slot, device block) in. One call per step each way.

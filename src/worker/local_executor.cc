@@ -79,6 +79,10 @@ size_t LocalExecutor::kv_block_bytes() const {
     return worker_->kv_block_bytes();
 }
 
+std::string LocalExecutor::kv_cache_dtype() const {
+    return std::string(dtype_name(worker_->kv_cache_dtype()));
+}
+
 void LocalExecutor::offload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
     worker_->offload_blocks(pairs);
 }

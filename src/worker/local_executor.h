@@ -33,6 +33,7 @@ class LocalExecutor final : public ModelExecutor {
     void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
     int num_host_kv_blocks() const override;
     size_t kv_block_bytes() const override;
+    std::string kv_cache_dtype() const override;
     void offload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
     void onload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
     void* host_kv_data() override;

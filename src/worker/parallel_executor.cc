@@ -175,6 +175,10 @@ size_t ParallelExecutor::kv_block_bytes() const {
     return block_bytes_;
 }
 
+std::string ParallelExecutor::kv_cache_dtype() const {  // every rank's (one EngineConfig)
+    return std::string(dtype_name(worker_->kv_cache_dtype()));
+}
+
 // `message` to every other rank, then `mine` on rank 0's worker. A failed collective or a
 // closed connection leaves the group unusable (the ranks no longer agree on which step they are
 // in): the whole group stops.

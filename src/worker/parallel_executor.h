@@ -43,6 +43,7 @@ class ParallelExecutor final : public ModelExecutor {
     // rank like a step. No disk tier (host_kv_data stays null: each slice would need its file).
     int num_host_kv_blocks() const override;
     size_t kv_block_bytes() const override;
+    std::string kv_cache_dtype() const override;
     void offload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
     void onload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
     void execute(const BatchInput& batch, std::vector<float>& logits) override;

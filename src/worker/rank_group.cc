@@ -55,9 +55,9 @@ std::string boot_id() {
 std::string fingerprint(const EngineConfig& c) {
     return str_cat("model=", c.model, " load_format=", c.load_format, " dummy_seed=", c.dummy_seed,
                    " device=", c.device, " dtype=", c.dtype, " block_size=", c.block_size,
-                   " kv_cache_memory=", c.kv_cache_memory, " max_num_seqs=", c.max_num_seqs,
-                   " max_num_batched_tokens=", c.max_num_batched_tokens, " tp=", c.tensor_parallel_size,
-                   " pp=", c.pipeline_parallel_size, " enforce_eager=", c.enforce_eager,
+                   " kv_cache_memory=", c.kv_cache_memory, " kv_cache_dtype=", c.kv_cache_dtype,
+                   " max_num_seqs=", c.max_num_seqs, " max_num_batched_tokens=", c.max_num_batched_tokens,
+                   " tp=", c.tensor_parallel_size, " pp=", c.pipeline_parallel_size, " enforce_eager=", c.enforce_eager,
                    " batch_invariant=", c.batch_invariant, " quantization=", c.quantization,
                    " disable_custom_all_reduce=", c.disable_custom_all_reduce);
 }

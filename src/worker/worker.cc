@@ -126,6 +126,8 @@ Worker::~Worker() {
 void Worker::init_device() {
     own_backend_ = make_backend(config_, place_.device_index);
     backend_ = own_backend_.get();
+    // Before any weight is read: an unsupported --kv-cache-dtype fails at once.
+    backend_->set_kv_cache_dtype(kv_cache_dtype_from_name(config_.kv_cache_dtype, backend_->native_kv_cache_dtype()));
     size_t total = 0;
     if (!backend_->memory_info(free_at_init_, total)) free_at_init_ = total = 0;
     config_.apply_device_defaults(total);
@@ -353,6 +355,10 @@ void Worker::onload_blocks(const std::vector<std::pair<int32_t, int32_t>>& pairs
 void Worker::wait_host_kv() {
     backend_->make_current();
     backend_->synchronize();
+}
+
+DType Worker::kv_cache_dtype() const {
+    return cache_->shape().dtype;
 }
 
 int Worker::num_kv_blocks() const {

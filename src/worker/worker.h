@@ -92,6 +92,7 @@ class Worker {
     int block_size() const;
     int num_host_kv_blocks() const { return host_blocks_; }
     size_t kv_block_bytes() const;  // one block of every layer's K and V
+    DType kv_cache_dtype() const;   // the pool's element type (after init_kv_cache)
     void* host_kv_data() { return host_kv_; }
     // Every device <-> host-tier copy queued so far is done (the whole device, conservatively).
     void wait_host_kv();

@@ -193,8 +193,8 @@ def main():
         values, text = metrics(base)
         same(values)
         check(values["vllm:num_requests_running"] == 0, "idle again")
-        check(re.search(r'vllm:cache_config_info\{model_name="[^"]+",block_size="16",num_gpu_blocks="24"\} 1', text),
-              "cache_config_info")
+        check(re.search(r'vllm:cache_config_info\{model_name="[^"]+",block_size="16",cache_dtype="f32",'
+                        r'num_gpu_blocks="24"\} 1', text), "cache_config_info")
         print(f"ok: {len(received)} event batches, {len(stored)} blocks stored, {len(removed)} removed, "
               f"{len(replayed)} replayed")
     finally:

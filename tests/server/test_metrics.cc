@@ -76,6 +76,12 @@ TEST(Metrics, RenderHasEveryFamily) {
     EXPECT_TRUE(has("vllm:num_requests_waiting{model_name=\"my\\\"model\"} 1\n"));
     EXPECT_TRUE(has("vllm:kv_cache_usage_perc{model_name=\"my\\\"model\"} 0.25\n"));
     EXPECT_TRUE(has("vllm:cache_config_info{model_name=\"my\\\"model\",block_size=\"16\",num_gpu_blocks=\"8\"} 1\n"));
+    // With the KV cache's element type known, vLLM's cache_dtype label (the router reads the rest).
+    s.kv_cache_dtype = "f8_e4m3";
+    const std::string fp8 = m.render("m", s);
+    EXPECT_NE(fp8.find("vllm:cache_config_info{model_name=\"m\",block_size=\"16\",cache_dtype=\"f8_e4m3\","
+                       "num_gpu_blocks=\"8\"} 1\n"),
+              std::string::npos);
     EXPECT_TRUE(has("# TYPE vllm:prefix_cache_hits_total counter\n"));
     EXPECT_TRUE(has("# TYPE peregrine:prompt_tokens_total counter\n"));
     EXPECT_TRUE(has("peregrine:prompt_tokens_total{model_name=\"my\\\"model\"} 10\n"));

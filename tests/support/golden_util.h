@@ -1,6 +1,7 @@
 // Helpers for tests against the reference data in tests/data (see tests/data/README.md).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -152,6 +153,30 @@ inline LogitStats compare_logits(const std::vector<float>& ref, const std::vecto
     }
     s.argmax_agree = 1.0 - static_cast<double>(s.argmax_mismatches) / rows;
     return s;
+}
+
+// Positions where the reference's top two logits are at least `gap` apart, and of them those
+// whose argmax differs in `ours`; and the largest reference gap among all positions that differ.
+struct Decisive {
+    size_t positions = 0, flips = 0;
+    double worst_flip_gap = 0;
+};
+inline Decisive decisive(const std::vector<float>& ref, const std::vector<float>& ours, int vocab, double gap) {
+    Decisive d;
+    for (size_t r = 0; r < ref.size() / vocab; ++r) {
+        const float* a = ref.data() + r * vocab;
+        const float* b = ours.data() + r * vocab;
+        const int am = static_cast<int>(std::max_element(a, a + vocab) - a);
+        const int bm = static_cast<int>(std::max_element(b, b + vocab) - b);
+        float second = -INFINITY;
+        for (int v = 0; v < vocab; ++v)
+            if (v != am) second = std::max(second, a[v]);
+        if (am != bm) d.worst_flip_gap = std::max(d.worst_flip_gap, static_cast<double>(a[am] - a[bm]));
+        if (a[am] - second < gap) continue;
+        ++d.positions;
+        d.flips += am != bm;
+    }
+    return d;
 }
 
 }  // namespace peregrine::testing

@@ -9,6 +9,7 @@
 #include "backend/unfused_blocks.h"
 #include "core/cpu_features.h"
 #include "core/error.h"
+#include "core/kv_fp8.h"
 #include "core/quant.h"
 #include "core/thread_pool.h"
 
@@ -226,7 +227,12 @@ void CpuBackend::rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& 
     const int half = rope.rotary_dim / 2;
     const int64_t kv_dim = k.cols();
     const int64_t num_slots = k_cache.dim(0) * k_cache.dim(1);
-    PG_CHECK(k_cache.cols() == head_dim && k_cache.dim(2) == num_kv_heads);
+    const bool fp8 = k_cache.dtype == DType::F8_E4M3;
+    PG_CHECK(k_cache.dtype == v_cache.dtype && k_cache.shape == v_cache.shape && k_cache.dim(2) == num_kv_heads &&
+                 k_cache.cols() == (fp8 ? kv_fp8_cols(head_dim) : head_dim) && (fp8 || k_cache.dtype == DType::F32),
+             "rope_and_cache: caches ", dtype_name(k_cache.dtype), " ", k_cache.shape_str(), " for ", num_kv_heads,
+             " kv heads of ", head_dim);
+    const KvFp8Layout f8 = fp8 ? kv_fp8_layout(k_cache) : KvFp8Layout{};
     const int64_t rope_work = n * (half * 40 + (q.cols() + k.cols()) * 4);
     pool_->parallel_for(
         n,
@@ -254,6 +260,17 @@ void CpuBackend::rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& 
                 for (int h = 0; h < num_kv_heads; ++h) rotate(k.ptr<float>() + t * kv_dim + h * head_dim);
                 const int32_t slot = batch.slot_mapping[t];
                 PG_CHECK(slot >= 0 && slot < num_slots, "slot ", slot, " out of range");
+                if (fp8) {  // each head quantized with its own scale (core/kv_fp8.h)
+                    for (int h = 0; h < num_kv_heads; ++h) {
+                        for (const auto& [src, cache] : {std::pair{k, k_cache}, std::pair{v, v_cache}}) {
+                            uint8_t* base = cache.ptr<uint8_t>();
+                            kv_fp8_quantize_head(src.ptr<float>() + t * kv_dim + static_cast<int64_t>(h) * head_dim,
+                                                 head_dim, base + f8.code_offset(slot, h),
+                                                 reinterpret_cast<uint16_t*>(base + f8.scale_offset(slot, h)));
+                        }
+                    }
+                    continue;
+                }
                 std::memcpy(k_cache.ptr<float>() + slot * kv_dim, k.ptr<float>() + t * kv_dim, kv_dim * sizeof(float));
                 std::memcpy(v_cache.ptr<float>() + slot * kv_dim, v.ptr<float>() + t * kv_dim, kv_dim * sizeof(float));
             }
@@ -268,6 +285,11 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
     const int group = num_heads / num_kv_heads;
     const int block_size = static_cast<int>(k_cache.dim(1));
     const int64_t kv_dim = static_cast<int64_t>(num_kv_heads) * head_dim;
+    const bool fp8 = k_cache.dtype == DType::F8_E4M3;
+    PG_CHECK(k_cache.dtype == v_cache.dtype && k_cache.shape == v_cache.shape &&
+                 k_cache.cols() == (fp8 ? kv_fp8_cols(head_dim) : head_dim) && (fp8 || k_cache.dtype == DType::F32),
+             "attention: caches ", dtype_name(k_cache.dtype), " ", k_cache.shape_str(), " for head_dim ", head_dim);
+    const KvFp8Layout f8 = fp8 ? kv_fp8_layout(k_cache) : KvFp8Layout{};
     if (seq_of_.size() < static_cast<size_t>(n)) seq_of_.resize(n);  // grown once, not per step
     int32_t* seq_of = seq_of_.data();
     int64_t pairs = 0;  // (query, key) pairs, ignoring the window: a bound on the work
@@ -280,7 +302,7 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
     pool_->parallel_for(
         n * num_kv_heads,
         [&](int64_t begin, int64_t end) {
-            thread_local std::vector<float> scores;
+            thread_local std::vector<float> scores, keys, values;
             for (int64_t item = begin; item < end; ++item) {
                 const int64_t t = item / num_kv_heads;
                 const int kvh = static_cast<int>(item % num_kv_heads);
@@ -306,6 +328,36 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
                 }
                 scores.resize(static_cast<size_t>(group) * (a.last - a.first + 1));
                 a.scratch = scores.data();
+                if (fp8) {
+                    // The head's keys and values [first, last], dequantized in order into rows of
+                    // head_dim: the same kernel then reads them as one block holding them all.
+                    const int len = a.last - a.first + 1;
+                    keys.resize(static_cast<size_t>(len) * head_dim);
+                    values.resize(keys.size());
+                    const uint8_t* kb = k_cache.ptr<uint8_t>();
+                    const uint8_t* vb = v_cache.ptr<uint8_t>();
+                    for (int j = 0; j < len; ++j) {
+                        const int pos = a.first + j;
+                        const int64_t slot =
+                            static_cast<int64_t>(a.table[pos / block_size]) * block_size + pos % block_size;
+                        const int64_t co = f8.code_offset(slot, kvh), so = f8.scale_offset(slot, kvh);
+                        uint16_t ks, vs;
+                        std::memcpy(&ks, kb + so, 2);
+                        std::memcpy(&vs, vb + so, 2);
+                        kv_fp8_dequantize_head(kb + co, ks, head_dim, keys.data() + static_cast<int64_t>(j) * head_dim);
+                        kv_fp8_dequantize_head(vb + co, vs, head_dim,
+                                               values.data() + static_cast<int64_t>(j) * head_dim);
+                    }
+                    static const int32_t kOneBlock = 0;
+                    a.k_cache = keys.data();
+                    a.v_cache = values.data();
+                    a.kv_dim = head_dim;
+                    a.head_offset = 0;
+                    a.table = &kOneBlock;
+                    a.block_size = len;  // positions [0, len) all in block 0
+                    a.first = 0;
+                    a.last = len - 1;
+                }
                 kern.attention(a);
             }
         },

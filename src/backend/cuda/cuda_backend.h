@@ -87,7 +87,7 @@ class CudaBackend final : public Backend {
     // ---- blocks (backend.h) ---------------------------------------------------------------------
     bool supports_weight_dtype(DType t) const override;
     DType activation_dtype() const override { return DType::BF16; }
-    DType kv_cache_dtype() const override { return DType::BF16; }
+    DType native_kv_cache_dtype() const override { return DType::BF16; }
     // Stacks q/k/v into wqkv (+ bqkv) unless the layer has qk-norm, and gate/up into w_gate_up.
     LayerWeights place_layer(const LayerWeights& host) override;
     void embedding(const Tensor& table, const int32_t* ids, int64_t n, const Tensor& out, int32_t vocab_begin) override;

@@ -48,6 +48,7 @@ void handle_health(CompletionService& service, ApiCall& call) {
     j["kv_cache_usage"] = s.num_kv_blocks > 0 ? static_cast<double>(s.num_kv_blocks_used) / s.num_kv_blocks : 0.0;
     j["kv_blocks_used"] = s.num_kv_blocks_used;
     j["kv_blocks_total"] = s.num_kv_blocks;
+    if (!s.kv_cache_dtype.empty()) j["kv_cache_dtype"] = s.kv_cache_dtype;  // f32 | bf16 | f8_e4m3
     j["prefix_cache_hit_rate"] =
         s.prefix_queries > 0 ? static_cast<double>(s.prefix_hits) / static_cast<double>(s.prefix_queries) : 0.0;
     j["kv_evictions"] = s.evictions;

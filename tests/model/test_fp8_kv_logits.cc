@@ -1,0 +1,75 @@
+// --kv-cache-dtype fp8 against the f32 KV cache on the CPU backend: the logits of every position
+// of the golden prompts (tests/data) agree in argmax and stay close in distribution.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "support/golden_util.h"
+
+namespace peregrine::testing {
+namespace {
+
+struct Fixture {
+    const char* name;
+    std::string model;   // what load_model opens
+    std::string golden;  // folder with golden.json (the prompt)
+};
+
+std::vector<Fixture> fixtures() {
+    return {
+        {"stories260K", models_dir() + "/stories260K", models_dir() + "/stories260K"},
+        {"llama3_tiny", data_dir() + "/llama3-tiny", data_dir() + "/llama3-tiny"},
+        {"qwen2_tiny", data_dir() + "/qwen2-tiny", data_dir() + "/qwen2-tiny"},
+        {"qwen3_tiny", data_dir() + "/qwen3-tiny", data_dir() + "/qwen3-tiny"},
+    };
+}
+
+// The logits of every prompt position with an f32 and an FP8 cache, prompts run in chunks of 7
+// so that later chunks read earlier ones back from the cache. The fixtures' random weights give
+// many near-ties (top-two gaps under 0.01), which an FP8 cache's error (about 2^-4 of each K/V
+// element) may flip: the argmax is held at every position whose top two are 0.05 apart, the mean
+// KL everywhere, and the agreement over all positions is printed.
+TEST(Fp8KvLogits, AgreesWithF32KvOnTheGoldenPrompts) {
+    size_t rows = 0, mismatches = 0, decisive_rows = 0;
+    double kl_sum = 0;
+    for (const Fixture& f : fixtures()) {
+        const auto golden = read_json_file(f.golden + "/golden.json");
+        const std::vector<int32_t> prompt = golden["prompt_ids"].get<std::vector<int32_t>>();
+        TestModel m(f.model);
+        const std::vector<float> ref = m.all_logits(prompt, 7);
+        m.backend->set_kv_cache_dtype(DType::F8_E4M3);
+        const std::vector<float> fp8 = m.all_logits(prompt, 7);
+        const LogitStats s = compare_logits(ref, fp8, m.vocab());
+        const Decisive d = decisive(ref, fp8, m.vocab(), 0.05);
+        std::printf(
+            "%s: %zu positions, argmax agreement %.4f (%zu differ, reference top-two gap <= %.3g), mean KL %.3g, "
+            "max |dlogit| %.3g; %zu positions with a gap >= 0.05, %zu of them differ\n",
+            f.name, prompt.size(), s.argmax_agree, s.argmax_mismatches, d.worst_flip_gap, s.mean_kl, s.max_abs_diff,
+            d.positions, d.flips);
+        EXPECT_GT(s.max_abs_diff, 0.0) << f.name << ": the FP8 cache changed nothing (not in use?)";
+        EXPECT_LE(s.mean_kl, 1e-3) << f.name;
+        EXPECT_EQ(d.flips, 0u) << f.name << ": an argmax flipped where the reference's top two are 0.05 apart";
+        rows += prompt.size();
+        mismatches += s.argmax_mismatches;
+        decisive_rows += d.positions;
+        kl_sum += s.mean_kl * static_cast<double>(prompt.size());
+    }
+    std::printf("all: %zu positions, argmax agreement %.4f, mean KL %.3g; %zu positions with a gap >= 0.05\n", rows,
+                1.0 - static_cast<double>(mismatches) / static_cast<double>(rows), kl_sum / static_cast<double>(rows),
+                decisive_rows);
+    EXPECT_GE(decisive_rows, rows / 2) << "too few decisive positions for the check to mean anything";
+}
+
+// stories260K is trained (the others are random): its first 48 greedy tokens are the f32 cache's
+// (measured; longer continuations part at some later token).
+TEST(Fp8KvLogits, StoriesGreedyContinuationIsTheF32Ones) {
+    const auto golden = read_json_file(models_dir() + "/stories260K/golden.json");
+    const std::vector<int32_t> prompt = golden["prompt_ids"].get<std::vector<int32_t>>();
+    TestModel m(models_dir() + "/stories260K");
+    const std::vector<int> ref = m.greedy(prompt, 48);
+    m.backend->set_kv_cache_dtype(DType::F8_E4M3);
+    EXPECT_EQ(m.greedy(prompt, 48), ref);
+}
+
+}  // namespace
+}  // namespace peregrine::testing
