@@ -8,6 +8,10 @@
 //   args.batch_invariant: head_dim 64 / 128 → the invariant kernels (attention_invariant.cu) for
 //                        every sequence; other head dims → the generic kernel (invariant as is)
 //
+// FP8 caches (AttentionArgs::k_fp8): the same choice, each kernel's F8 instantiation, which loads
+// the E4M3 codes (half the bytes of bf16) and the per-(token, head) scales; the fused decode
+// below takes bf16 caches only (FP8 batches run rope_and_cache_packed_fp8 + paged_attention).
+//
 // rope_cache_attention: the decode step's RoPE + cache write + attention as one cluster kernel
 // (launch_decode_fused, attention_decode.cu) for pure-decode batches of <= 4 sequences; no
 // workspace.
@@ -84,6 +88,12 @@ attn::Params make_params(const AttentionArgs& a) {
     p.q = reinterpret_cast<const __nv_bfloat16*>(a.q);
     p.k_cache = reinterpret_cast<const __nv_bfloat16*>(a.k_cache);
     p.v_cache = reinterpret_cast<const __nv_bfloat16*>(a.v_cache);
+    if (a.k_fp8 != nullptr || a.v_fp8 != nullptr) {
+        if (a.k_fp8 == nullptr || a.v_fp8 == nullptr) fail("paged_attention: k_fp8 and v_fp8 go together");
+        p.k8 = a.k_fp8;
+        p.v8 = a.v_fp8;
+        p.g8 = kvf8::checked_geometry(b.block_size, a.num_kv_heads, a.head_dim, "paged_attention");
+    }
     p.out = reinterpret_cast<__nv_bfloat16*>(a.out);
     p.positions = b.positions;
     p.query_start = b.query_start;
@@ -197,6 +207,7 @@ bool rope_cache_attention_supported(const RopeCacheAttentionArgs& a) {
     const DeviceBatch& b = a.attn.batch;
     const int H = a.attn.num_heads, KVH = a.attn.num_kv_heads, D = a.attn.head_dim;
     if (g_choice.load() != AttentionKernelChoice::Auto) return false;
+    if (a.attn.k_fp8 != nullptr || a.attn.v_fp8 != nullptr) return false;  // the fused kernel writes bf16
     if (b.num_seqs < 1 || b.num_seqs > kClusterMaxSeqs || b.num_tokens != b.num_seqs || b.max_query_len != 1)
         return false;
     if (H <= 0 || KVH <= 0 || H % KVH != 0 || !attn::fused_decode_supports(D) || !is_pow2(b.block_size)) return false;
@@ -225,8 +236,7 @@ void rope_cache_attention(const RopeCacheAttentionArgs& a, cudaStream_t stream) 
     r.neox = a.neox;
     attn::launch_decode_fused(
         make_params(a.attn), r,
-        attn::decode_shape(b.num_seqs, a.attn.num_heads, a.attn.num_kv_heads, b.max_context_len, sm_count()),
-        stream);
+        attn::decode_shape(b.num_seqs, a.attn.num_heads, a.attn.num_kv_heads, b.max_context_len, sm_count()), stream);
 }
 
 }  // namespace peregrine::cuda

@@ -18,6 +18,11 @@
 //     each rank merges and writes its share. One kernel, no global partials.
 //   otherwise: each CTA (4 warps) writes (m, l, acc) partials and decode_combine_kernel merges.
 //
+// F8 (FP8 caches, core/kv_fp8.h): the same lanes and keys, each lane loading its 8 dims as 8
+// E4M3 codes (8 bytes instead of 16) plus the key's bf16 scale; the score is (q · codes) times the
+// key's scale and the value enters as (p times the value's scale) · codes, so a scale costs one
+// multiply per key, not one per element. Not fused (the fused kernel writes bf16).
+//
 // Fused (the cluster path of a pure-decode batch, launch_decode_fused): the same kernel starts
 // from the packed q | k | v product instead of a rotated q and a cache that already holds the
 // new token. Before pdl_wait it reads only what predates the step: context_lens[s],
@@ -64,11 +69,13 @@ constexpr int min_ctas() {
 }
 
 // FUSED (CLUSTER only): RoPE + cache write from RopeFuse r (see the top of the file).
-template <int D, int GM, int W, bool CLUSTER, bool FUSED>
+// F8 (not FUSED): FP8 caches p.k8 / p.v8.
+template <int D, int GM, int W, bool CLUSTER, bool FUSED, bool F8 = false>
 __global__ void __launch_bounds__(W * 32, min_ctas<GM, W>())
     decode_kernel(const Params p, const RopeFuse r, const int splits, const int head_chunks, float* __restrict__ ws_ml,
                   float* __restrict__ ws_acc) {
     static_assert(!FUSED || CLUSTER, "the fused kernel merges its splits in a cluster");
+    static_assert(!(FUSED && F8), "the fused kernel writes bf16 caches");
     constexpr int kThreads = W * 32;
     constexpr int L = D / 8;            // lanes per key
     constexpr int KPL = 32 / L;         // keys per warp-wide load
@@ -174,6 +181,11 @@ __global__ void __launch_bounds__(W * 32, min_ctas<GM, W>())
     const __nv_bfloat16* vbase = p.v_cache + kvh * D + li * 8;
     const int64_t slot_stride = static_cast<int64_t>(p.num_kv_heads) * D;  // elements per cache slot
     const int bmask = p.block_size - 1;
+    // F8: the lane's 8 codes of the key at index `in` of block `blk` lie at k8b + blk *
+    // block_bytes + in * slot_stride (bytes; k8b holds kvh * D + li * 8), the key's scale at
+    // p.k8 + blk * block_bytes + code_bytes + (in * num_kv_heads + kvh) * 2 (core/kv_fp8.h).
+    const uint8_t* k8b = F8 ? p.k8 + kvh * D + li * 8 : nullptr;
+    const uint8_t* v8b = F8 ? p.v8 + kvh * D + li * 8 : nullptr;
 
     // Block ids of the next iteration's keys, loaded one iteration ahead (hides the table read).
     int c0 = kb + warp * CH;
@@ -187,16 +199,34 @@ __global__ void __launch_bounds__(W * 32, min_ctas<GM, W>())
     const int fresh_key = FUSED && slot >= 0 ? pos : -1;
     uint4 kr[U], vr[U];
     bool valid[U];
-    // K/V of the keys [c, c + CH) of this warp (zeros past ke and for the fresh key).
+    // K/V of the keys [c, c + CH) of this warp (zeros past ke and for the fresh key). F8: kr / vr
+    // hold {8 codes in .x, .y; the key's scale as f32 bits in .z} (all zeros past ke).
     auto load_kv = [&](int c) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int key = c + u * KPL + gi;
             valid[u] = key < ke;
             const bool ld = valid[u] && (!FUSED || key != fresh_key);
-            const int64_t off = ((static_cast<int64_t>(blk[u]) << p.block_shift) + (key & bmask)) * slot_stride;
-            kr[u] = ld ? __ldg(reinterpret_cast<const uint4*>(kbase + off)) : make_uint4(0, 0, 0, 0);
-            vr[u] = ld ? __ldg(reinterpret_cast<const uint4*>(vbase + off)) : make_uint4(0, 0, 0, 0);
+            if constexpr (F8) {
+                const int64_t base = static_cast<int64_t>(blk[u]) * p.g8.block_bytes;
+                const int64_t in = key & bmask;
+                const int64_t code = base + in * slot_stride;
+                const int64_t scale = base + p.g8.code_bytes + (in * p.num_kv_heads + kvh) * 2;
+                if (ld) {
+                    const uint2 kc = __ldg(reinterpret_cast<const uint2*>(k8b + code));
+                    const uint2 vc = __ldg(reinterpret_cast<const uint2*>(v8b + code));
+                    const uint32_t ks = __ldg(reinterpret_cast<const unsigned short*>(p.k8 + scale));
+                    const uint32_t vs = __ldg(reinterpret_cast<const unsigned short*>(p.v8 + scale));
+                    kr[u] = make_uint4(kc.x, kc.y, ks << 16, 0);
+                    vr[u] = make_uint4(vc.x, vc.y, vs << 16, 0);
+                } else {
+                    kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+                }
+            } else {
+                const int64_t off = ((static_cast<int64_t>(blk[u]) << p.block_shift) + (key & bmask)) * slot_stride;
+                kr[u] = ld ? __ldg(reinterpret_cast<const uint4*>(kbase + off)) : make_uint4(0, 0, 0, 0);
+                vr[u] = ld ? __ldg(reinterpret_cast<const uint4*>(vbase + off)) : make_uint4(0, 0, 0, 0);
+            }
         }
     };
     if constexpr (FUSED) {
@@ -295,7 +325,10 @@ __global__ void __launch_bounds__(W * 32, min_ctas<GM, W>())
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             float kf[8];
-            unpack8(kr[u], kf);
+            if constexpr (F8)
+                kvf8::decode8(make_uint2(kr[u].x, kr[u].y), kf);  // codes; the scale after the sum
+            else
+                unpack8(kr[u], kf);
 #pragma unroll
             for (int g = 0; g < GM; ++g) {
                 float a = 0.0f;
@@ -303,6 +336,7 @@ __global__ void __launch_bounds__(W * 32, min_ctas<GM, W>())
                 for (int i = 0; i < 8; ++i) a = fmaf(q[g][i], kf[i], a);
 #pragma unroll
                 for (int off = L / 2; off >= 1; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
+                if constexpr (F8) a *= __uint_as_float(kr[u].z);  // every lane of the key: the same scale
                 sc[u][g] = valid[u] ? a : -INFINITY;
             }
         }
@@ -323,9 +357,15 @@ __global__ void __launch_bounds__(W * 32, min_ctas<GM, W>())
                 const float pu = exp2f(sc[u][g] - m_use);
                 l[g] += pu;
                 float vf[8];
-                unpack8(vr[u], vf);
+                float pv = pu;
+                if constexpr (F8) {
+                    kvf8::decode8(make_uint2(vr[u].x, vr[u].y), vf);  // codes
+                    pv = pu * __uint_as_float(vr[u].z);               // times the value's scale
+                } else {
+                    unpack8(vr[u], vf);
+                }
 #pragma unroll
-                for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(pu, vf[i], acc[g][i]);
+                for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(pv, vf[i], acc[g][i]);
             }
             m[g] = m_new;
         }
@@ -481,32 +521,44 @@ __global__ void __launch_bounds__(128)
     }
 }
 
-// fuse != nullptr: the fused kernel (head dims fused_decode_supports, cluster shape).
-template <int D, int GM>
-void launch_dg(const Params& p, const RopeFuse* fuse, const DecodeShape& sh, float* ws_ml, float* ws_acc,
-               cudaStream_t stream) {
+// fuse != nullptr: the fused kernel (head dims fused_decode_supports, cluster shape, not F8).
+template <int D, int GM, bool F8>
+void launch_dgf(const Params& p, const RopeFuse* fuse, const DecodeShape& sh, float* ws_ml, float* ws_acc,
+                cudaStream_t stream) {
     const dim3 grid(sh.splits, p.num_kv_heads * sh.head_chunks, p.num_seqs);
     constexpr int W = cluster_warps<D, GM>();
     const RopeFuse none{};
     if (fuse != nullptr) {
-        if constexpr (D >= 64)
+        if constexpr (D >= 64 && !F8)
             launch_pdl_cluster(decode_kernel<D, GM, W, true, true>, grid, dim3(W * 32), dim3(sh.splits, 1, 1), 0,
                                stream, p, *fuse, sh.splits, sh.head_chunks, static_cast<float*>(nullptr),
                                static_cast<float*>(nullptr));
+        else
+            fail("rope_cache_attention: no fused kernel for head_dim ", D, F8 ? " with an FP8 cache" : "");
     } else if (sh.cluster) {
-        launch_pdl_cluster(decode_kernel<D, GM, W, true, false>, grid, dim3(W * 32), dim3(sh.splits, 1, 1), 0, stream,
-                           p, none, sh.splits, sh.head_chunks, static_cast<float*>(nullptr),
+        launch_pdl_cluster(decode_kernel<D, GM, W, true, false, F8>, grid, dim3(W * 32), dim3(sh.splits, 1, 1), 0,
+                           stream, p, none, sh.splits, sh.head_chunks, static_cast<float*>(nullptr),
                            static_cast<float*>(nullptr));
     } else if (p.num_seqs <= kClusterMaxSeqs) {
         // Early (programmatic) launch pays off for the few CTAs of small batches; for larger grids
         // the early CTAs land unevenly (b = 32, ctx 1024 on an H100: 38.6 us with it, 33.2 without).
-        launch_pdl(decode_kernel<D, GM, kWarps, false, false>, grid, dim3(kWarps * 32), 0, stream, p, none, sh.splits,
-                   sh.head_chunks, ws_ml, ws_acc);
+        launch_pdl(decode_kernel<D, GM, kWarps, false, false, F8>, grid, dim3(kWarps * 32), 0, stream, p, none,
+                   sh.splits, sh.head_chunks, ws_ml, ws_acc);
     } else {
-        decode_kernel<D, GM, kWarps, false, false>
+        decode_kernel<D, GM, kWarps, false, false, F8>
             <<<grid, kWarps * 32, 0, stream>>>(p, none, sh.splits, sh.head_chunks, ws_ml, ws_acc);
     }
     check_launch(fuse != nullptr ? "rope_cache_attention" : "decode_attention");
+}
+
+// The bf16 or the FP8 (p.k8 set) kernels.
+template <int D, int GM>
+void launch_dg(const Params& p, const RopeFuse* fuse, const DecodeShape& sh, float* ws_ml, float* ws_acc,
+               cudaStream_t stream) {
+    if (p.k8 != nullptr)
+        launch_dgf<D, GM, true>(p, fuse, sh, ws_ml, ws_acc, stream);
+    else
+        launch_dgf<D, GM, false>(p, fuse, sh, ws_ml, ws_acc, stream);
 }
 
 template <int D>

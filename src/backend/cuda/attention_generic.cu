@@ -4,7 +4,8 @@
 //
 // One warp per (token, query head), 4 warps per CTA. Keys in chunks of 32: lane j scores key
 // kb + j against q (staged in shared memory), the warp updates an online softmax, then every
-// lane accumulates its dims d = lane + 32·i of Σ p_j v_j over the chunk's keys.
+// lane accumulates its dims d = lane + 32·i of Σ p_j v_j over the chunk's keys. F8: the same,
+// each key and value element read as its E4M3 code times its (token, head)'s scale.
 #include "backend/cuda/attention_internal.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/pdl.cuh"
@@ -16,6 +17,7 @@ constexpr int kWarps = 4;
 constexpr int kMaxDim = 256;
 constexpr int kDimsPerLane = kMaxDim / 32;
 
+template <bool F8>
 __global__ void __launch_bounds__(kWarps * 32) generic_kernel(const Params p) {
     __shared__ float q_sh[kWarps][kMaxDim];
     pdl_launch_dependents();
@@ -57,16 +59,28 @@ __global__ void __launch_bounds__(kWarps * 32) generic_kernel(const Params p) {
     for (int kb = first; kb <= last; kb += 32) {  // uniform across the warp
         const int key = kb + lane;
         const bool valid = key <= last;
-        const int64_t off = valid ? cache_offset(p, table, key, kvh) : 0;
+        // bf16: the element offset of the key's head; F8: its cache slot.
+        const int64_t off = valid ? (F8 ? cache_slot(p, table, key) : cache_offset(p, table, key, kvh)) : 0;
         float sc = -INFINITY;
         if (valid) {
-            const uint4* kp = reinterpret_cast<const uint4*>(p.k_cache + off);
             float a = 0.0f;
-            for (int c = 0; c < D / 8; ++c) {
-                float kf[8];
-                unpack8(__ldg(kp + c), kf);
+            if constexpr (F8) {
+                const uint2* kp = reinterpret_cast<const uint2*>(p.k8 + kvf8::code_offset(p.g8, off, kvh));
+                const float ks = kvf8::load_scale(p.k8, kvf8::scale_offset(p.g8, off, kvh));
+                for (int c = 0; c < D / 8; ++c) {
+                    float kf[8];
+                    kvf8::dequant8(__ldg(kp + c), ks, kf);
 #pragma unroll
-                for (int i = 0; i < 8; ++i) a = fmaf(q_sh[warp][c * 8 + i], kf[i], a);
+                    for (int i = 0; i < 8; ++i) a = fmaf(q_sh[warp][c * 8 + i], kf[i], a);
+                }
+            } else {
+                const uint4* kp = reinterpret_cast<const uint4*>(p.k_cache + off);
+                for (int c = 0; c < D / 8; ++c) {
+                    float kf[8];
+                    unpack8(__ldg(kp + c), kf);
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) a = fmaf(q_sh[warp][c * 8 + i], kf[i], a);
+                }
             }
             sc = a;
         }
@@ -84,11 +98,21 @@ __global__ void __launch_bounds__(kWarps * 32) generic_kernel(const Params p) {
         for (int j = 0; j < n; ++j) {
             const float pjj = __shfl_sync(0xffffffffu, pj, j);
             const int64_t oj = __shfl_sync(0xffffffffu, off, j);
-            const __nv_bfloat16* v = p.v_cache + oj;
+            if constexpr (F8) {
+                const uint8_t* v = p.v8 + kvf8::code_offset(p.g8, oj, kvh);
+                const float vs = kvf8::load_scale(p.v8, kvf8::scale_offset(p.g8, oj, kvh));
 #pragma unroll
-            for (int i = 0; i < kDimsPerLane; ++i) {
-                const int d = lane + 32 * i;
-                if (d < D) acc[i] = fmaf(pjj, __bfloat162float(v[d]), acc[i]);
+                for (int i = 0; i < kDimsPerLane; ++i) {
+                    const int d = lane + 32 * i;
+                    if (d < D) acc[i] = fmaf(pjj, fp8_value(v[d]) * vs, acc[i]);
+                }
+            } else {
+                const __nv_bfloat16* v = p.v_cache + oj;
+#pragma unroll
+                for (int i = 0; i < kDimsPerLane; ++i) {
+                    const int d = lane + 32 * i;
+                    if (d < D) acc[i] = fmaf(pjj, __bfloat162float(v[d]), acc[i]);
+                }
             }
         }
         m = m_new;
@@ -106,8 +130,11 @@ __global__ void __launch_bounds__(kWarps * 32) generic_kernel(const Params p) {
 void launch_generic(const Params& p, cudaStream_t stream) {
     const int64_t warps = static_cast<int64_t>(p.num_tokens) * p.num_heads;
     if (warps == 0) return;
-    launch_pdl(generic_kernel, dim3(static_cast<unsigned>((warps + kWarps - 1) / kWarps)), dim3(kWarps * 32), 0, stream,
-               p);
+    const dim3 grid(static_cast<unsigned>((warps + kWarps - 1) / kWarps));
+    if (p.k8 != nullptr)
+        launch_pdl(generic_kernel<true>, grid, dim3(kWarps * 32), 0, stream, p);
+    else
+        launch_pdl(generic_kernel<false>, grid, dim3(kWarps * 32), 0, stream, p);
     check_launch("generic_attention");
 }
 

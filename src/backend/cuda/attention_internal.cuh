@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/warp_mma.cuh"  // cp.async, ldmatrix, mma.sync (namespace peregrine::cuda)
 
 namespace peregrine::cuda::attn {
@@ -18,11 +19,15 @@ struct Params {
     const __nv_bfloat16* q;        // [num_tokens, num_heads * head_dim]
     const __nv_bfloat16* k_cache;  // [num_blocks, block_size, num_kv_heads, head_dim]
     const __nv_bfloat16* v_cache;  // same
-    __nv_bfloat16* out;            // [num_tokens, num_heads * head_dim]
-    const int32_t* positions;      // [num_tokens]
-    const int32_t* query_start;    // [num_seqs + 1]
-    const int32_t* context_lens;   // [num_seqs]; 0: padding sequence
-    const int32_t* block_tables;   // [num_seqs, block_stride]
+    // FP8 caches (the kernels' F8 instantiations read these instead; null otherwise), geometry g8.
+    const uint8_t* k8;
+    const uint8_t* v8;
+    kvf8::Geometry g8;
+    __nv_bfloat16* out;           // [num_tokens, num_heads * head_dim]
+    const int32_t* positions;     // [num_tokens]
+    const int32_t* query_start;   // [num_seqs + 1]
+    const int32_t* context_lens;  // [num_seqs]; 0: padding sequence
+    const int32_t* block_tables;  // [num_seqs, block_stride]
     int num_tokens, num_seqs, block_stride;
     int block_size, block_shift;  // block_size == 1 << block_shift
     int num_heads, num_kv_heads, group, head_dim;
@@ -44,6 +49,17 @@ __device__ __forceinline__ int64_t cache_offset(const Params& p, const int32_t* 
     const int64_t blk = __ldg(table + (key >> p.block_shift));
     const int64_t slot = (blk << p.block_shift) + (key & (p.block_size - 1));
     return (slot * p.num_kv_heads + kvh) * p.head_dim;
+}
+
+// The cache slot of key position `key` through the block table row `table` (FP8 readers).
+__device__ __forceinline__ int64_t cache_slot(const Params& p, const int32_t* table, int key) {
+    const int64_t blk = __ldg(table + (key >> p.block_shift));
+    return (blk << p.block_shift) + (key & (p.block_size - 1));
+}
+
+// One E4M3 code -> f32 (exact).
+__device__ __forceinline__ float fp8_value(uint8_t code) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3)));
 }
 
 // Two bf16 packed in a 32-bit word → two f32 (exact: bf16 is the top half of an f32).

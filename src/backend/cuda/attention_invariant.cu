@@ -22,6 +22,10 @@
 // A one-CTA planner lists the items on the device, so the launches depend only on the batch's
 // scalar sizes (graph-safe); the main kernel is persistent over the list.
 //
+// FP8 caches: the K/V tiles come through load_kv_tile_f8 (codes times scales, rounded to bf16 in
+// shared memory); a token's values depend only on its own cache entries, so the computation above
+// is unchanged and as batch-invariant.
+//
 // Workspace (attention.cu lays it out): split [num_seqs] int2 {first slot, partitions} (0
 // partitions: not split), the item count and list [capacity] int4 {seq, first query token
 // of the tile in the sequence, partition (-1: all), slot}, and the partials ml [pcap, H, 2],
@@ -146,7 +150,7 @@ __global__ void __launch_bounds__(kPlanThreads)
 }
 
 // ---- main kernel: persistent over items x kv heads, 4 warps x 16 rows -----------------------------
-template <int D>
+template <int D, bool F8>
 __global__ void __launch_bounds__(kThreads)
     invariant_kernel(const Params p, const int4* __restrict__ items, const int* __restrict__ num_items_ptr,
                      const int tt, float* __restrict__ ws_ml, float* __restrict__ ws_acc) {
@@ -202,8 +206,11 @@ __global__ void __launch_bounds__(kThreads)
         const int ntiles = kmax < kmin ? 0 : (kmax - kt0) / BN + 1;
 
         auto load_kv = [&](int buf, int kt) {
-            load_kv_tile<D, BN, kThreads>(p, table, kvh, kmin, kmax, kt, smem_addr(sk + buf * BN * D),
-                                          smem_addr(sv + buf * BN * D));
+            if constexpr (F8)
+                load_kv_tile_f8<D, BN, kThreads>(p, table, kvh, kmin, kmax, kt, sk + buf * BN * D, sv + buf * BN * D);
+            else
+                load_kv_tile<D, BN, kThreads>(p, table, kvh, kmin, kmax, kt, smem_addr(sk + buf * BN * D),
+                                              smem_addr(sv + buf * BN * D));
         };
 
         // Partition state (m, l: this lane's share of the row sum, o) and the fold (M, L, A in sa).
@@ -360,9 +367,9 @@ constexpr size_t smem_bytes() {
            static_cast<size_t>(D / 8) * 4 * kThreads * sizeof(float);
 }
 
-// Resident CTAs per SM of invariant_kernel<D> (after raising its shared memory limit), once per
-// process and device.
-template <int D>
+// Resident CTAs per SM of invariant_kernel<D, F8> (after raising its shared memory limit), once
+// per process and device.
+template <int D, bool F8>
 int prepare_kernel() {
     static std::atomic<int> cached[64];
     int dev = 0;
@@ -370,24 +377,33 @@ int prepare_kernel() {
     std::atomic<int>& slot = cached[dev & 63];
     int v = slot.load(std::memory_order_relaxed);
     if (v > 0) return v;
-    PG_CUDA_CHECK(cudaFuncSetAttribute(invariant_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    PG_CUDA_CHECK(cudaFuncSetAttribute(invariant_kernel<D, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem_bytes<D>())));
     // All of the unified L1 / shared memory as shared: 3 (head_dim 64) or 2 (128) CTAs an SM.
-    PG_CUDA_CHECK(cudaFuncSetAttribute(invariant_kernel<D>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    PG_CUDA_CHECK(cudaFuncSetAttribute(invariant_kernel<D, F8>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                        cudaSharedmemCarveoutMaxShared));
-    PG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, invariant_kernel<D>, kThreads, smem_bytes<D>()));
+    PG_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, invariant_kernel<D, F8>, kThreads, smem_bytes<D>()));
     v = std::max(v, 1);
     slot.store(v, std::memory_order_relaxed);
     return v;
 }
 
-template <int D>
-void launch_d(const Params& p, const InvariantWorkspace& w, int tt, int sm_count, cudaStream_t stream) {
-    const int per_sm = prepare_kernel<D>();
+template <int D, bool F8>
+void launch_main(const Params& p, const InvariantWorkspace& w, int tt, int sm_count, cudaStream_t stream) {
+    const int per_sm = prepare_kernel<D, F8>();
     const int64_t items = static_cast<int64_t>(w.item_capacity) * p.num_kv_heads;
     const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(items, int64_t{per_sm} * sm_count)));
-    launch_pdl(invariant_kernel<D>, dim3(grid), dim3(kThreads), smem_bytes<D>(), stream, p,
+    launch_pdl(invariant_kernel<D, F8>, dim3(grid), dim3(kThreads), smem_bytes<D>(), stream, p,
                static_cast<const int4*>(w.items), static_cast<const int*>(w.num_items), tt, w.ml, w.acc);
+}
+
+template <int D>
+void launch_d(const Params& p, const InvariantWorkspace& w, int tt, int sm_count, cudaStream_t stream) {
+    if (p.k8 != nullptr)
+        launch_main<D, true>(p, w, tt, sm_count, stream);
+    else
+        launch_main<D, false>(p, w, tt, sm_count, stream);
     check_launch("invariant_attention");
     const int64_t warps = static_cast<int64_t>(p.num_seqs) * p.num_heads;
     launch_pdl(invariant_combine_kernel<D>, dim3(static_cast<unsigned>((warps + 3) / 4)), dim3(128), 0, stream, p,

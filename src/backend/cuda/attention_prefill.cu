@@ -15,6 +15,9 @@
 // Keys outside the union of the rows' ranges are zero-filled, never read from the cache.
 //
 // Dynamic shared memory: (BM + 4·BN)·D·2 bytes = 40 KB (D 64) / 80 KB (D 128).
+//
+// F8 (FP8 caches): K/V tiles are read as E4M3 codes and scales and stored to the same shared
+// tiles as bf16 (load_kv_tile_f8); the rest is the same kernel.
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -84,7 +87,7 @@ __global__ void __launch_bounds__(kListThreads)
     if (tid == 0) *num_tiles = min(carry, capacity);
 }
 
-template <int D>
+template <int D, bool F8>
 __global__ void __launch_bounds__(kThreads)
     prefill_kernel(const Params p, const int2* __restrict__ tiles, const int* __restrict__ num_tiles_ptr) {
     static_assert(D == 64 || D == 128, "tensor-core prefill: head_dim 64 or 128");
@@ -136,8 +139,11 @@ __global__ void __launch_bounds__(kThreads)
 
         // K/V tile at key position kt into buffer `buf`; keys outside [kmin, kmax] zero-filled.
         auto load_kv = [&](int buf, int kt) {
-            load_kv_tile<D, BN, kThreads>(p, table, kvh, kmin, kmax, kt, smem_addr(sk + buf * BN * D),
-                                          smem_addr(sv + buf * BN * D));
+            if constexpr (F8)
+                load_kv_tile_f8<D, BN, kThreads>(p, table, kvh, kmin, kmax, kt, sk + buf * BN * D, sv + buf * BN * D);
+            else
+                load_kv_tile<D, BN, kThreads>(p, table, kvh, kmin, kmax, kt, smem_addr(sk + buf * BN * D),
+                                              smem_addr(sv + buf * BN * D));
         };
 
         float o[DT][4];
@@ -209,9 +215,9 @@ constexpr size_t smem_bytes(int d) {
     return static_cast<size_t>(BM + 4 * BN) * d * 2;
 }
 
-// Resident CTAs per SM of prefill_kernel<D> (after raising its dynamic shared memory limit),
+// Resident CTAs per SM of prefill_kernel<D, F8> (after raising its dynamic shared memory limit),
 // computed once per process and device.
-template <int D>
+template <int D, bool F8>
 int prepare_kernel() {
     static std::atomic<int> cached[64];
     int dev = 0;
@@ -219,25 +225,33 @@ int prepare_kernel() {
     std::atomic<int>& slot = cached[dev & 63];
     int v = slot.load(std::memory_order_relaxed);
     if (v > 0) return v;
-    PG_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    PG_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<D, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem_bytes(D))));
-    PG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, prefill_kernel<D>, kThreads, smem_bytes(D)));
+    PG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, prefill_kernel<D, F8>, kThreads, smem_bytes(D)));
     v = std::max(v, 1);
     slot.store(v, std::memory_order_relaxed);
     return v;
 }
 
-template <int D>
-void launch_pd(const Params& p, int tile_bound, int2* tiles, int* num_tiles, int sm_count, cudaStream_t stream) {
-    const int per_sm = prepare_kernel<D>();
+template <int D, bool F8>
+void launch_pdf(const Params& p, int tile_bound, int2* tiles, int* num_tiles, int sm_count, cudaStream_t stream) {
+    const int per_sm = prepare_kernel<D, F8>();
     const int64_t items = static_cast<int64_t>(tile_bound) * p.num_heads;
     const int grid = static_cast<int>(std::min<int64_t>(items, static_cast<int64_t>(per_sm) * sm_count));
     // A plain launch, not launch_pdl: this grid is persistent (per_sm CTAs on every SM, walking
     // the tile list), and launched early its CTAs land wherever slots are free, unevenly;
     // measured on an H100, prefill attention ran 20-30% slower that way (CudaAttentionPerf).
-    prefill_kernel<D><<<grid, kThreads, smem_bytes(D), stream>>>(p, static_cast<const int2*>(tiles),
-                                                                 static_cast<const int*>(num_tiles));
+    prefill_kernel<D, F8><<<grid, kThreads, smem_bytes(D), stream>>>(p, static_cast<const int2*>(tiles),
+                                                                     static_cast<const int*>(num_tiles));
     check_launch("prefill_attention");
+}
+
+template <int D>
+void launch_pd(const Params& p, int tile_bound, int2* tiles, int* num_tiles, int sm_count, cudaStream_t stream) {
+    if (p.k8 != nullptr)
+        launch_pdf<D, true>(p, tile_bound, tiles, num_tiles, sm_count, stream);
+    else
+        launch_pdf<D, false>(p, tile_bound, tiles, num_tiles, sm_count, stream);
 }
 
 }  // namespace

@@ -75,6 +75,36 @@ __device__ __forceinline__ void load_kv_tile(const Params& p, const int32_t* tab
     }
 }
 
+// The same tile from FP8 caches (p.k8 / p.v8), each 16-byte chunk of a row from its 8 codes
+// times the key's scale, rounded to bf16 (within 2^-9 of the value read back), with plain loads
+// and shared stores instead of cp.async: the caller's __syncthreads before a buffer is read
+// orders these stores as its cp_async_wait orders the copies. k_sm / v_sm: the tile's buffers.
+template <int D, int BN, int kThreads>
+__device__ __forceinline__ void load_kv_tile_f8(const Params& p, const int32_t* table, int kvh, int kmin, int kmax,
+                                                int kt, __nv_bfloat16* k_sm, __nv_bfloat16* v_sm) {
+    constexpr int CPR = D / 8;  // 16-byte chunks per row (8 codes each)
+#pragma unroll
+    for (int i = 0; i < BN * CPR / kThreads; ++i) {
+        const int idx = threadIdx.x + i * kThreads;
+        const int r = idx / CPR, c = idx % CPR;
+        const int key = kt + r;
+        uint4 kw = make_uint4(0, 0, 0, 0), vw = make_uint4(0, 0, 0, 0);
+        if (key >= kmin && key <= kmax) {
+            const int64_t slot = cache_slot(p, table, key);
+            const int64_t co = kvf8::code_offset(p.g8, slot, kvh) + c * 8, so = kvf8::scale_offset(p.g8, slot, kvh);
+            float f[8];
+            kvf8::dequant8(__ldg(reinterpret_cast<const uint2*>(p.k8 + co)), kvf8::load_scale(p.k8, so), f);
+            kw = make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]), pack_bf16x2(f[4], f[5]),
+                            pack_bf16x2(f[6], f[7]));
+            kvf8::dequant8(__ldg(reinterpret_cast<const uint2*>(p.v8 + co)), kvf8::load_scale(p.v8, so), f);
+            vw = make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]), pack_bf16x2(f[4], f[5]),
+                            pack_bf16x2(f[6], f[7]));
+        }
+        *reinterpret_cast<uint4*>(k_sm + swz<D>(r, c)) = kw;
+        *reinterpret_cast<uint4*>(v_sm + swz<D>(r, c)) = vw;
+    }
+}
+
 // One tile step for this warp's rows (mma C layout: this lane holds rows lane/4 and lane/4 + 8,
 // i = 0 and 1): S = Q·Kᵀ in log2 units, keys outside [first[i], last[i]] masked when need_mask,
 // the online softmax update of m (running max, log2 units), l (sum of exps) and o (unnormalised

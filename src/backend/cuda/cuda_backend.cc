@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_gguf.h"
 #include "backend/cuda/cuda_sampler.h"
 #include "core/half.h"
+#include "core/kv_fp8.h"
 #include "core/quant.h"
 
 namespace peregrine {
@@ -49,6 +50,17 @@ cudaDataType_t cuda_type(DType t) {
 cuda::bf16_t* bf(const Tensor& t) {
     PG_CHECK(t.dtype == DType::BF16, "expected a bf16 tensor, got ", dtype_name(t.dtype));
     return t.ptr<cuda::bf16_t>();
+}
+
+// A layer's K and V caches, bf16 or FP8 (core/kv_fp8.h), for num_kv heads of head_dim; true for FP8.
+bool check_caches(const Tensor& k_cache, const Tensor& v_cache, int64_t num_kv, int64_t head_dim) {
+    const bool fp8 = k_cache.dtype == DType::F8_E4M3;
+    PG_CHECK(k_cache.dtype == v_cache.dtype && k_cache.shape == v_cache.shape && k_cache.device == Device::CUDA &&
+                 (fp8 || k_cache.dtype == DType::BF16) && k_cache.ndim == 4 && k_cache.dim(2) == num_kv &&
+                 k_cache.cols() == (fp8 ? kv_fp8_cols(head_dim) : head_dim),
+             "CUDA backend: KV caches ", dtype_name(k_cache.dtype), " ", k_cache.shape_str(), " / ",
+             dtype_name(v_cache.dtype), " ", v_cache.shape_str(), " for ", num_kv, " kv heads of ", head_dim);
+    return fp8;
 }
 
 // A product's weight for the decode kernels: bf16, e4m3 with its row factors, or a GGUF layout.
@@ -792,11 +804,17 @@ void CudaBackend::rope_and_cache(const Tensor& q, const Tensor& k, const Tensor&
     PG_CHECK(&batch == step_, "CUDA backend: rope_and_cache outside the step given to begin_step");
     const float* inv_freq = rope_inv_freq(rope);
     const int num_heads = static_cast<int>(q.cols() / head_dim), num_kv = static_cast<int>(k.cols() / head_dim);
-    PG_CHECK(k_cache.dtype == DType::BF16 && k_cache.dim(2) == num_kv && k_cache.cols() == head_dim);
+    const bool fp8 = check_caches(k_cache, v_cache, num_kv, head_dim);
     cuda::DeviceBatch db = dbatch_;
     db.block_size = static_cast<int>(k_cache.dim(1));
-    cuda::rope_and_cache(bf(q), bf(k), bf(v), db, inv_freq, rope.rotary_dim, rope.attention_factor,
-                         rope.style == RopeStyle::Neox, num_heads, num_kv, head_dim, bf(k_cache), bf(v_cache), stream_);
+    if (fp8)
+        cuda::rope_and_cache_fp8(bf(q), bf(k), bf(v), db, inv_freq, rope.rotary_dim, rope.attention_factor,
+                                 rope.style == RopeStyle::Neox, num_heads, num_kv, head_dim, k_cache.ptr<uint8_t>(),
+                                 v_cache.ptr<uint8_t>(), stream_);
+    else
+        cuda::rope_and_cache(bf(q), bf(k), bf(v), db, inv_freq, rope.rotary_dim, rope.attention_factor,
+                             rope.style == RopeStyle::Neox, num_heads, num_kv, head_dim, bf(k_cache), bf(v_cache),
+                             stream_);
 }
 
 const float* CudaBackend::rope_inv_freq(const RopeTable& rope) {
@@ -812,19 +830,29 @@ void CudaBackend::rope_and_cache_packed(const Tensor& qkv, const Tensor& q_out, 
     PG_CHECK(&batch == step_, "CUDA backend: rope_and_cache_packed outside the step given to begin_step");
     const int num_heads = static_cast<int>(q_out.cols() / head_dim);
     PG_CHECK(qkv.cols() == static_cast<int64_t>(num_heads + 2 * num_kv_heads) * head_dim);
-    PG_CHECK(k_cache.dtype == DType::BF16 && k_cache.dim(2) == num_kv_heads && k_cache.cols() == head_dim);
+    const bool fp8 = check_caches(k_cache, v_cache, num_kv_heads, head_dim);
     cuda::DeviceBatch db = dbatch_;
     db.block_size = static_cast<int>(k_cache.dim(1));
-    cuda::rope_and_cache_packed(bf(qkv), bf(q_out), db, rope_inv_freq(rope), rope.rotary_dim, rope.attention_factor,
-                                rope.style == RopeStyle::Neox, num_heads, num_kv_heads, head_dim, bf(k_cache),
-                                bf(v_cache), stream_);
+    if (fp8)
+        cuda::rope_and_cache_packed_fp8(bf(qkv), bf(q_out), db, rope_inv_freq(rope), rope.rotary_dim,
+                                        rope.attention_factor, rope.style == RopeStyle::Neox, num_heads, num_kv_heads,
+                                        head_dim, k_cache.ptr<uint8_t>(), v_cache.ptr<uint8_t>(), stream_);
+    else
+        cuda::rope_and_cache_packed(bf(qkv), bf(q_out), db, rope_inv_freq(rope), rope.rotary_dim, rope.attention_factor,
+                                    rope.style == RopeStyle::Neox, num_heads, num_kv_heads, head_dim, bf(k_cache),
+                                    bf(v_cache), stream_);
 }
 
 cuda::AttentionArgs CudaBackend::attention_args(const Tensor& k_cache, const Tensor& v_cache, int num_heads,
                                                 int head_dim, float scale, int window, const Tensor& out) const {
     cuda::AttentionArgs a;
-    a.k_cache = bf(k_cache);
-    a.v_cache = bf(v_cache);
+    if (check_caches(k_cache, v_cache, k_cache.dim(2), head_dim)) {
+        a.k_fp8 = k_cache.ptr<uint8_t>();
+        a.v_fp8 = v_cache.ptr<uint8_t>();
+    } else {
+        a.k_cache = bf(k_cache);
+        a.v_cache = bf(v_cache);
+    }
     a.out = bf(out);
     a.batch = dbatch_;
     a.batch.block_size = static_cast<int>(k_cache.dim(1));
@@ -842,7 +870,7 @@ void CudaBackend::rope_cache_attention(const Tensor& qkv, const Tensor& q, const
                                        const Tensor& out) {
     PG_CHECK(&batch == step_, "CUDA backend: rope_cache_attention outside the step given to begin_step");
     PG_CHECK(qkv.cols() == static_cast<int64_t>(num_heads + 2 * num_kv_heads) * head_dim);
-    PG_CHECK(k_cache.dtype == DType::BF16 && k_cache.dim(2) == num_kv_heads && k_cache.cols() == head_dim);
+    check_caches(k_cache, v_cache, num_kv_heads, head_dim);
     cuda::RopeCacheAttentionArgs a;
     a.attn = attention_args(k_cache, v_cache, num_heads, head_dim, scale, window, out);
     a.qkv = bf(qkv);
@@ -904,7 +932,8 @@ void CudaBackend::copy_columns(const Tensor& src, int64_t src_col, const Tensor&
 }
 
 void CudaBackend::copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) {
-    const int64_t block_elems = cache.numel() / cache.dim(0);
+    // In 2-byte units: bf16 values, or an FP8 block's bytes (even: codes and 2-byte scales).
+    const int64_t block_elems = static_cast<int64_t>(cache.nbytes() / static_cast<size_t>(cache.dim(0)) / 2);
     for (size_t i = 0; i < pairs.size();) {
         const size_t chunk = std::min(pairs.size() - i, static_cast<size_t>(kScratchInts / 2));
         std::vector<int32_t> flat(2 * chunk);

@@ -5,7 +5,9 @@
 //
 // Element types: activations are bf16 (`uint16_t` bit patterns) unless a parameter says f32;
 // the residual stream and all norm weights are f32; the KV cache is bf16
-// [num_blocks, block_size, num_kv_heads, head_dim].
+// [num_blocks, block_size, num_kv_heads, head_dim], or FP8 (the *_fp8 launchers and
+// AttentionArgs::k_fp8): per block, E4M3 codes [block_size, num_kv_heads, head_dim] then bf16
+// scales [block_size, num_kv_heads] (core/kv_fp8.h), block_size * num_kv_heads a multiple of 4.
 #pragma once
 
 #include <cstddef>
@@ -77,6 +79,16 @@ void rope_and_cache_packed(bf16_t* qkv, bf16_t* q_out, const DeviceBatch& batch,
                            float attention_factor, bool neox, int num_heads, int num_kv_heads, int head_dim,
                            bf16_t* k_cache, bf16_t* v_cache, cudaStream_t stream);
 
+// The same two into FP8 caches (batch.block_size tokens a block): each (token, kv head) of k
+// (rotated) and v is quantized with its own scale, bit for bit as kv_fp8_quantize_head does on
+// the host with the bf16 values the bf16 launchers would have written.
+void rope_and_cache_fp8(bf16_t* q, bf16_t* k, const bf16_t* v, const DeviceBatch& batch, const float* inv_freq,
+                        int rotary_dim, float attention_factor, bool neox, int num_heads, int num_kv_heads,
+                        int head_dim, uint8_t* k_cache, uint8_t* v_cache, cudaStream_t stream);
+void rope_and_cache_packed_fp8(bf16_t* qkv, bf16_t* q_out, const DeviceBatch& batch, const float* inv_freq,
+                               int rotary_dim, float attention_factor, bool neox, int num_heads, int num_kv_heads,
+                               int head_dim, uint8_t* k_cache, uint8_t* v_cache, cudaStream_t stream);
+
 // out [n, dim] = silu(gate) * up with gate_up [n, 2 dim] holding gate | up per row.
 void silu_mul_packed(const bf16_t* gate_up, bf16_t* out, int64_t n, int64_t dim, cudaStream_t stream);
 
@@ -87,7 +99,8 @@ void silu_mul(const bf16_t* gate, const bf16_t* up, bf16_t* out, int64_t n, int6
 void gather_rows(const bf16_t* x, const int32_t* rows, int n, int dim, bf16_t* out, cudaStream_t stream);
 
 // Copy-on-write of KV blocks: cache[pairs[2i+1]] = cache[pairs[2i]] for i < n_pairs;
-// block_elems = block_size * num_kv_heads * head_dim bf16 values per block.
+// block_elems = a block's bytes / 2 (bf16: block_size * num_kv_heads * head_dim values; FP8: the
+// codes and scales of the block, moved as 2-byte units).
 void copy_blocks(bf16_t* cache, const int32_t* pairs, int n_pairs, int64_t block_elems, cudaStream_t stream);
 
 // One piece of a KV host-tier move: `bytes` (a multiple of 16) from src to dst, both 16-byte
@@ -196,6 +209,10 @@ struct AttentionArgs {
     const bf16_t* q = nullptr;  // [num_tokens, num_heads * head_dim]
     const bf16_t* k_cache = nullptr;
     const bf16_t* v_cache = nullptr;
+    // FP8 caches (core/kv_fp8.h): when set, every kernel reads these and k_cache / v_cache are
+    // not read. Set both or neither.
+    const uint8_t* k_fp8 = nullptr;
+    const uint8_t* v_fp8 = nullptr;
     bf16_t* out = nullptr;  // [num_tokens, num_heads * head_dim]
     DeviceBatch batch;
     int num_heads = 0, num_kv_heads = 0, head_dim = 0;
@@ -246,7 +263,8 @@ struct RopeCacheAttentionArgs {
 // (num_tokens == num_seqs, max_query_len == 1), 1..4 sequences, head_dim 64 / 128 / 256,
 // num_heads a multiple of num_kv_heads with few enough (sequence, kv head) units that the
 // attention's splits merge in a thread-block cluster, rotary_dim even and <= head_dim, block_size
-// a power of two, qkv and the caches 16-byte aligned, and the attention kernel choice Auto.
+// a power of two, qkv and the caches 16-byte aligned, bf16 caches (not k_fp8), and the attention
+// kernel choice Auto.
 // Otherwise run rope_and_cache_packed and paged_attention.
 bool rope_cache_attention_supported(const RopeCacheAttentionArgs& args);
 void rope_cache_attention(const RopeCacheAttentionArgs& args, cudaStream_t stream);

@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rope_angles.cuh"
 
@@ -311,12 +312,15 @@ void launch_rms_norm_res(const void* x, float* residual, const float* weight, fl
 // One CTA per token. cos/sin of the token's angles go to shared memory first ([half] each),
 // then each thread rotates P pairs of one head (q heads, then k heads; k pairs also go to the
 // cache), then the unrotated k dims and all of v are copied to the cache W values at a time.
-template <int P, bool NEOX, int W>
+// F8 (k_cache / v_cache unused, k8 / v8 the FP8 caches of geometry g8): no bf16 cache writes;
+// once k is rotated in place, one warp per (kv head, K or V) quantizes the head into the slot.
+template <int P, bool NEOX, int W, bool F8>
 __global__ void rope_cache_kernel(uint16_t* __restrict__ q, uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
                                   const int32_t* __restrict__ positions, const int32_t* __restrict__ slot_mapping,
                                   const float* __restrict__ inv_freq, int rotary_dim, float attention_factor,
                                   int num_heads, int num_kv_heads, int head_dim, uint16_t* __restrict__ k_cache,
-                                  uint16_t* __restrict__ v_cache) {
+                                  uint16_t* __restrict__ v_cache, uint8_t* __restrict__ k8, uint8_t* __restrict__ v8,
+                                  const kvf8::Geometry g8) {
     extern __shared__ float cs[];  // [2 * half]: cos then sin
     const int64_t t = blockIdx.x;
     const int half = rotary_dim / 2;
@@ -338,8 +342,9 @@ __global__ void rope_cache_kernel(uint16_t* __restrict__ q, uint16_t* __restrict
         const int i0 = (it % chunks) * P;
         const bool is_k = h >= num_heads;
         uint16_t* head = is_k ? k_row + static_cast<int64_t>(h - num_heads) * head_dim : q_row + h * head_dim;
-        uint16_t* cached =
-            is_k && slot >= 0 ? k_cache + slot * kv_dim + static_cast<int64_t>(h - num_heads) * head_dim : nullptr;
+        uint16_t* cached = !F8 && is_k && slot >= 0
+                               ? k_cache + slot * kv_dim + static_cast<int64_t>(h - num_heads) * head_dim
+                               : nullptr;
         if constexpr (NEOX) {  // pairs (i, i + half)
             float a[P], b[P];
             load_n<P>(head + i0, a);
@@ -372,7 +377,20 @@ __global__ void rope_cache_kernel(uint16_t* __restrict__ q, uint16_t* __restrict
         }
     }
 
-    if (slot < 0) return;  // a padding token: rotated, but no cache write
+    if (slot < 0) return;  // a padding token: rotated, but no cache write (uniform over the CTA)
+    if constexpr (F8) {
+        __syncthreads();  // every rotated k element, written to k_row above, is visible to the CTA
+        const int warps = static_cast<int>(blockDim.x >> 5), warp = static_cast<int>(threadIdx.x >> 5);
+        for (int task = warp; task < 2 * num_kv_heads; task += warps) {  // warp-uniform
+            const int h = task >> 1;
+            const bool is_v = task & 1;
+            uint8_t* cache = is_v ? v8 : k8;
+            const uint16_t* src = (is_v ? v + t * kv_dim : k_row) + static_cast<int64_t>(h) * head_dim;
+            kvf8::quantize_head_warp(src, head_dim, cache + kvf8::code_offset(g8, slot, h),
+                                     reinterpret_cast<uint16_t*>(cache + kvf8::scale_offset(g8, slot, h)));
+        }
+        return;
+    }
     uint16_t* kc = k_cache + slot * kv_dim;
     uint16_t* vc = v_cache + slot * kv_dim;
     const uint16_t* v_row = v + t * kv_dim;
@@ -385,13 +403,16 @@ __global__ void rope_cache_kernel(uint16_t* __restrict__ q, uint16_t* __restrict
 template <int P, bool NEOX>
 void launch_rope_p(bool vec_copy, dim3 grid, int threads, size_t smem, cudaStream_t stream, uint16_t* q, uint16_t* k,
                    const uint16_t* v, const DeviceBatch& b, const float* inv_freq, int rotary_dim, float af, int nh,
-                   int nkv, int hd, uint16_t* kc, uint16_t* vc) {
-    if (vec_copy)
-        launch_pdl(rope_cache_kernel<P, NEOX, 8>, grid, threads, smem, stream, q, k, v, b.positions, b.slot_mapping,
-                   inv_freq, rotary_dim, af, nh, nkv, hd, kc, vc);
+                   int nkv, int hd, uint16_t* kc, uint16_t* vc, uint8_t* k8, uint8_t* v8, const kvf8::Geometry& g8) {
+    if (k8 != nullptr)  // FP8: no bf16 copies at all
+        launch_pdl(rope_cache_kernel<P, NEOX, 1, true>, grid, threads, smem, stream, q, k, v, b.positions,
+                   b.slot_mapping, inv_freq, rotary_dim, af, nh, nkv, hd, kc, vc, k8, v8, g8);
+    else if (vec_copy)
+        launch_pdl(rope_cache_kernel<P, NEOX, 8, false>, grid, threads, smem, stream, q, k, v, b.positions,
+                   b.slot_mapping, inv_freq, rotary_dim, af, nh, nkv, hd, kc, vc, k8, v8, g8);
     else
-        launch_pdl(rope_cache_kernel<P, NEOX, 1>, grid, threads, smem, stream, q, k, v, b.positions, b.slot_mapping,
-                   inv_freq, rotary_dim, af, nh, nkv, hd, kc, vc);
+        launch_pdl(rope_cache_kernel<P, NEOX, 1, false>, grid, threads, smem, stream, q, k, v, b.positions,
+                   b.slot_mapping, inv_freq, rotary_dim, af, nh, nkv, hd, kc, vc, k8, v8, g8);
 }
 
 // ---- silu_mul, gather, copy_blocks, add_bias, fill ------------------------------------------
@@ -537,11 +558,17 @@ void rms_norm(const void* x, bool x_f32, float* residual, const float* weight, f
     check_launch("rms_norm");
 }
 
-void rope_and_cache(bf16_t* q, bf16_t* k, const bf16_t* v, const DeviceBatch& batch, const float* inv_freq,
-                    int rotary_dim, float attention_factor, bool neox, int num_heads, int num_kv_heads, int head_dim,
-                    bf16_t* k_cache, bf16_t* v_cache, cudaStream_t stream) {
+namespace {
+// rope_and_cache into bf16 caches (k_cache / v_cache) or FP8 ones (k8 / v8 non-null).
+void rope_and_cache_into(bf16_t* q, bf16_t* k, const bf16_t* v, const DeviceBatch& batch, const float* inv_freq,
+                         int rotary_dim, float attention_factor, bool neox, int num_heads, int num_kv_heads,
+                         int head_dim, bf16_t* k_cache, bf16_t* v_cache, uint8_t* k8, uint8_t* v8,
+                         cudaStream_t stream) {
     const int n = batch.num_tokens;
     if (n <= 0) return;
+    const kvf8::Geometry g8 = k8 != nullptr
+                                  ? kvf8::checked_geometry(batch.block_size, num_kv_heads, head_dim, "rope_and_cache")
+                                  : kvf8::Geometry{};
     if (rotary_dim < 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim || head_dim % 2 != 0)
         fail("rope_and_cache: rotary_dim ", rotary_dim, " and head_dim ", head_dim,
              " must be even, rotary_dim at most head_dim");
@@ -566,7 +593,7 @@ void rope_and_cache(bf16_t* q, bf16_t* k, const bf16_t* v, const DeviceBatch& ba
         else if (ptrs_aligned(8) && half % 2 == 0 && head_dim % 4 == 0)
             p = 2;
     }
-    const bool vec_copy = head_dim % 8 == 0 && rotary_dim % 8 == 0 && aligned16(k) && aligned16(v) &&
+    const bool vec_copy = k8 == nullptr && head_dim % 8 == 0 && rotary_dim % 8 == 0 && aligned16(k) && aligned16(v) &&
                           aligned16(k_cache) && aligned16(v_cache);
     const int items = (num_heads + num_kv_heads) * (half > 0 ? half / p : 0);
     const int copies = num_kv_heads * head_dim / (vec_copy ? 8 : 1);
@@ -577,10 +604,10 @@ void rope_and_cache(bf16_t* q, bf16_t* k, const bf16_t* v, const DeviceBatch& ba
         constexpr int P = decltype(p_const)::value;
         if (neox)
             launch_rope_p<P, true>(vec_copy, grid, threads, smem, stream, q, k, v, batch, inv_freq, rotary_dim,
-                                   attention_factor, num_heads, num_kv_heads, head_dim, k_cache, v_cache);
+                                   attention_factor, num_heads, num_kv_heads, head_dim, k_cache, v_cache, k8, v8, g8);
         else
             launch_rope_p<P, false>(vec_copy, grid, threads, smem, stream, q, k, v, batch, inv_freq, rotary_dim,
-                                    attention_factor, num_heads, num_kv_heads, head_dim, k_cache, v_cache);
+                                    attention_factor, num_heads, num_kv_heads, head_dim, k_cache, v_cache, k8, v8, g8);
     };
     switch (p) {
         case 8:
@@ -597,6 +624,22 @@ void rope_and_cache(bf16_t* q, bf16_t* k, const bf16_t* v, const DeviceBatch& ba
             break;
     }
     check_launch("rope_and_cache");
+}
+}  // namespace
+
+void rope_and_cache(bf16_t* q, bf16_t* k, const bf16_t* v, const DeviceBatch& batch, const float* inv_freq,
+                    int rotary_dim, float attention_factor, bool neox, int num_heads, int num_kv_heads, int head_dim,
+                    bf16_t* k_cache, bf16_t* v_cache, cudaStream_t stream) {
+    rope_and_cache_into(q, k, v, batch, inv_freq, rotary_dim, attention_factor, neox, num_heads, num_kv_heads, head_dim,
+                        k_cache, v_cache, nullptr, nullptr, stream);
+}
+
+void rope_and_cache_fp8(bf16_t* q, bf16_t* k, const bf16_t* v, const DeviceBatch& batch, const float* inv_freq,
+                        int rotary_dim, float attention_factor, bool neox, int num_heads, int num_kv_heads,
+                        int head_dim, uint8_t* k_cache, uint8_t* v_cache, cudaStream_t stream) {
+    if (k_cache == nullptr || v_cache == nullptr) fail("rope_and_cache_fp8: null cache");
+    rope_and_cache_into(q, k, v, batch, inv_freq, rotary_dim, attention_factor, neox, num_heads, num_kv_heads, head_dim,
+                        nullptr, nullptr, k_cache, v_cache, stream);
 }
 
 void silu_mul(const bf16_t* gate, const bf16_t* up, bf16_t* out, int64_t n, int64_t dim, cudaStream_t stream) {

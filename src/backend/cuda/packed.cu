@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rope_angles.cuh"
 
@@ -23,13 +24,16 @@ __device__ __forceinline__ uint16_t to_bf16(float x) {
 
 // One CTA per token: cos/sin [half] each in shared memory, then one thread per rotated pair of
 // every q and k head, then the unrotated k dims and v copied to the cache.
-template <bool NEOX>
+// F8 (k_cache / v_cache null; k8 / v8 the FP8 caches of geometry g8): k (rotated and not) goes
+// to shared memory instead, then one warp per (kv head, K or V) quantizes the head into the slot.
+template <bool NEOX, bool F8>
 __global__ void rope_packed_kernel(uint16_t* __restrict__ qkv, uint16_t* __restrict__ q_out,
                                    const int32_t* __restrict__ positions, const int32_t* __restrict__ slot_mapping,
                                    const float* __restrict__ inv_freq, int rotary_dim, float attention_factor,
                                    int num_heads, int num_kv_heads, int head_dim, uint16_t* __restrict__ k_cache,
-                                   uint16_t* __restrict__ v_cache) {
-    extern __shared__ float cs[];  // [2 * half]: cos then sin
+                                   uint16_t* __restrict__ v_cache, uint8_t* __restrict__ k8, uint8_t* __restrict__ v8,
+                                   const kvf8::Geometry g8) {
+    extern __shared__ float cs[];  // [2 * half]: cos then sin; F8: then k [num_kv_heads * head_dim] bf16
     const int64_t t = blockIdx.x;
     const int half = rotary_dim / 2;
     const float pos = static_cast<float>(positions[t]);
@@ -42,8 +46,8 @@ __global__ void rope_packed_kernel(uint16_t* __restrict__ qkv, uint16_t* __restr
     const uint16_t* row = qkv + t * static_cast<int64_t>(q_dim + 2 * kv_dim);
     const int64_t slot = slot_mapping[t];
     uint16_t* q_row = q_out + t * static_cast<int64_t>(q_dim);
-    uint16_t* kc = slot >= 0 ? k_cache + slot * kv_dim : nullptr;
-    uint16_t* vc = slot >= 0 ? v_cache + slot * kv_dim : nullptr;
+    uint16_t* kc = slot >= 0 ? (F8 ? reinterpret_cast<uint16_t*>(cs + 2 * half) : k_cache + slot * kv_dim) : nullptr;
+    uint16_t* vc = !F8 && slot >= 0 ? v_cache + slot * kv_dim : nullptr;
 
     const int pairs = (num_heads + num_kv_heads) * half;
     for (int it = threadIdx.x; it < pairs; it += blockDim.x) {
@@ -72,6 +76,20 @@ __global__ void rope_packed_kernel(uint16_t* __restrict__ qkv, uint16_t* __restr
             else if (kc)
                 kc[(h - num_heads) * head_dim + d] = v;
         }
+    }
+    if constexpr (F8) {
+        if (slot < 0) return;  // uniform over the CTA
+        __syncthreads();       // k in shared memory
+        const int warps = static_cast<int>(blockDim.x >> 5), warp = static_cast<int>(threadIdx.x >> 5);
+        for (int task = warp; task < 2 * num_kv_heads; task += warps) {  // warp-uniform
+            const int h = task >> 1;
+            const bool is_v = task & 1;
+            uint8_t* cache = is_v ? v8 : k8;
+            const uint16_t* src = (is_v ? row + q_dim + kv_dim : kc) + static_cast<int64_t>(h) * head_dim;
+            kvf8::quantize_head_warp(src, head_dim, cache + kvf8::code_offset(g8, slot, h),
+                                     reinterpret_cast<uint16_t*>(cache + kvf8::scale_offset(g8, slot, h)));
+        }
+        return;
     }
     if (vc) {
         const uint16_t* v_src = row + q_dim + kv_dim;
@@ -115,24 +133,52 @@ __global__ void silu_packed_kernel(const uint16_t* __restrict__ gu, uint16_t* __
 
 }  // namespace
 
-void rope_and_cache_packed(bf16_t* qkv, bf16_t* q_out, const DeviceBatch& batch, const float* inv_freq, int rotary_dim,
-                           float attention_factor, bool neox, int num_heads, int num_kv_heads, int head_dim,
-                           bf16_t* k_cache, bf16_t* v_cache, cudaStream_t stream) {
+namespace {
+// rope_and_cache_packed into bf16 caches (k_cache / v_cache) or FP8 ones (k8 / v8 non-null).
+void rope_packed_into(bf16_t* qkv, bf16_t* q_out, const DeviceBatch& batch, const float* inv_freq, int rotary_dim,
+                      float attention_factor, bool neox, int num_heads, int num_kv_heads, int head_dim, bf16_t* k_cache,
+                      bf16_t* v_cache, uint8_t* k8, uint8_t* v8, cudaStream_t stream) {
     const int n = batch.num_tokens;
     if (n <= 0) return;
     if (rotary_dim < 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim)
         fail("rope_and_cache_packed: rotary_dim ", rotary_dim, " must be even and at most head_dim ", head_dim);
+    const bool f8 = k8 != nullptr;
+    const kvf8::Geometry g8 =
+        f8 ? kvf8::checked_geometry(batch.block_size, num_kv_heads, head_dim, "rope_and_cache_packed")
+           : kvf8::Geometry{};
     const int half = std::max(rotary_dim / 2, 1);
     const int pairs = (num_heads + num_kv_heads) * (rotary_dim / 2);
     const int threads = std::clamp((pairs + 31) / 32 * 32, 64, 512);
-    const size_t smem = sizeof(float) * 2 * half;
+    // F8: the token's k heads (bf16) after cos | sin.
+    const size_t smem = sizeof(float) * 2 * half + (f8 ? sizeof(uint16_t) * num_kv_heads * head_dim : 0);
+    auto go = [&](auto kernel) {
+        if (smem > 48 * 1024)
+            PG_CUDA_CHECK(
+                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        launch_pdl(kernel, n, threads, smem, stream, qkv, q_out, batch.positions, batch.slot_mapping, inv_freq,
+                   rotary_dim, attention_factor, num_heads, num_kv_heads, head_dim, k_cache, v_cache, k8, v8, g8);
+    };
     if (neox)
-        launch_pdl(rope_packed_kernel<true>, n, threads, smem, stream, qkv, q_out, batch.positions, batch.slot_mapping,
-                   inv_freq, rotary_dim, attention_factor, num_heads, num_kv_heads, head_dim, k_cache, v_cache);
+        f8 ? go(rope_packed_kernel<true, true>) : go(rope_packed_kernel<true, false>);
     else
-        launch_pdl(rope_packed_kernel<false>, n, threads, smem, stream, qkv, q_out, batch.positions, batch.slot_mapping,
-                   inv_freq, rotary_dim, attention_factor, num_heads, num_kv_heads, head_dim, k_cache, v_cache);
+        f8 ? go(rope_packed_kernel<false, true>) : go(rope_packed_kernel<false, false>);
     check_launch("rope_and_cache_packed");
+}
+}  // namespace
+
+void rope_and_cache_packed(bf16_t* qkv, bf16_t* q_out, const DeviceBatch& batch, const float* inv_freq, int rotary_dim,
+                           float attention_factor, bool neox, int num_heads, int num_kv_heads, int head_dim,
+                           bf16_t* k_cache, bf16_t* v_cache, cudaStream_t stream) {
+    rope_packed_into(qkv, q_out, batch, inv_freq, rotary_dim, attention_factor, neox, num_heads, num_kv_heads, head_dim,
+                     k_cache, v_cache, nullptr, nullptr, stream);
+}
+
+void rope_and_cache_packed_fp8(bf16_t* qkv, bf16_t* q_out, const DeviceBatch& batch, const float* inv_freq,
+                               int rotary_dim, float attention_factor, bool neox, int num_heads, int num_kv_heads,
+                               int head_dim, uint8_t* k_cache, uint8_t* v_cache, cudaStream_t stream) {
+    if (k_cache == nullptr || v_cache == nullptr) fail("rope_and_cache_packed_fp8: null cache");
+    rope_packed_into(qkv, q_out, batch, inv_freq, rotary_dim, attention_factor, neox, num_heads, num_kv_heads, head_dim,
+                     nullptr, nullptr, k_cache, v_cache, stream);
 }
 
 void silu_mul_packed(const bf16_t* gate_up, bf16_t* out, int64_t n, int64_t dim, cudaStream_t stream) {

@@ -8,11 +8,16 @@
 // Traps: outputs start as NaN (every non-padding element must be written and finite); cache
 // slots that no query may read (unused blocks, the tail of each sequence's last block, blocks
 // wholly outside every window) hold NaN, and window-dropped table entries are -1.
+//
+// FP8 caches (CudaAttentionFp8): the same cases with the bf16 caches quantized by the host
+// quantizer (core/kv_fp8.h; NaN slots get NaN codes and scales), every kernel reading the FP8
+// caches, against the CPU on the values the FP8 caches read back as.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -23,6 +28,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/attention_hooks.cuh"
 #include "backend/cuda/cuda_kernels.h"
+#include "core/kv_fp8.h"
 #include "support/cuda_test_util.h"
 
 namespace peregrine {
@@ -53,7 +59,33 @@ struct Inputs {
     int num_blocks = 0, max_query_len = 0, max_context_len = 0;
     std::vector<float> q, k, v;  // q [T, H*D]; caches [num_blocks, bs, KVH, D]
     std::vector<uint16_t> q_bf, k_bf, v_bf;
+    std::vector<uint8_t> k8, v8;  // FP8 caches (to_fp8), else empty
 };
+
+// Quantizes the caches into k8 / v8 (core/kv_fp8.h layout) and sets k / v to the values they
+// read back as (the CPU reference's input). NaN-poisoned slots stay poison: NaN codes and scale.
+void to_fp8(const Case& c, Inputs& in) {
+    const int D = c.head_dim, KVH = c.num_kv_heads;
+    const KvFp8Layout f{c.block_size, KVH, D};
+    const int64_t slots = static_cast<int64_t>(in.num_blocks) * c.block_size;
+    for (auto [vals, codes] : {std::pair{&in.k, &in.k8}, std::pair{&in.v, &in.v8}}) {
+        codes->assign(static_cast<size_t>(slots / c.block_size * f.block_bytes()), 0);
+        for (int64_t s = 0; s < slots; ++s) {
+            for (int h = 0; h < KVH; ++h) {
+                float* x = vals->data() + (s * KVH + h) * D;
+                uint8_t* q = codes->data() + f.code_offset(s, h);
+                uint16_t scale = 0x7fc0;  // NaN
+                if (std::isnan(x[0])) {
+                    std::fill(q, q + D, uint8_t{0x7f});
+                } else {
+                    kv_fp8_quantize_head(x, D, q, &scale);
+                    kv_fp8_dequantize_head(q, scale, D, x);
+                }
+                std::memcpy(codes->data() + f.scale_offset(s, h), &scale, 2);
+            }
+        }
+    }
+}
 
 constexpr uint16_t kBf16NaN = 0x7fc0;
 
@@ -135,6 +167,7 @@ std::vector<float> cpu_attention(const Case& c, const Inputs& in) {
 // Device copies of one batch (buffers sized at construction; `upload` refills them).
 struct DeviceInputs {
     DeviceBuffer<uint16_t> q, k, v, out;
+    DeviceBuffer<uint8_t> k8, v8;  // empty unless the inputs have FP8 caches
     DeviceBuffer<int32_t> positions, query_start, context_lens, block_tables;
     DeviceBuffer<uint8_t> workspace;
 
@@ -143,6 +176,8 @@ struct DeviceInputs {
           k(in.k_bf.size()),
           v(in.v_bf.size()),
           out(in.q_bf.size()),
+          k8(in.k8.size()),
+          v8(in.v8.size()),
           positions(std::max<size_t>(in.batch.positions.size(), 1)),
           query_start(in.batch.query_start.size()),
           context_lens(in.batch.context_lens.size()),
@@ -154,6 +189,8 @@ struct DeviceInputs {
         q.upload(in.q_bf);
         k.upload(in.k_bf);
         v.upload(in.v_bf);
+        k8.upload(in.k8);
+        v8.upload(in.v8);
         positions.upload(in.batch.positions);
         query_start.upload(in.batch.query_start);
         context_lens.upload(in.batch.context_lens);
@@ -165,6 +202,10 @@ struct DeviceInputs {
         a.q = q.get();
         a.k_cache = k.get();
         a.v_cache = v.get();
+        if (!in.k8.empty()) {  // the bf16 caches stay set: the kernels must not read them
+            a.k_fp8 = k8.get();
+            a.v_fp8 = v8.get();
+        }
         a.out = out.get();
         cuda::DeviceBatch& b = a.batch;
         b.num_tokens = in.batch.num_tokens();
@@ -215,10 +256,17 @@ void expect_matches(const Case& c, const Inputs& in, const std::vector<uint16_t>
 }
 
 // Runs the case through the automatic kernel choice, the generic kernel, the invariant path and,
-// for <= 4 sequences, the split + combine decode path the cluster kernel replaces there.
-void check_case(const Case& c, uint32_t seed) {
+// for <= 4 sequences, the split + combine decode path the cluster kernel replaces there. fp8:
+// over FP8 caches made from the case's bf16 ones.
+void check_case(const Case& c, uint32_t seed, bool fp8 = false) {
     std::mt19937 rng(seed);
-    const Inputs in = make_inputs(c, rng);
+    Inputs in = make_inputs(c, rng);
+    if (fp8) {
+        to_fp8(c, in);
+        // The bf16 caches on the device become NaN: a kernel that read them would fail.
+        std::fill(in.k_bf.begin(), in.k_bf.end(), kBf16NaN);
+        std::fill(in.v_bf.begin(), in.v_bf.end(), kBf16NaN);
+    }
     DeviceInputs dev(c, in);
     const std::vector<float> ref = cpu_attention(c, in);
     for (int mode = 0; mode < 4; ++mode) {
@@ -232,7 +280,7 @@ void check_case(const Case& c, uint32_t seed) {
         const std::vector<uint16_t> got = dev.out.download();
         cuda::set_attention_kernel_choice(cuda::AttentionKernelChoice::Auto);
         static const char* const kModes[] = {"auto", "generic", "invariant", "split-combine"};
-        expect_matches(c, in, got, kModes[mode], &ref);
+        expect_matches(c, in, got, std::string(kModes[mode]) + (fp8 ? " fp8" : ""), &ref);
     }
 }
 
@@ -432,6 +480,68 @@ TEST(CudaAttention, PrefillPaddingSequence) {
     PG_SKIP_WITHOUT_CUDA();
     check_case(make_case(32, 8, 64, {{3, 0}, {100, 100}, {1, 0}, {65, 0}}), 950);
     check_case(make_case(8, 2, 128, {{80, 0}, {1, 1}}), 951);
+}
+
+// ---- FP8 caches ------------------------------------------------------------------------------
+// Each kernel of each path over FP8 caches: decode (cluster, split + combine, one CTA a sequence),
+// tensor-core prefill, generic head dims, windows, block sizes, padding, and the invariant path.
+
+TEST(CudaAttentionFp8, Decode) {
+    PG_SKIP_WITHOUT_CUDA();
+    std::mt19937 rng(31);
+    for (int n : {1, 3, 64}) {
+        check_case(make_case(32, 8, 64, decode_seqs(n, 3000, rng)), 3100 + n, true);
+        check_case(make_case(32, 8, 128, decode_seqs(n, 3000, rng)), 3200 + n, true);
+    }
+    for (int D : {8, 16, 32, 80, 96, 256})
+        for (int n : {2, 5}) check_case(make_case(8, 2, D, decode_seqs(n, 700, rng)), 3300 + D + n, true);
+    std::vector<Seq> shorts;
+    for (int ctx : {1, 2, 15, 16, 17, 63, 64, 65, 129}) shorts.push_back({1, ctx});
+    check_case(make_case(32, 8, 64, shorts), 3400, true);
+    check_case(make_case(14, 2, 64, decode_seqs(7, 900, rng)), 3401, true);   // group 7
+    check_case(make_case(32, 2, 128, decode_seqs(4, 900, rng)), 3402, true);  // group 16: 2 head chunks
+}
+
+TEST(CudaAttentionFp8, DecodeWindowsBlockSizesPadding) {
+    PG_SKIP_WITHOUT_CUDA();
+    std::mt19937 rng(32);
+    for (int window : {16, 100})
+        check_case(make_case(16, 4, 64, decode_seqs(9, 1500, rng), 16, window), 3500 + window, true);
+    for (int bs : {4, 8, 32, 256}) check_case(make_case(32, 8, 64, decode_seqs(6, 2000, rng), bs), 3600 + bs, true);
+    check_case(make_case(16, 1, 128, decode_seqs(3, 2000, rng), 4), 3650, true);  // 4 tokens x 1 kv head a block
+    std::vector<Seq> seqs = decode_seqs(5, 1200, rng);
+    seqs.insert(seqs.begin(), Seq{1, 0});
+    seqs.push_back({1, 0});
+    check_case(make_case(32, 8, 64, seqs), 3700, true);
+}
+
+TEST(CudaAttentionFp8, PrefillChunkedAndMixed) {
+    PG_SKIP_WITHOUT_CUDA();
+    std::mt19937 rng(33);
+    for (int D : {64, 128}) {
+        check_case(make_case(32, 8, D, {{512, 512}}), 3800 + D, true);
+        check_case(make_case(32, 8, D, {{2, 37}, {63, 300}, {65, 65}, {130, 1000}, {7, 7}}), 3801 + D, true);
+        check_case(make_case(16, 4, D, {{128, 700}, {1, 500}, {70, 90}}, 32, 100), 3802 + D, true);
+        check_case(make_case(16, 8, D, {{200, 200}, {96, 420}}, 128), 3803 + D, true);
+        std::vector<Seq> mixed = decode_seqs(20, 2500, rng);
+        mixed.push_back({128, 228});
+        mixed.push_back({1, 0});
+        mixed.push_back({17, 1017});
+        check_case(make_case(32, 8, D, mixed), 3804 + D, true);
+        check_case(make_case(32, 8, D, {{1, 700}, {100, 300}, {1, 2000}, {1, 1}}), 3805 + D, true);
+    }
+    for (int D : {8, 32, 80, 96, 256}) check_case(make_case(8, 4, D, {{100, 100}, {37, 300}}), 3900 + D, true);
+}
+
+// A case whose caches are not FP8-aligned (2 tokens x 1 kv head a block) is refused, not misread.
+TEST(CudaAttentionFp8, RefusesMisalignedBlocks) {
+    PG_SKIP_WITHOUT_CUDA();
+    std::mt19937 rng(34);
+    Case c = make_case(4, 1, 64, {{1, 40}}, 2);
+    Inputs in = make_inputs(c, rng);
+    to_fp8(c, in);
+    DeviceInputs dev(c, in);
+    EXPECT_THROW(cuda::paged_attention(dev.args(c, in), nullptr), Error);
 }
 
 // ---- CUDA graphs ---------------------------------------------------------------------------

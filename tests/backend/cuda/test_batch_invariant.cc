@@ -20,6 +20,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "core/kv_fp8.h"
 #include "support/cuda_test_util.h"
 
 namespace peregrine {
@@ -324,11 +325,28 @@ uint16_t hval(uint64_t salt, int seq, int pos, int head, int dim, float scale) {
 
 struct AttnShape {
     int H = 32, KVH = 8, D = 64, block_size = 16, window = 0;
+    bool fp8 = false;  // FP8 caches (core/kv_fp8.h), quantized from the bf16 ones
     std::string name() const {
         return "H" + std::to_string(H) + "/KV" + std::to_string(KVH) + " D" + std::to_string(D) + " win" +
-               std::to_string(window);
+               std::to_string(window) + (fp8 ? " fp8" : "");
     }
 };
+
+// bf16 caches [blocks, bs, KVH, D] -> the FP8 cache of the same values (core/kv_fp8.h layout).
+std::vector<uint8_t> fp8_cache(const std::vector<uint16_t>& bf, int bs, int KVH, int D) {
+    const KvFp8Layout f{bs, KVH, D};
+    const int64_t slots = static_cast<int64_t>(bf.size()) / (int64_t{KVH} * D);
+    std::vector<uint8_t> out(static_cast<size_t>(slots / bs * f.block_bytes()));
+    std::vector<float> x(D);
+    for (int64_t s = 0; s < slots; ++s)
+        for (int h = 0; h < KVH; ++h) {
+            for (int d = 0; d < D; ++d) x[d] = bf16_to_f32(bf[(s * KVH + h) * D + d]);
+            uint16_t scale = 0;
+            kv_fp8_quantize_head(x.data(), D, out.data() + f.code_offset(s, h), &scale);
+            std::memcpy(out.data() + f.scale_offset(s, h), &scale, 2);
+        }
+    return out;
+}
 struct Entry {
     int seq, qlen, ctx;  // query tokens at positions ctx - qlen .. ctx - 1
 };
@@ -375,11 +393,17 @@ std::map<TokenKey, std::vector<uint16_t>> run_attention(const AttnShape& a, cons
                         hval(3, e.seq, e.ctx - e.qlen + i, h, d, 2.0f);
     }
     DeviceBuffer<uint16_t> dq(q), dk(kc), dv(vc), dout(q.size());
+    DeviceBuffer<uint8_t> dk8, dv8;
+    if (a.fp8) {
+        dk8 = DeviceBuffer<uint8_t>(fp8_cache(kc, bs, a.KVH, a.D));
+        dv8 = DeviceBuffer<uint8_t>(fp8_cache(vc, bs, a.KVH, a.D));
+    }
     DeviceBuffer<int32_t> dpos(positions), dqs(query_start), dctx(ctx), dtab(tables);
     DeviceBuffer<uint8_t> ws(cuda::attention_workspace_bytes(T, a.H, a.D));
     dout.fill_bytes(0xff);
     cuda::AttentionArgs args;
     args.q = dq.get(), args.k_cache = dk.get(), args.v_cache = dv.get(), args.out = dout.get();
+    args.k_fp8 = dk8.get(), args.v_fp8 = dv8.get();  // null: bf16
     cuda::DeviceBatch& b = args.batch;
     b.num_tokens = T, b.num_seqs = static_cast<int>(batch.size()), b.block_stride = stride, b.block_size = bs;
     b.max_query_len = 0, b.max_context_len = 0;
@@ -432,6 +456,11 @@ std::vector<AttnShape> attn_shapes() {
     v.push_back(a);
     a.H = 8, a.KVH = 4, a.D = 32, a.window = 0;  // generic kernel
     v.push_back(a);
+    for (size_t i = 0; i < 4; ++i) {  // the same over FP8 caches
+        AttnShape f = v[i];
+        f.fp8 = true;
+        v.push_back(f);
+    }
     return v;
 }
 
