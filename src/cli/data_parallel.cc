@@ -121,6 +121,8 @@ int run_data_parallel(const DataParallelOptions& o) {
     const int cores = std::max(1u, std::thread::hardware_concurrency());
     // Ranks of each replica's model-parallel group (tensor x pipeline parallel; 1 without).
     const int group = o.engine.parallel_size();
+    // CPU threads a rank (--threads is per rank).
+    const int cpu_threads = o.engine.threads > 0 ? o.engine.threads : std::max(1, cores / (o.size * group));
     if (cuda && group > 1 && gpus < o.size * group)
         fail("--data-parallel-size ", o.size, " with ", group, " ranks a replica needs ", o.size * group,
              " GPUs (one a rank); this host has ", gpus);
@@ -142,9 +144,8 @@ int run_data_parallel(const DataParallelOptions& o) {
         for (const std::string& a : {std::string("--data-parallel-size"), std::string("1"), std::string("--host"),
                                      std::string("127.0.0.1"), std::string("--port"), std::to_string(r.port)})
             r.args.push_back(a);
-        if (!cuda) {  // --threads is per rank
-            const int threads = o.engine.threads > 0 ? o.engine.threads : std::max(1, cores / (o.size * group));
-            r.args.insert(r.args.end(), {"--device", "cpu", "--threads", std::to_string(threads)});
+        if (!cuda) {
+            r.args.insert(r.args.end(), {"--device", "cpu", "--threads", std::to_string(cpu_threads)});
         } else if (gpus >= o.size * group) {  // replica i's group: GPUs [i * group, (i + 1) * group)
             r.args.insert(r.args.end(), {"--device", "cuda:" + std::to_string(i * group), "--gpu-memory-utilization",
                                          std::to_string(o.engine.gpu_memory_utilization)});
@@ -161,8 +162,7 @@ int run_data_parallel(const DataParallelOptions& o) {
         urls.push_back("http://127.0.0.1:" + std::to_string(r.port));
     }
     const std::string where =
-        !cuda ? str_cat("CPU, ", o.engine.threads > 0 ? o.engine.threads : std::max(1, cores / (o.size * group)),
-                        " threads a rank")
+        !cuda ? str_cat("CPU, ", cpu_threads, " threads a rank")
         : gpus >= o.size * group
             ? (group > 1 ? str_cat(group, " GPUs each") : std::string("one GPU each"))
             : str_cat("sharing a GPU, ", o.engine.gpu_memory_utilization / o.size, " of its memory each");

@@ -89,6 +89,7 @@ EngineCore::EngineCore(const CoreConfig& config, ModelExecutor& executor)
       scheduler_(config.scheduler, blocks_),
       sampler_(config.eos_token_ids) {
     blocks_.set_recording(static_cast<bool>(config.kv_events));
+    totals_.kv_cache_dtype = executor.kv_cache_dtype();  // fixed for the pool's life
     for (const std::vector<int32_t>& prefix : config.pinned_prefixes) {
         const int pinned = pin_prefix(prefix);
         std::fprintf(stderr, "  pinned prefix %zu: %d of its %zu tokens held in the KV cache for good\n",
@@ -594,7 +595,6 @@ EngineStats EngineCore::stats() const {
     s.kv_offloaded_blocks = blocks_.stats().offloaded_blocks;
     s.kv_onloaded_blocks = blocks_.stats().onloaded_blocks;
     s.kv_block_bytes = executor_.kv_block_bytes();
-    s.kv_cache_dtype = executor_.kv_cache_dtype();
     if (const HostBlockPool* disk = blocks_.disk()) {
         s.num_disk_kv_blocks = disk->num_slots();
         s.num_disk_kv_blocks_used = disk->num_used();

@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kWarps * 32) generic_kernel(const Params p) {
 #pragma unroll
                 for (int i = 0; i < kDimsPerLane; ++i) {
                     const int d = lane + 32 * i;
-                    if (d < D) acc[i] = fmaf(pjj, fp8_value(v[d]) * vs, acc[i]);
+                    if (d < D) acc[i] = fmaf(pjj, kvf8::value(v[d]) * vs, acc[i]);
                 }
             } else {
                 const __nv_bfloat16* v = p.v_cache + oj;

@@ -57,11 +57,6 @@ __device__ __forceinline__ int64_t cache_slot(const Params& p, const int32_t* ta
     return (blk << p.block_shift) + (key & (p.block_size - 1));
 }
 
-// One E4M3 code -> f32 (exact).
-__device__ __forceinline__ float fp8_value(uint8_t code) {
-    return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3)));
-}
-
 // Two bf16 packed in a 32-bit word → two f32 (exact: bf16 is the top half of an f32).
 __device__ __forceinline__ float bf16_lo(uint32_t w) {
     return __uint_as_float(w << 16);

@@ -380,15 +380,7 @@ __global__ void rope_cache_kernel(uint16_t* __restrict__ q, uint16_t* __restrict
     if (slot < 0) return;  // a padding token: rotated, but no cache write (uniform over the CTA)
     if constexpr (F8) {
         __syncthreads();  // every rotated k element, written to k_row above, is visible to the CTA
-        const int warps = static_cast<int>(blockDim.x >> 5), warp = static_cast<int>(threadIdx.x >> 5);
-        for (int task = warp; task < 2 * num_kv_heads; task += warps) {  // warp-uniform
-            const int h = task >> 1;
-            const bool is_v = task & 1;
-            uint8_t* cache = is_v ? v8 : k8;
-            const uint16_t* src = (is_v ? v + t * kv_dim : k_row) + static_cast<int64_t>(h) * head_dim;
-            kvf8::quantize_head_warp(src, head_dim, cache + kvf8::code_offset(g8, slot, h),
-                                     reinterpret_cast<uint16_t*>(cache + kvf8::scale_offset(g8, slot, h)));
-        }
+        kvf8::quantize_token(k_row, v + t * kv_dim, num_kv_heads, head_dim, k8, v8, g8, slot);
         return;
     }
     uint16_t* kc = k_cache + slot * kv_dim;

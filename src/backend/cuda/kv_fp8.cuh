@@ -65,6 +65,11 @@ __device__ __forceinline__ float load_scale(const uint8_t* cache, int64_t offset
     return scale_value(*reinterpret_cast<const uint16_t*>(cache + offset));
 }
 
+// One E4M3 code -> f32 (exact).
+__device__ __forceinline__ float value(uint8_t code) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3)));
+}
+
 // Two E4M3 codes (low byte first) -> two f32.
 __device__ __forceinline__ float2 decode2(uint16_t two) {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
@@ -112,6 +117,23 @@ __device__ __forceinline__ void quantize_head_warp(const uint16_t* x, int head_d
     const float inv = __frcp_rn(scale_value(s));
     for (int d = lane; d < head_dim; d += 32) codes[d] = code(__uint_as_float(static_cast<uint32_t>(x[d]) << 16), inv);
     if (lane == 0) *scale = s;
+}
+
+// One token's K and V heads (k_row / v_row: [num_kv_heads, head_dim] bf16, possibly written by
+// this CTA before a __syncthreads) into cache slot `slot`: a warp per (kv head, K or V), every
+// warp of the CTA taking tasks in turn (call from all threads; warp-uniform).
+__device__ __forceinline__ void quantize_token(const uint16_t* k_row, const uint16_t* v_row, int num_kv_heads,
+                                               int head_dim, uint8_t* k8, uint8_t* v8, const Geometry& g,
+                                               int64_t slot) {
+    const int warps = static_cast<int>(blockDim.x >> 5), warp = static_cast<int>(threadIdx.x >> 5);
+    for (int task = warp; task < 2 * num_kv_heads; task += warps) {
+        const int h = task >> 1;
+        const bool is_v = task & 1;
+        uint8_t* cache = is_v ? v8 : k8;
+        quantize_head_warp((is_v ? v_row : k_row) + static_cast<int64_t>(h) * head_dim, head_dim,
+                           cache + code_offset(g, slot, h),
+                           reinterpret_cast<uint16_t*>(cache + scale_offset(g, slot, h)));
+    }
 }
 
 }  // namespace peregrine::cuda::kvf8
