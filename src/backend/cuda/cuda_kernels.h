@@ -171,7 +171,8 @@ void add_f32(const float* x, float* out, int64_t n, cudaStream_t stream);
 void set_gemv_config(int rows, int depth);
 // Whether the GGUF device layouts' normed and add products at n = 1 take the persistent kernel
 // (x staged once a CTA, several rows a block) instead of one short CTA per row pair:
-// PEREGRINE_GGUF_GEMV=persistent | blocks (default blocks until measured, issue #23). Test hook:
+// PEREGRINE_GGUF_GEMV=persistent | blocks (default persistent: 1.3-1.9x faster batch-1 decode on
+// an H100, docs/PERFORMANCE.md). Test hook:
 // 1 / 0 override the variable, -1 goes back to it.
 void set_gguf_gemv_persistent(int mode);
 
