@@ -6,7 +6,7 @@
 #   pool   tokens the KV pool holds at --gpu-memory-utilization 0.9, bf16 vs fp8 (8B and 1B
 #          shapes, random bf16 weights): the issue asks >= 1.9x
 #   long   decode after 8K and 32K prompt tokens, batch 1 and 32, bf16 vs fp8 KV, alternating,
-#          2 rounds (`bench latency --input-len L --output-len 128`, 8B shape): fp8 must not be
+#          ROUNDS rounds, default 2 (`bench latency --input-len L --output-len 128`, 8B shape): fp8 must not be
 #          slower (batch 1 runs the unfused write + attention with fp8: see RELIABILITY.md)
 # usage: scripts/device-fp8kv.sh BUNDLE_DIR [STEPS]   (default "tests pool long")
 set -uo pipefail
@@ -40,7 +40,7 @@ fi
 
 if [[ $steps == *long* ]]; then
     m=$(model_dir llama-3.1-8b)
-    for round in 1 2; do
+    for round in $(seq "${ROUNDS:-2}"); do
         for len in 8192 32768; do for bs in 1 32; do
             (( bs * len > 300000 )) && continue  # 32 x 32K: past the 8B pool at 0.9 utilization
             for kv in bf16 fp8; do

@@ -9,8 +9,10 @@
 //                        every sequence; other head dims → the generic kernel (invariant as is)
 //
 // FP8 caches (AttentionArgs::k_fp8): the same choice, each kernel's F8 instantiation, which loads
-// the E4M3 codes (half the bytes of bf16) and the per-(token, head) scales; the fused decode
-// below takes bf16 caches only (FP8 batches run rope_and_cache_packed_fp8 + paged_attention).
+// the E4M3 codes (half the bytes of bf16) and the per-(token, head) scales, except decode at
+// head_dim 64 / 128: the tensor-core kernel of attention_decode_f8.cu (split + combine, never a
+// cluster); the fused decode below takes bf16 caches only (FP8 batches run
+// rope_and_cache_packed_fp8 + paged_attention).
 //
 // rope_cache_attention: the decode step's RoPE + cache write + attention as one cluster kernel
 // (launch_decode_fused, attention_decode.cu) for pure-decode batches of <= 4 sequences; no
@@ -182,8 +184,10 @@ void paged_attention(const AttentionArgs& args, cudaStream_t stream) {
     }
 
     const int sms = sm_count();
-    const attn::DecodeShape shape =
-        attn::decode_shape(b.num_seqs, H, KVH, b.max_context_len, sms, choice != AttentionKernelChoice::SplitCombine);
+    const attn::DecodeShape shape = p.k8 != nullptr && attn::decode_f8_mma_supports(D)
+                                        ? attn::decode_shape_f8(b.num_seqs, H, KVH, b.max_context_len, sms)
+                                        : attn::decode_shape(b.num_seqs, H, KVH, b.max_context_len, sms,
+                                                             choice != AttentionKernelChoice::SplitCombine);
     const int64_t rows = shape.splits > 1 && !shape.cluster ? static_cast<int64_t>(b.num_seqs) * shape.splits * H : 0;
     const int64_t tile_bound = use_prefill ? attn::prefill_tile_bound(b.num_tokens, b.num_seqs, b.max_query_len) : 0;
     const Layout w = layout(rows, D, tile_bound);

@@ -18,7 +18,8 @@
 //     each rank merges and writes its share. One kernel, no global partials.
 //   otherwise: each CTA (4 warps) writes (m, l, acc) partials and decode_combine_kernel merges.
 //
-// F8 (FP8 caches, core/kv_fp8.h): the same lanes and keys, each lane loading its 8 dims as 8
+// F8 (FP8 caches, core/kv_fp8.h; head dims 64 and 128 take attention_decode_f8.cu's tensor-core
+// kernel instead): the same lanes and keys, each lane loading its 8 dims as 8
 // E4M3 codes (8 bytes instead of 16) plus the key's bf16 scale; the score is (q · codes) times the
 // key's scale and the value enters as (p times the value's scale) · codes, so a scale costs one
 // multiply per key, not one per element. Not fused (the fused kernel writes bf16).
@@ -555,9 +556,12 @@ void launch_dgf(const Params& p, const RopeFuse* fuse, const DecodeShape& sh, fl
 template <int D, int GM>
 void launch_dg(const Params& p, const RopeFuse* fuse, const DecodeShape& sh, float* ws_ml, float* ws_acc,
                cudaStream_t stream) {
-    if (p.k8 != nullptr)
-        launch_dgf<D, GM, true>(p, fuse, sh, ws_ml, ws_acc, stream);
-    else
+    if (p.k8 != nullptr) {
+        if constexpr (D == 64 || D == 128)  // attention_decode_f8.cu (launch_decode routes there)
+            fail("decode attention: FP8 caches of head_dim ", D, " take the tensor-core kernel");
+        else
+            launch_dgf<D, GM, true>(p, fuse, sh, ws_ml, ws_acc, stream);
+    } else
         launch_dgf<D, GM, false>(p, fuse, sh, ws_ml, ws_acc, stream);
 }
 
@@ -648,14 +652,17 @@ void launch_decode_fused(const Params& p, const RopeFuse& r, const DecodeShape& 
     launch_by_head_dim(p, &r, sh, nullptr, nullptr, stream);
 }
 
+void launch_decode_combine(const Params& p, int splits, const float* ws_ml, const float* ws_acc, cudaStream_t stream) {
+    const int64_t warps = static_cast<int64_t>(p.num_seqs) * p.num_heads;
+    launch_pdl(decode_combine_kernel, dim3(static_cast<unsigned>((warps + 3) / 4)), dim3(128), 0, stream, p, splits,
+               ws_ml, ws_acc);
+    check_launch("decode_attention_combine");
+}
+
 void launch_decode(const Params& p, const DecodeShape& sh, float* ws_ml, float* ws_acc, cudaStream_t stream) {
+    if (p.k8 != nullptr && decode_f8_mma_supports(p.head_dim)) return launch_decode_f8(p, sh, ws_ml, ws_acc, stream);
     launch_by_head_dim(p, nullptr, sh, ws_ml, ws_acc, stream);
-    if (sh.splits > 1 && !sh.cluster) {
-        const int64_t warps = static_cast<int64_t>(p.num_seqs) * p.num_heads;
-        launch_pdl(decode_combine_kernel, dim3(static_cast<unsigned>((warps + 3) / 4)), dim3(128), 0, stream, p,
-                   sh.splits, static_cast<const float*>(ws_ml), static_cast<const float*>(ws_acc));
-        check_launch("decode_attention_combine");
-    }
+    if (sh.splits > 1 && !sh.cluster) launch_decode_combine(p, sh.splits, ws_ml, ws_acc, stream);
 }
 
 }  // namespace peregrine::cuda::attn

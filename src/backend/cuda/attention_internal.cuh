@@ -96,7 +96,15 @@ struct DecodeShape {
 DecodeShape decode_shape(int num_seqs, int num_heads, int num_kv_heads, int max_context, int sm_count,
                          bool allow_cluster = true);
 bool decode_supports(int head_dim);
+// FP8 caches (p.k8 set) with decode_f8_mma_supports(head_dim) take the tensor-core kernel of
+// attention_decode_f8.cu, whose shape is decode_shape_f8's (never a cluster); launch_decode
+// routes there.
 void launch_decode(const Params& p, const DecodeShape& shape, float* ws_ml, float* ws_acc, cudaStream_t stream);
+bool decode_f8_mma_supports(int head_dim);
+DecodeShape decode_shape_f8(int num_seqs, int num_heads, int num_kv_heads, int max_context, int sm_count);
+void launch_decode_f8(const Params& p, const DecodeShape& shape, float* ws_ml, float* ws_acc, cudaStream_t stream);
+// Merges the splits' partials into p.out (decode sequences only).
+void launch_decode_combine(const Params& p, int splits, const float* ws_ml, const float* ws_acc, cudaStream_t stream);
 
 // The fused decode step (RoPE + KV-cache write + attention, attention_decode.cu): what the
 // cluster kernel needs beyond Params to start from the packed q | k | v product instead of a

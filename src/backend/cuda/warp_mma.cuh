@@ -1,5 +1,6 @@
 // Warp-level Hopper/Ampere primitives shared by the tensor-core kernels (attention*.cu,
-// gemm_invariant.cu): cp.async, ldmatrix and mma.sync m16n8k16 bf16 → f32, as inline PTX.
+// gemm_invariant.cu): cp.async, ldmatrix, mma.sync m16n8k16 (bf16 or f16 → f32) and movmatrix, as
+// inline PTX.
 // CUDA-only: include from .cu files.
 #pragma once
 
@@ -47,6 +48,22 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The same shape with f16 operands (f32 accumulate), fragments as above.
+__device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// The transpose of an 8x8 matrix of 16-bit elements held one row a lane quad: lane 4 g + q holds
+// (row g, cols 2q, 2q + 1) of the input and gets (row g, cols 2q, 2q + 1) of the transpose.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
 }
 
 }  // namespace peregrine::cuda
