@@ -147,25 +147,13 @@ __global__ void __launch_bounds__(W * 32, min_ctas<GM, W>())
     int first, last;
     key_range(p, pos, ctx, first, last);
 
-    // This split's keys [kb, ke): an equal share of whole blocks.
-    int kb = 0, ke = 0;
-    if (last >= first) {
-        const int b0 = first >> p.block_shift, b1 = (last >> p.block_shift) + 1;
-        const int per = (b1 - b0 + splits - 1) / splits;
-        kb = max(first, (b0 + split * per) << p.block_shift);
-        ke = min(last + 1, (b0 + (split + 1) * per) << p.block_shift);
-    }
+    const DecodeSlice slice{s, t, h0, ng, split, splits};
+    int kb, ke;
+    split_keys(p, first, last, split, splits, kb, ke);
     // Nothing to read: an empty partial, or zeros when this CTA is the output. (A cluster CTA
     // goes on with an empty key loop: its partial is m = -inf, l = 0, acc = 0.)
     if (!CLUSTER && kb >= ke) {
-        if (splits == 1) {
-            for (int i = threadIdx.x; i < ng * D; i += kThreads)
-                p.out[t * row_stride + static_cast<int64_t>(h0) * D + i] = __float2bfloat16_rn(0.0f);
-        } else if (threadIdx.x < ng) {
-            const int64_t r = (static_cast<int64_t>(s) * p.num_heads + h0 + threadIdx.x) * splits + split;
-            ws_ml[2 * r] = -INFINITY;
-            ws_ml[2 * r + 1] = 0.0f;
-        }
+        write_empty_decode(p, slice, ws_ml);
         return;
     }
 
@@ -414,27 +402,7 @@ __global__ void __launch_bounds__(W * 32, min_ctas<GM, W>())
     __syncthreads();
 
     if constexpr (!CLUSTER) {
-        // Merge the warps: thread → (head g, dim d).
-        for (int idx = threadIdx.x; idx < ng * D; idx += kThreads) {
-            const int g = idx / D, d = idx - g * D;
-            float mm = -INFINITY;
-#pragma unroll
-            for (int w = 0; w < W; ++w) mm = fmaxf(mm, sm_m[w][g]);
-            float ll = 0.0f, a = 0.0f;
-#pragma unroll
-            for (int w = 0; w < W; ++w) {
-                const float f = sm_m[w][g] == -INFINITY ? 0.0f : exp2f(sm_m[w][g] - mm);
-                ll += sm_l[w][g] * f;
-                a += sm_acc[w][g][d] * f;
-            }
-            if (splits == 1) {
-                p.out[t * row_stride + (h0 + g) * D + d] = __float2bfloat16_rn(ll > 0.0f ? a / ll : 0.0f);
-            } else {
-                const int64_t r = (static_cast<int64_t>(s) * p.num_heads + h0 + g) * splits + split;
-                ws_acc[r * D + d] = a;
-                if (d == 0) ws_ml[2 * r] = mm, ws_ml[2 * r + 1] = ll;
-            }
-        }
+        merge_decode_warps<W, GM, D>(p, slice, sm_m, sm_l, sm_acc, ws_ml, ws_acc);
     } else {
         namespace cg = cooperative_groups;
         const cg::cluster_group cluster = cg::this_cluster();

@@ -78,7 +78,6 @@ __global__ void __launch_bounds__(W * 32, 2)
     constexpr int KS = D / 16;  // k-steps of K Q^T; also the m-tiles (16 dims) of V^T P'^T
     constexpr int KW = D / 16;  // 32-bit words of K codes a lane holds per key (D / 4 bytes)
     constexpr int VW = D / 32;  // of V codes (D / 8 bytes)
-    constexpr int kThreads = W * 32;
     __shared__ float sm_m[W][kHeads], sm_l[W][kHeads];
     __shared__ float sm_acc[W][kHeads][D];
     pdl_launch_dependents();
@@ -100,22 +99,11 @@ __global__ void __launch_bounds__(W * 32, 2)
 
     int first, last;
     key_range(p, pos, ctx, first, last);
-    int kb = 0, ke = 0;
-    if (last >= first) {
-        const int b0 = first >> p.block_shift, b1 = (last >> p.block_shift) + 1;
-        const int per = (b1 - b0 + splits - 1) / splits;
-        kb = max(first, (b0 + split * per) << p.block_shift);
-        ke = min(last + 1, (b0 + (split + 1) * per) << p.block_shift);
-    }
+    const DecodeSlice slice{s, t, h0, ng, split, splits};
+    int kb, ke;
+    split_keys(p, first, last, split, splits, kb, ke);
     if (kb >= ke) {
-        if (splits == 1) {
-            for (int i = threadIdx.x; i < ng * D; i += kThreads)
-                p.out[t * row_stride + static_cast<int64_t>(h0) * D + i] = __float2bfloat16_rn(0.0f);
-        } else if (threadIdx.x < ng) {
-            const int64_t r = (static_cast<int64_t>(s) * p.num_heads + h0 + threadIdx.x) * splits + split;
-            ws_ml[2 * r] = -INFINITY;
-            ws_ml[2 * r + 1] = 0.0f;
-        }
+        write_empty_decode(p, slice, ws_ml);
         return;
     }
 
@@ -258,27 +246,7 @@ __global__ void __launch_bounds__(W * 32, 2)
     }
     __syncthreads();
 
-    // Merge the warps: thread -> (head hd, dim d).
-    for (int idx = threadIdx.x; idx < ng * D; idx += kThreads) {
-        const int hd = idx / D, d = idx - hd * D;
-        float mm = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < W; ++w) mm = fmaxf(mm, sm_m[w][hd]);
-        float ll = 0.0f, a = 0.0f;
-#pragma unroll
-        for (int w = 0; w < W; ++w) {
-            const float f = sm_m[w][hd] == -INFINITY ? 0.0f : exp2f(sm_m[w][hd] - mm);
-            ll += sm_l[w][hd] * f;
-            a += sm_acc[w][hd][d] * f;
-        }
-        if (splits == 1) {
-            p.out[t * row_stride + (h0 + hd) * D + d] = __float2bfloat16_rn(ll > 0.0f ? a / ll : 0.0f);
-        } else {
-            const int64_t r = (static_cast<int64_t>(s) * p.num_heads + h0 + hd) * splits + split;
-            ws_acc[r * D + d] = a;
-            if (d == 0) ws_ml[2 * r] = mm, ws_ml[2 * r + 1] = ll;
-        }
-    }
+    merge_decode_warps<W, kHeads, D>(p, slice, sm_m, sm_l, sm_acc, ws_ml, ws_acc);
 }
 
 template <int D, bool A16>

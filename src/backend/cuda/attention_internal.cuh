@@ -51,6 +51,68 @@ __device__ __forceinline__ int64_t cache_offset(const Params& p, const int32_t* 
     return (slot * p.num_kv_heads + kvh) * p.head_dim;
 }
 
+// What one decode CTA computes: sequence s's query token t, query heads [h0, h0 + ng), key split
+// `split` of `splits` (the split-combine partials' row of head h: (s * num_heads + h) * splits +
+// split).
+struct DecodeSlice {
+    int s, t, h0, ng, split, splits;
+};
+
+// The split's keys [kb, ke) of the key range [first, last]: an equal share of whole blocks.
+__device__ __forceinline__ void split_keys(const Params& p, int first, int last, int split, int splits, int& kb,
+                                           int& ke) {
+    kb = ke = 0;
+    if (last < first) return;
+    const int b0 = first >> p.block_shift, b1 = (last >> p.block_shift) + 1;
+    const int per = (b1 - b0 + splits - 1) / splits;
+    kb = max(first, (b0 + split * per) << p.block_shift);
+    ke = min(last + 1, (b0 + (split + 1) * per) << p.block_shift);
+}
+
+// A CTA (all threads) whose split holds no key: zeros when it is the output, else an empty
+// partial (m = -inf, l = 0; the combine never reads its acc).
+__device__ __forceinline__ void write_empty_decode(const Params& p, const DecodeSlice& c, float* ws_ml) {
+    const int D = p.head_dim;
+    if (c.splits == 1) {
+        const int64_t base = (static_cast<int64_t>(c.t) * p.num_heads + c.h0) * D;
+        for (int i = threadIdx.x; i < c.ng * D; i += blockDim.x) p.out[base + i] = __float2bfloat16_rn(0.0f);
+    } else if (static_cast<int>(threadIdx.x) < c.ng) {
+        const int64_t r = (static_cast<int64_t>(c.s) * p.num_heads + c.h0 + threadIdx.x) * c.splits + c.split;
+        ws_ml[2 * r] = -INFINITY;
+        ws_ml[2 * r + 1] = 0.0f;
+    }
+}
+
+// Merges the W warps' states (running max in log2 units, sum of exps, unnormalized acc of head
+// g, dim d; after a __syncthreads) and writes the output (splits == 1) or the split's partial.
+// All threads.
+template <int W, int GM, int D>
+__device__ __forceinline__ void merge_decode_warps(const Params& p, const DecodeSlice& c, const float (&sm_m)[W][GM],
+                                                   const float (&sm_l)[W][GM], const float (&sm_acc)[W][GM][D],
+                                                   float* ws_ml, float* ws_acc) {
+    for (int idx = threadIdx.x; idx < c.ng * D; idx += blockDim.x) {
+        const int g = idx / D, d = idx - g * D;
+        float mm = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < W; ++w) mm = fmaxf(mm, sm_m[w][g]);
+        float ll = 0.0f, a = 0.0f;
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+            const float f = sm_m[w][g] == -INFINITY ? 0.0f : exp2f(sm_m[w][g] - mm);
+            ll += sm_l[w][g] * f;
+            a += sm_acc[w][g][d] * f;
+        }
+        if (c.splits == 1) {
+            p.out[(static_cast<int64_t>(c.t) * p.num_heads + c.h0 + g) * D + d] =
+                __float2bfloat16_rn(ll > 0.0f ? a / ll : 0.0f);
+        } else {
+            const int64_t r = (static_cast<int64_t>(c.s) * p.num_heads + c.h0 + g) * c.splits + c.split;
+            ws_acc[r * D + d] = a;
+            if (d == 0) ws_ml[2 * r] = mm, ws_ml[2 * r + 1] = ll;
+        }
+    }
+}
+
 // The cache slot of key position `key` through the block table row `table` (FP8 readers).
 __device__ __forceinline__ int64_t cache_slot(const Params& p, const int32_t* table, int key) {
     const int64_t blk = __ldg(table + (key >> p.block_shift));
