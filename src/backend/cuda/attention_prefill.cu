@@ -14,10 +14,13 @@
 // not entirely inside every row's [first, last]; warps whose rows see none of a tile skip it.
 // Keys outside the union of the rows' ranges are zero-filled, never read from the cache.
 //
-// Dynamic shared memory: (BM + 4·BN)·D·2 bytes = 40 KB (D 64) / 80 KB (D 128).
+// Dynamic shared memory: (BM + 4·BN)·D·2 bytes = 40 KB (D 64) / 80 KB (D 128); F8 +8 / +16 KB.
 //
 // F8 (FP8 caches): K/V tiles are read as E4M3 codes and scales and stored to the same shared
-// tiles as bf16 (load_kv_tile_f8); the rest is the same kernel.
+// tiles as bf16; the codes come by cp.async into a staging area (2·BN·D bytes more) while the
+// previous tile is multiplied, and are converted after it (issue_kv_tile_f8 /
+// convert_kv_tile_f8), or on plain loads where a head's codes are not 16-byte aligned
+// (load_kv_tile_f8). The rest is the same kernel.
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -98,12 +101,18 @@ __global__ void __launch_bounds__(kThreads)
     __nv_bfloat16* sq = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [BM][D]
     __nv_bfloat16* sk = sq + BM * D;                                 // [2][BN][D]
     __nv_bfloat16* sv = sk + 2 * BN * D;                             // [2][BN][D]
+    uint8_t* st_k = reinterpret_cast<uint8_t*>(sv + 2 * BN * D);     // F8 staging: [BN][D] codes
+    uint8_t* st_v = st_k + BN * D;                                   // same
     __shared__ int red[kWarps][4];
     pdl_launch_dependents();
     pdl_wait();  // the tile list, q, the cache and the batch arrays come from earlier work
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int num_items = *num_tiles_ptr * p.num_heads;
+    // F8 with 16-byte aligned codes: tiles staged by cp.async and converted after the previous
+    // tile's products (issue_kv_tile_f8); otherwise converted on plain loads (load_kv_tile_f8).
+    const bool staged = F8 && p.g8.block_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(p.k8) % 16 == 0 &&
+                        reinterpret_cast<uintptr_t>(p.v8) % 16 == 0;
     const int64_t row_stride = static_cast<int64_t>(p.num_heads) * D;
 
     for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
@@ -164,15 +173,27 @@ __global__ void __launch_bounds__(kThreads)
                     cp_async16(q_sm + static_cast<uint32_t>(swz<D>(r, c) * 2), src, ok ? 16 : 0);
                 }
             }
-            load_kv(0, kt0);
-            cp_async_commit();
+            F8Stage<D, BN, kThreads> stage;
+            if (staged) {  // tile 0 converted now, tile 1's copies in flight during tile 0's products
+                issue_kv_tile_f8<D, BN, kThreads>(p, table, kvh, kmin, kmax, kt0, st_k, st_v, stage);
+                cp_async_commit();
+                cp_async_wait_all();
+                convert_kv_tile_f8<D, BN, kThreads>(st_k, st_v, stage, sk, sv);
+                if (ntiles > 1) {
+                    issue_kv_tile_f8<D, BN, kThreads>(p, table, kvh, kmin, kmax, kt0 + BN, st_k, st_v, stage);
+                    cp_async_commit();
+                }
+            } else {
+                load_kv(0, kt0);
+                cp_async_commit();
+            }
 
             uint32_t qf[KT][4];  // A fragments of this warp's 16 query rows
             for (int j = 0; j < ntiles; ++j) {
                 const int kt = kt0 + j * BN;
-                cp_async_wait_all();
+                if (!staged) cp_async_wait_all();
                 __syncthreads();  // tile j visible to all; everyone is done with buffer (j+1)&1
-                if (j + 1 < ntiles) {
+                if (!staged && j + 1 < ntiles) {
                     load_kv((j + 1) & 1, kt + BN);
                     cp_async_commit();
                 }
@@ -183,12 +204,21 @@ __global__ void __launch_bounds__(kThreads)
                         ldmatrix_x4(smem_addr(sq + swz<D>(r, c)), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
                     }
                 }
-                if (kt > warp_kmax || kt + BN - 1 < warp_kmin) continue;  // fully masked for this warp
-                const __nv_bfloat16* kb = sk + (j & 1) * BN * D;
-                const __nv_bfloat16* vb = sv + (j & 1) * BN * D;
-
-                const bool need_mask = kt < max_first || kt + BN - 1 > min_last;
-                flash_tile_step<D, BN>(qf, kb, vb, kt, need_mask, first, last, p.scale_log2, m, l, o);
+                if (kt <= warp_kmax && kt + BN - 1 >= warp_kmin) {  // else fully masked for this warp
+                    const __nv_bfloat16* kb = sk + (j & 1) * BN * D;
+                    const __nv_bfloat16* vb = sv + (j & 1) * BN * D;
+                    const bool need_mask = kt < max_first || kt + BN - 1 > min_last;
+                    flash_tile_step<D, BN>(qf, kb, vb, kt, need_mask, first, last, p.scale_log2, m, l, o);
+                }
+                if (staged && j + 1 < ntiles) {  // tile j + 1 into the other buffer, tile j + 2's copies out
+                    cp_async_wait_all();
+                    convert_kv_tile_f8<D, BN, kThreads>(st_k, st_v, stage, sk + ((j + 1) & 1) * BN * D,
+                                                        sv + ((j + 1) & 1) * BN * D);
+                    if (j + 2 < ntiles) {
+                        issue_kv_tile_f8<D, BN, kThreads>(p, table, kvh, kmin, kmax, kt + 2 * BN, st_k, st_v, stage);
+                        cp_async_commit();
+                    }
+                }
             }
         }
 
@@ -211,8 +241,9 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-constexpr size_t smem_bytes(int d) {
-    return static_cast<size_t>(BM + 4 * BN) * d * 2;
+// Q, two K and two V tiles (bf16), and for FP8 the staging of one K and one V tile's codes.
+constexpr size_t smem_bytes(int d, bool f8) {
+    return static_cast<size_t>(BM + 4 * BN) * d * 2 + (f8 ? static_cast<size_t>(2 * BN) * d : 0);
 }
 
 // Resident CTAs per SM of prefill_kernel<D, F8> (after raising its dynamic shared memory limit),
@@ -226,8 +257,9 @@ int prepare_kernel() {
     int v = slot.load(std::memory_order_relaxed);
     if (v > 0) return v;
     PG_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<D, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem_bytes(D))));
-    PG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, prefill_kernel<D, F8>, kThreads, smem_bytes(D)));
+                                       static_cast<int>(smem_bytes(D, F8))));
+    PG_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, prefill_kernel<D, F8>, kThreads, smem_bytes(D, F8)));
     v = std::max(v, 1);
     slot.store(v, std::memory_order_relaxed);
     return v;
@@ -241,8 +273,8 @@ void launch_pdf(const Params& p, int tile_bound, int2* tiles, int* num_tiles, in
     // A plain launch, not launch_pdl: this grid is persistent (per_sm CTAs on every SM, walking
     // the tile list), and launched early its CTAs land wherever slots are free, unevenly;
     // measured on an H100, prefill attention ran 20-30% slower that way (CudaAttentionPerf).
-    prefill_kernel<D, F8><<<grid, kThreads, smem_bytes(D), stream>>>(p, static_cast<const int2*>(tiles),
-                                                                     static_cast<const int*>(num_tiles));
+    prefill_kernel<D, F8><<<grid, kThreads, smem_bytes(D, F8), stream>>>(p, static_cast<const int2*>(tiles),
+                                                                         static_cast<const int*>(num_tiles));
     check_launch("prefill_attention");
 }
 

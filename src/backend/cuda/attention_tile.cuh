@@ -105,6 +105,70 @@ __device__ __forceinline__ void load_kv_tile_f8(const Params& p, const int32_t* 
     }
 }
 
+// The same FP8 tile in two phases, so that its global reads overlap the previous tile's
+// products: issue_kv_tile_f8 copies the codes with cp.async into a staging area ([BN][D] bytes for
+// K, the same for V) and loads the keys' scales into the thread's registers; once the copies
+// have landed (cp_async_wait), convert_kv_tile_f8 turns the same thread's chunks into the bf16
+// tiles (same values as load_kv_tile_f8). Each thread converts exactly the chunks it copied: no
+// barrier between the two. Needs every (slot, kv head)'s codes 16-byte aligned (block_bytes and
+// the cache pointers multiples of 16); keys outside [kmin, kmax] are zero-filled, never read.
+template <int D, int BN, int kThreads>
+struct F8Stage {
+    static constexpr int CPR = D / 16;             // 16-code chunks per row
+    static constexpr int N = BN * CPR / kThreads;  // chunks per thread and tensor
+    uint32_t ks[N], vs[N];                         // bf16 scale bits of the chunks' keys (0: zero-filled)
+};
+template <int D, int BN, int kThreads>
+__device__ __forceinline__ void issue_kv_tile_f8(const Params& p, const int32_t* table, int kvh, int kmin, int kmax,
+                                                 int kt, uint8_t* k_st, uint8_t* v_st, F8Stage<D, BN, kThreads>& st) {
+    using S = F8Stage<D, BN, kThreads>;
+#pragma unroll
+    for (int i = 0; i < S::N; ++i) {
+        const int idx = threadIdx.x + i * kThreads;
+        const int r = idx / S::CPR, c = idx % S::CPR;
+        const int key = kt + r;
+        const uint32_t dst = static_cast<uint32_t>(r * D + c * 16);
+        if (key >= kmin && key <= kmax) {
+            const int64_t slot = cache_slot(p, table, key);
+            const int64_t co = kvf8::code_offset(p.g8, slot, kvh) + c * 16, so = kvf8::scale_offset(p.g8, slot, kvh);
+            cp_async16(smem_addr(k_st) + dst, p.k8 + co, 16);
+            cp_async16(smem_addr(v_st) + dst, p.v8 + co, 16);
+            st.ks[i] = __ldg(reinterpret_cast<const unsigned short*>(p.k8 + so));
+            st.vs[i] = __ldg(reinterpret_cast<const unsigned short*>(p.v8 + so));
+        } else {
+            cp_async16(smem_addr(k_st) + dst, p.k8, 0);
+            cp_async16(smem_addr(v_st) + dst, p.v8, 0);
+            st.ks[i] = st.vs[i] = 0;
+        }
+    }
+}
+template <int D, int BN, int kThreads>
+__device__ __forceinline__ void convert_kv_tile_f8(const uint8_t* k_st, const uint8_t* v_st,
+                                                   const F8Stage<D, BN, kThreads>& st, __nv_bfloat16* k_sm,
+                                                   __nv_bfloat16* v_sm) {
+    using S = F8Stage<D, BN, kThreads>;
+    // 8 codes (2 words) times `scale` -> one 16-byte bf16 chunk of row r.
+    auto put = [](__nv_bfloat16* tile, int r, int chunk, uint32_t lo, uint32_t hi, float scale) {
+        float f[8];
+        kvf8::dequant8(make_uint2(lo, hi), scale, f);
+        *reinterpret_cast<uint4*>(tile + swz<D>(r, chunk)) = make_uint4(
+            pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]), pack_bf16x2(f[4], f[5]), pack_bf16x2(f[6], f[7]));
+    };
+#pragma unroll
+    for (int i = 0; i < S::N; ++i) {
+        const int idx = threadIdx.x + i * kThreads;
+        const int r = idx / S::CPR, c = idx % S::CPR;
+        const uint4 kw = *reinterpret_cast<const uint4*>(k_st + r * D + c * 16);
+        const uint4 vw = *reinterpret_cast<const uint4*>(v_st + r * D + c * 16);
+        const float ksc = kvf8::scale_value(static_cast<uint16_t>(st.ks[i]));
+        const float vsc = kvf8::scale_value(static_cast<uint16_t>(st.vs[i]));
+        put(k_sm, r, 2 * c, kw.x, kw.y, ksc);
+        put(k_sm, r, 2 * c + 1, kw.z, kw.w, ksc);
+        put(v_sm, r, 2 * c, vw.x, vw.y, vsc);
+        put(v_sm, r, 2 * c + 1, vw.z, vw.w, vsc);
+    }
+}
+
 // One tile step for this warp's rows (mma C layout: this lane holds rows lane/4 and lane/4 + 8,
 // i = 0 and 1): S = Q·Kᵀ in log2 units, keys outside [first[i], last[i]] masked when need_mask,
 // the online softmax update of m (running max, log2 units), l (sum of exps) and o (unnormalised
