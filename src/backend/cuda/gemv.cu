@@ -210,6 +210,75 @@ __device__ __forceinline__ void load_normed_chunk(const Args& a, int j, int c, f
     g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w, g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
 }
 
+// The 4-bit products (kU4) multiply on integers, as llama.cpp's decode products do: x is taken
+// in blocks of 32 (one chunk's span) quantized to int8, q = rint(x * 127 / amax), d = amax / 127,
+// s = d * sum(q) (all zero when amax is 0); a chunk's sum is then
+// scale * d * dot(codes, q) - min * s, with dot on dp4a (4 products an instruction). Words e[i]
+// hold q of elements 8i + {0, 2, 4, 6} (a byte each), o[i] of 8i + {1, 3, 5, 7}: the order of
+// the chunk's low and high nibbles. Both kernels quantize with the same steps (bitwise equal x).
+struct XBlock {
+    uint32_t e[4], o[4];
+    float d, s;
+};
+__device__ __forceinline__ XBlock quantize_x_block(const float (&x)[32]) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(x[i]));
+    XBlock b;
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        uint32_t e = 0, o = 0;
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            const int qe = __float2int_rn(x[8 * i + 2 * t] * id), qo = __float2int_rn(x[8 * i + 2 * t + 1] * id);
+            sum += qe + qo;
+            e |= (static_cast<uint32_t>(qe) & 0xffu) << (8 * t);
+            o |= (static_cast<uint32_t>(qo) & 0xffu) << (8 * t);
+        }
+        b.e[i] = e, b.o[i] = o;
+    }
+    b.d = amax / 127.0f;
+    b.s = b.d * static_cast<float>(sum);
+    return b;
+}
+// Token j's 32 values of x at chunk c (NORM: x * norm, adding x^2 to ss in element order).
+template <bool NORM>
+__device__ __forceinline__ void load_x_block(const Args& a, int j, int c, float (&x)[32], float& ss) {
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+        if constexpr (NORM) {
+            float v[8], g[8];
+            load_normed_chunk(a, j, 4 * c + p, v, g);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                ss = fmaf(v[e], v[e], ss);
+                x[8 * p + e] = v[e] * g[e];
+            }
+        } else {
+            float f[8];
+            unpack8(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) +
+                                                   static_cast<int64_t>(j) * a.k)[4 * c + p],
+                    f);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) x[8 * p + e] = f[e];
+        }
+    }
+}
+// A 4-bit chunk (32 codes, its (scale, min) pair) times a quantized x block.
+__device__ __forceinline__ float u4_dot(const QuantChunk& w, const XBlock& x) {
+    const uint32_t q[4] = {w.q.x, w.q.y, w.q.z, w.q.w};
+    int dot = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        dot = __dp4a(static_cast<int>(q[i] & 0x0F0F0F0Fu), static_cast<int>(x.e[i]), dot);
+        dot = __dp4a(static_cast<int>((q[i] >> 4) & 0x0F0F0F0Fu), static_cast<int>(x.o[i]), dot);
+    }
+    const float scale = f16_bits(w.f & 0xffffu), min = f16_bits(w.f >> 16);
+    return fmaf(scale * x.d, static_cast<float>(dot), -(min * x.s));
+}
+
 // One CTA per R output rows (silu: R == 2, rows i and m/2 + i). Each thread takes 16-byte
 // chunks c = threadIdx.x + 128 j of every row and keeps D chunks per row in flight (a group),
 // loading the next group while it multiplies the current one; the four warps' partial sums
@@ -270,6 +339,17 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
         for (int d = 0; d < D; ++d) {
             const int c = base + d * kThreads;
             if (c >= chunks) break;
+            if constexpr (W == kU4) {  // x quantized a block at a time (XBlock)
+#pragma unroll
+                for (int j = 0; j < N; ++j) {
+                    float xf[32];
+                    load_x_block<NORM>(a, j, c, xf, ss[j]);
+                    const XBlock xb = quantize_x_block(xf);
+#pragma unroll
+                    for (int r = 0; r < R; ++r) acc[r][j] += u4_dot(cur[d][r], xb);
+                }
+                continue;
+            }
 #pragma unroll
             for (int p = 0; p < P; ++p) {
                 const int x8 = c * P + p;  // the 8-element piece of x
@@ -400,22 +480,40 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
         }
     }
     pdl_wait();
-    // x into shared memory (NORM: with this thread's sums of x^2, in gemv_kernel's order).
+    // x into shared memory (NORM: with this thread's sums of x^2, in gemv_kernel's order). 4-bit
+    // codes: x quantized a 32-value block at a time, by the thread gemv_kernel has take the block
+    // (XBlock [N][k / 32]).
     float ss[N] = {};
-    for (int c = threadIdx.x; c < xchunks; c += kThreads) {
+    if constexpr (W == kU4) {
+        XBlock* xq = reinterpret_cast<XBlock*>(x_smem);
+        for (int c = threadIdx.x; c < chunks; c += kThreads) {
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-            if constexpr (NORM) {
-                float v[8], g[8];
-                load_normed_chunk(a, j, c, v, g);
+            for (int j = 0; j < N; ++j) {
+                float xf[32];
+                load_x_block<NORM>(a, j, c, xf, ss[j]);
+                xq[static_cast<int64_t>(j) * chunks + c] = quantize_x_block(xf);
+            }
+        }
+    }
+    // By weight chunk (P pieces each), as gemv_kernel's threads take them: the same x^2 order.
+    for (int wc = threadIdx.x; W != kU4 && wc < chunks; wc += kThreads) {
 #pragma unroll
-                for (int e = 0; e < 8; ++e) ss[j] = fmaf(v[e], v[e], ss[j]);
-                float4* xs = reinterpret_cast<float4*>(x_smem) + static_cast<int64_t>(j) * 2 * xchunks;
-                xs[c] = make_float4(v[0] * g[0], v[1] * g[1], v[2] * g[2], v[3] * g[3]);
-                xs[xchunks + c] = make_float4(v[4] * g[4], v[5] * g[5], v[6] * g[6], v[7] * g[7]);
-            } else {
-                x_smem[static_cast<int64_t>(j) * xchunks + c] =
-                    reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + static_cast<int64_t>(j) * k)[c];
+        for (int p = 0; p < P; ++p) {
+            const int c = wc * P + p;  // the 8-element piece of x
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                if constexpr (NORM) {
+                    float v[8], g[8];
+                    load_normed_chunk(a, j, c, v, g);
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) ss[j] = fmaf(v[e], v[e], ss[j]);
+                    float4* xs = reinterpret_cast<float4*>(x_smem) + static_cast<int64_t>(j) * 2 * xchunks;
+                    xs[c] = make_float4(v[0] * g[0], v[1] * g[1], v[2] * g[2], v[3] * g[3]);
+                    xs[xchunks + c] = make_float4(v[4] * g[4], v[5] * g[5], v[6] * g[6], v[7] * g[7]);
+                } else {
+                    x_smem[static_cast<int64_t>(j) * xchunks + c] = reinterpret_cast<const uint4*>(
+                        static_cast<const uint16_t*>(a.x) + static_cast<int64_t>(j) * k)[c];
+                }
             }
         }
     }
@@ -471,6 +569,15 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
         for (int d = 0; d < D; ++d) {
             const int c = threadIdx.x + (g * D + d) * kThreads;
             if (c >= chunks) break;
+            if constexpr (W == kU4) {
+#pragma unroll
+                for (int j = 0; j < N; ++j) {
+                    const XBlock xb = reinterpret_cast<const XBlock*>(x_smem)[static_cast<int64_t>(j) * chunks + c];
+#pragma unroll
+                    for (int r = 0; r < R; ++r) acc[r][j] += u4_dot(cur[d][r], xb);
+                }
+                continue;
+            }
 #pragma unroll
             for (int p = 0; p < P; ++p) {
                 const int x8 = c * P + p;  // the 8-element piece of x
@@ -573,7 +680,8 @@ int resident_ctas(size_t smem) {
 
 template <int N, int R, int D, int EPI, bool NORM, int W>
 void launch_persistent(const Args& a, cudaStream_t stream) {
-    const size_t smem = static_cast<size_t>(N) * a.k * (NORM ? 4 : 2);
+    const size_t smem =
+        W == kU4 ? static_cast<size_t>(N) * (a.k / 32) * sizeof(XBlock) : static_cast<size_t>(N) * a.k * (NORM ? 4 : 2);
     const int per_sm = resident_ctas<N, R, D, EPI, NORM, W>(smem);
     // Every CTA the same number of units, whole row blocks (the last CTA fewer): a CTA with one
     // more unit than the rest would set the kernel's end.

@@ -198,6 +198,22 @@ TEST(CudaGemv, FusedNormAndResidualAddMatchSeparateSteps) {
     }
 }
 
+// The 4-bit decode products' view of x (gemv.cu, XBlock): each block of 32 values as d * q with
+// d = amax / 127 and q = rint(x * (127 / amax)), the same float steps.
+std::vector<double> int8_blocks(const std::vector<float>& x) {
+    std::vector<double> out(x.size());
+    for (size_t b = 0; b < x.size(); b += 32) {
+        float amax = 0.0f;
+        for (size_t i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f, d = amax / 127.0f;
+        for (size_t i = b; i < b + 32; ++i) {
+            const float t = x[i] * id;
+            out[i] = static_cast<double>(d) * std::nearbyint(t);
+        }
+    }
+    return out;
+}
+
 // Every decode-product entry point (plain f32 / bf16 out, silu, norm, norm + silu, add) against
 // a double-precision reference on the same bf16 values. At n = 1 the add and (k >= 4096) normed
 // products take the persistent kernel: shapes with one, several or partial row blocks per CTA,
@@ -207,7 +223,8 @@ TEST(CudaGemv, FusedNormAndResidualAddMatchSeparateSteps) {
 // quantize_rows_e4m3 does) and the reference multiplies the decoded values.
 // With a GGUF type (gguf != F32) the weights are random blocks of that type repacked into its
 // device layout (core/gpu_quant.h), and the reference multiplies the layout's values
-// (gpu_layout_value); dequantize_weight must write those values rounded to bf16.
+// (gpu_layout_value) by x quantized as the 4-bit layout's products quantize it (int8_blocks);
+// dequantize_weight must write those values rounded to bf16.
 void check_every_entry_point(bool fp8, DType gguf = DType::F32) {
     using cuda_test::DeviceBuffer;
     std::mt19937 rng(17);
@@ -247,6 +264,13 @@ void check_every_entry_point(bool fp8, DType gguf = DType::F32) {
                         w[static_cast<size_t>(r) * k + c] = gpu_layout_value(layout, codes.data(), m, k, r, c);
             }
             const std::vector<float> res = cuda_test::random_floats(static_cast<size_t>(n) * m, rng);
+            // The x each product multiplies: as given, or for the 4-bit layout quantized to int8 in
+            // blocks of 32 as the kernels do (x4 / xg4: x, and xr * g before the rms factor).
+            std::vector<float> xg(static_cast<size_t>(n) * k);
+            for (size_t i = 0; i < xg.size(); ++i) xg[i] = xr[i] * g[i % k];
+            const bool u4 = layout == DType::GQ4_32;
+            const std::vector<double> x4 = u4 ? int8_blocks(x) : std::vector<double>(x.begin(), x.end());
+            const std::vector<double> xg4 = u4 ? int8_blocks(xg) : std::vector<double>(xg.begin(), xg.end());
             // Double references: plain[j][r] (x . w), normed[j][r] (rms_norm(xr) * g . w).
             std::vector<double> plain(static_cast<size_t>(n) * m), normed(static_cast<size_t>(n) * m);
             for (int j = 0; j < n; ++j) {
@@ -258,8 +282,8 @@ void check_every_entry_point(bool fp8, DType gguf = DType::F32) {
                     double p = 0, q = 0;
                     for (int c = 0; c < k; ++c) {
                         const double wv = w[static_cast<size_t>(r) * k + c];
-                        p += wv * x[static_cast<size_t>(j) * k + c];
-                        q += wv * xr[static_cast<size_t>(j) * k + c] * g[c] * inv;
+                        p += wv * x4[static_cast<size_t>(j) * k + c];
+                        q += wv * xg4[static_cast<size_t>(j) * k + c] * inv;
                     }
                     plain[static_cast<size_t>(j) * m + r] = p;
                     normed[static_cast<size_t>(j) * m + r] = q;
