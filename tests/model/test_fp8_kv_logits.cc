@@ -2,7 +2,10 @@
 // of the golden prompts (tests/data) agree in argmax and stay close in distribution.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <random>
 
 #include "support/golden_util.h"
 
@@ -69,6 +72,50 @@ TEST(Fp8KvLogits, StoriesGreedyContinuationIsTheF32Ones) {
     const std::vector<int> ref = m.greedy(prompt, 48);
     m.backend->set_kv_cache_dtype(DType::F8_E4M3);
     EXPECT_EQ(m.greedy(prompt, 48), ref);
+}
+
+// Issue #23's ">= 99% argmax agreement against bf16 KV", on the one trained model here: stories
+// sampled from the f32 model itself (temperature 1, 8 seeds, BOS + 255 tokens: the positions a
+// user's text would visit), teacher-forced through the f32 and the FP8 cache in chunks of 16.
+// Measured: 0.9536 (95 of 2,048 differ), mean KL 0.0119, not the issue's 99%: stories260K's
+// heads are 8 wide, so a score averages the E4M3 error (up to 2^-4 of each element) over 8
+// products only (KL grows with the square of that error; 64- and 128-wide heads average it over
+// 8-16x more). The bounds hold that level (a regression guard), the issue stays open on it.
+TEST(Fp8KvLogits, TrainedModelAgreesOnSampledStories) {
+    TestModel m(models_dir() + "/stories260K");
+    const int vocab = m.vocab(), len = 256;
+    size_t rows = 0, mismatches = 0;
+    double kl_sum = 0;
+    for (uint32_t seed = 1; seed <= 8; ++seed) {
+        m.backend->set_kv_cache_dtype(DType::F32);
+        std::mt19937 rng(seed);
+        std::vector<int32_t> ids = {1};
+        {
+            SequenceRunner runner(*m.model, *m.backend, len);
+            std::vector<float> logits;
+            runner.run(ids, false, logits);
+            while (static_cast<int>(ids.size()) < len) {
+                const float mx = *std::max_element(logits.begin(), logits.begin() + vocab);
+                std::vector<double> p(vocab);
+                for (int v = 0; v < vocab; ++v) p[v] = std::exp(static_cast<double>(logits[v] - mx));
+                const int next = std::discrete_distribution<int>(p.begin(), p.end())(rng);
+                ids.push_back(next);
+                if (static_cast<int>(ids.size()) < len) runner.run({next}, false, logits);
+            }
+        }
+        const std::vector<float> ref = m.all_logits(ids, 16);
+        m.backend->set_kv_cache_dtype(DType::F8_E4M3);
+        const std::vector<float> fp8 = m.all_logits(ids, 16);
+        const LogitStats s = compare_logits(ref, fp8, vocab);
+        rows += ids.size();
+        mismatches += s.argmax_mismatches;
+        kl_sum += s.mean_kl * static_cast<double>(ids.size());
+    }
+    const double agree = 1.0 - static_cast<double>(mismatches) / static_cast<double>(rows);
+    std::printf("stories260K, 8 sampled stories: %zu positions, argmax agreement %.4f (%zu differ), mean KL %.3g\n",
+                rows, agree, mismatches, kl_sum / static_cast<double>(rows));
+    EXPECT_GE(agree, 0.94);  // margin for other CPUs' kernels (the sampled tokens follow the f32 logits)
+    EXPECT_LE(kl_sum / static_cast<double>(rows), 0.02);
 }
 
 }  // namespace
