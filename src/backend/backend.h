@@ -56,6 +56,12 @@ class Backend : public DeviceServices {
     // Places an untied LM head (only ever multiplied, never gathered like the embedding): by
     // default as place_weight does; a backend may keep it in a product-only layout.
     virtual Tensor place_lm_head(const Tensor& host) { return place_weight(host, true); }
+    // Places the token embedding (gathered by embedding(); with tied_head also the LM head's
+    // product weight): by default as place_weight's matrices.
+    virtual Tensor place_embedding(const Tensor& host, bool tied_head) {
+        (void)tied_head;
+        return place_weight(host, true);
+    }
 
     // The blocks of one step, called between begin_step(batch) and the step's end with the
     // same `batch` (n = batch.num_tokens()). Caches: [num_blocks, block_size, num_kv_heads,

@@ -16,14 +16,13 @@ Tensor view(const Tensor& buf, int64_t rows, int64_t cols) {
 // Places the weights through the backend, which chooses each layer's layout (place_layer).
 // Layers [first, first + count) only: a pipeline stage places its own.
 ModelWeights place_weights(const ModelWeights& w, const ModelConfig& c, Backend& backend, int first, int count) {
-    auto matrix = [&](const Tensor& t) { return t.empty() ? t : backend.place_weight(t, true); };
     auto vec = [&](const Tensor& t) { return t.empty() ? t : backend.place_weight(t, false); };
     ModelWeights out;
-    out.embed = matrix(w.embed);
+    const bool tied = !w.lm_head.empty() && w.lm_head.data == w.embed.data;
+    out.embed = w.embed.empty() ? w.embed : backend.place_embedding(w.embed, tied);
     out.final_norm = vec(w.final_norm);
     // A tied head is the embedding's placement; an untied one may stay in a product-only layout.
-    out.lm_head =
-        w.lm_head.empty() || w.lm_head.data == w.embed.data ? matrix(w.lm_head) : backend.place_lm_head(w.lm_head);
+    out.lm_head = w.lm_head.empty() ? w.lm_head : tied ? out.embed : backend.place_lm_head(w.lm_head);
     for (int i = first; i < first + count; ++i) {
         LayerWeights host = w.layers[i];
         if (!c.qk_norm) host.q_norm = host.k_norm = Tensor();  // the blocks apply qk-norm where these are set

@@ -544,8 +544,12 @@ void CudaBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, 
     PG_CHECK(out.dtype == DType::F32);
     const int32_t* d_ids =
         (step_ && ids == step_->token_ids.data()) ? dbatch_.token_ids : device_ints(ids, n, scratch_ints_);
-    cuda::embedding(bf(table), d_ids, feed_, static_cast<int>(n), static_cast<int>(table.cols()), vocab_begin,
-                    static_cast<int>(table.rows()), out.ptr<float>(), stream_);
+    if (dtype_is_gpu_layout(table.dtype))
+        cuda::gguf_embedding(gguf_gemv_weight(table), d_ids, feed_, static_cast<int>(n), static_cast<int>(table.cols()),
+                             vocab_begin, static_cast<int>(table.rows()), out.ptr<float>(), stream_);
+    else
+        cuda::embedding(bf(table), d_ids, feed_, static_cast<int>(n), static_cast<int>(table.cols()), vocab_begin,
+                        static_cast<int>(table.rows()), out.ptr<float>(), stream_);
 }
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,

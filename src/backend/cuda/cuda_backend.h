@@ -60,6 +60,9 @@ class CudaBackend final : public Backend {
     Tensor place_weight(const Tensor& host, bool matrix) override;
     // A GGUF LM head stays quantized (place_layer_matrix); others as place_weight.
     Tensor place_lm_head(const Tensor& host) override { return place_layer_matrix({host}); }
+    // A GGUF embedding stays quantized too (gathered by gguf_embedding; the dequantize buffer
+    // grows for it only when it is also the head).
+    Tensor place_embedding(const Tensor& host, bool tied_head) override;
     void fill_random(const Tensor& t, uint64_t seed, float lo, float hi) override;
     void copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
     // Pinned (cudaHostAlloc), so the copies below run asynchronously.
@@ -183,7 +186,8 @@ class CudaBackend final : public Backend {
     // gguf_quantized on and not batch-invariant.
     bool keeps_gguf(const std::vector<Tensor>& parts) const;
     // One [sum of rows, k] device matrix of `parts` (keeps_gguf) in their device layout.
-    Tensor place_gguf(const std::vector<Tensor>& parts);
+    // product: the larger products will dequantize it (gguf_scratch_ is grown to its size).
+    Tensor place_gguf(const std::vector<Tensor>& parts, bool product = true);
     // A layer matrix: kept quantized where keeps_gguf allows, else place_weight / place_stacked.
     Tensor place_layer_matrix(const std::vector<Tensor>& parts);
     // out (+)= x . w^T for a GGUF-layout w: w dequantized into gguf_scratch_ (bf16), then cuBLASLt.

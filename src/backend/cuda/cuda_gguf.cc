@@ -32,7 +32,7 @@ bool CudaBackend::keeps_gguf(const std::vector<Tensor>& parts) const {
     return parts[0].cols() % 32 == 0;
 }
 
-Tensor CudaBackend::place_gguf(const std::vector<Tensor>& parts) {
+Tensor CudaBackend::place_gguf(const std::vector<Tensor>& parts, bool product) {
     const DType layout = gpu_layout_of(parts[0].dtype);
     const int64_t k = parts[0].cols();
     int64_t rows = 0;
@@ -61,7 +61,7 @@ Tensor CudaBackend::place_gguf(const std::vector<Tensor>& parts) {
         at += p.rows();
     }
     // Larger products dequantize into one bf16 buffer: big enough for the largest matrix.
-    if (gguf_scratch_.numel() < rows * k) {
+    if (product && gguf_scratch_.numel() < rows * k) {
         if (!gguf_scratch_.empty()) release(gguf_scratch_);
         gguf_scratch_ = allocate(DType::BF16, {rows * k});
     }
@@ -76,6 +76,12 @@ Tensor CudaBackend::place_layer_matrix(const std::vector<Tensor>& parts) {
         return placed_[parts[0].data] = place_gguf(parts);
     }
     return parts.size() == 1 ? place_weight(parts[0], true) : place_stacked(parts, true);
+}
+
+Tensor CudaBackend::place_embedding(const Tensor& host, bool tied_head) {
+    if (!keeps_gguf({host})) return place_weight(host, true);
+    if (auto it = placed_.find(host.data); it != placed_.end()) return it->second;
+    return placed_[host.data] = place_gguf({host}, tied_head);
 }
 
 void CudaBackend::gguf_matmul(const Tensor& x, const Tensor& w, const Tensor& out, float beta, const Tensor& tune) {

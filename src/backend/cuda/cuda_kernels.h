@@ -156,6 +156,10 @@ void gemv_add(const bf16_t* x, GemvWeight w, float* out, int n, int m, int k, cu
 // A GGUF-layout weight (kind kI8B32, kI8B16 or kU4) [m, k] written out as bf16 [m, k], for the
 // cuBLASLt products of larger batches.
 void dequantize_weight(GemvWeight w, bf16_t* out, int m, int k, cudaStream_t stream);
+// embedding() over a GGUF-layout table (w: [vocab_rows, hidden]): each row's layout values in f32
+// (dequantize_weight's before their bf16 rounding); ids and feed as embedding().
+void gguf_embedding(GemvWeight w, const int32_t* ids, const int32_t* feed, int n, int hidden, int vocab_begin,
+                    int vocab_rows, float* out, cudaStream_t stream);
 // FP8: q [rows, cols] e4m3 and scale [rows] f32 from x [rows, cols] bf16, one factor a row
 // (amax / 448; q = x * 448 / amax rounded to nearest even, saturating). cols a multiple of 8.
 void quantize_rows_e4m3(const bf16_t* x, uint8_t* q, float* scale, int64_t rows, int64_t cols, cudaStream_t stream);

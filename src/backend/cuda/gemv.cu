@@ -348,10 +348,9 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
 #pragma unroll
                     for (int r = 0; r < R; ++r) acc[r][j] += u4_dot(cur[d][r], xb);
                 }
-                continue;
             }
 #pragma unroll
-            for (int p = 0; p < P; ++p) {
+            for (int p = 0; W != kU4 && p < P; ++p) {
                 const int x8 = c * P + p;  // the 8-element piece of x
 #pragma unroll
                 for (int j = 0; j < N; ++j) {
@@ -576,10 +575,9 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
 #pragma unroll
                     for (int r = 0; r < R; ++r) acc[r][j] += u4_dot(cur[d][r], xb);
                 }
-                continue;
             }
 #pragma unroll
-            for (int p = 0; p < P; ++p) {
+            for (int p = 0; W != kU4 && p < P; ++p) {
                 const int x8 = c * P + p;  // the 8-element piece of x
 #pragma unroll
                 for (int j = 0; j < N; ++j) {
@@ -932,7 +930,49 @@ __global__ void dequantize_kernel(const Args a, bf16_t* out) {
         reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * a.k)[c * P + p] = v;
     }
 }
+
+// One CTA per token: row ids[i] (or the feed's draw) of a GGUF-layout table in f32, zeros for an
+// id outside [vocab_begin, vocab_begin + m).
+template <int W>
+__global__ void gguf_embedding_kernel(const Args a, const int32_t* __restrict__ ids, const int32_t* feed,
+                                      int vocab_begin, float* __restrict__ out) {
+    using WC = WeightChunk<W>;
+    constexpr int P = WC::kPieces;
+    pdl_launch_dependents();
+    pdl_wait();
+    const int64_t row = blockIdx.x;
+    int32_t id = ids[row];
+    if (id < 0 && feed) id = feed[-1 - id];  // written by the previous step's sampler
+    id = id >= vocab_begin && id - vocab_begin < a.m ? id - vocab_begin : -1;
+    float4* dst = reinterpret_cast<float4*>(out + row * a.k);
+    for (int c = threadIdx.x; c < a.k / (8 * P); c += blockDim.x) {
+        const auto chunk = id >= 0 ? WC::load(a, id, c) : typename WC::Chunk{};
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            float f[8] = {};
+            if (id >= 0) WC::unpack(chunk, p, f);
+            dst[2 * (c * P + p)] = make_float4(f[0], f[1], f[2], f[3]);
+            dst[2 * (c * P + p) + 1] = make_float4(f[4], f[5], f[6], f[7]);
+        }
+    }
+}
 }  // namespace
+
+void gguf_embedding(GemvWeight w, const int32_t* ids, const int32_t* feed, int n, int hidden, int vocab_begin,
+                    int vocab_rows, float* out, cudaStream_t stream) {
+    if (n <= 0) return;
+    if (w.kind <= GemvWeight::kF8 || w.factors == nullptr || hidden % w.k_multiple() != 0)
+        fail("gguf_embedding: not a GGUF-layout table, or hidden ", hidden, " not a multiple of its chunk");
+    const Args a = make_args(nullptr, nullptr, 0.0f, w, out, true, vocab_rows, hidden);
+    const dim3 grid(static_cast<unsigned>(n));
+    if (w.kind == GemvWeight::kI8B32)
+        launch_pdl(gguf_embedding_kernel<kI8B32>, grid, dim3(128), 0, stream, a, ids, feed, vocab_begin, out);
+    else if (w.kind == GemvWeight::kI8B16)
+        launch_pdl(gguf_embedding_kernel<kI8B16>, grid, dim3(128), 0, stream, a, ids, feed, vocab_begin, out);
+    else
+        launch_pdl(gguf_embedding_kernel<kU4>, grid, dim3(128), 0, stream, a, ids, feed, vocab_begin, out);
+    check_launch("gguf_embedding");
+}
 
 void dequantize_weight(GemvWeight w, bf16_t* out, int m, int k, cudaStream_t stream) {
     if (m <= 0) return;

@@ -417,6 +417,44 @@ TEST(CudaGemv, GgufLayoutsEveryEntryPointMatchesReference) {
     cuda::set_gguf_gemv_persistent(-1);
 }
 
+// gguf_embedding: each token's row of a GGUF-layout table in f32 is the layout's values
+// (gpu_layout_value), ids outside [vocab_begin, vocab_begin + rows) give zeros, and a negative id
+// -1 - j takes the feed's draw j.
+TEST(CudaGemv, GgufEmbeddingGathersTheLayoutValues) {
+    PG_SKIP_WITHOUT_CUDA();
+    using cuda_test::DeviceBuffer;
+    std::mt19937 rng(23);
+    const int rows = 300, k = 512, vocab_begin = 100;
+    for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
+        const DType layout = gpu_layout_of(t);
+        const std::vector<uint8_t> blocks = cuda_test::random_gguf_blocks(t, rows, k, rng);
+        const Tensor src(const_cast<uint8_t*>(blocks.data()), t, {rows, k});
+        const size_t cb = gpu_code_bytes(layout, k), fb = gpu_factor_bytes(layout, k);
+        std::vector<uint8_t> codes(static_cast<size_t>(rows) * (cb + fb));
+        repack_rows(src, 0, rows, codes.data(), codes.data() + static_cast<size_t>(rows) * cb);
+        DeviceBuffer<uint8_t> dcodes(codes);
+        const cuda::GemvWeight w = gguf_gemv_weight(Tensor(dcodes.get(), layout, {rows, k}, Device::CUDA));
+        const std::vector<int32_t> ids = {100, 399, 250, 99, 400, -1, -2, 5000, 101};
+        const std::vector<int32_t> feed = {117, 350};
+        DeviceBuffer<int32_t> dids(ids), dfeed(feed);
+        DeviceBuffer<float> out(ids.size() * k);
+        out.fill_bytes(0xff);
+        cuda::gguf_embedding(w, dids.get(), dfeed.get(), static_cast<int>(ids.size()), k, vocab_begin, rows, out.get(),
+                             nullptr);
+        const std::vector<float> got = out.download();
+        for (size_t i = 0; i < ids.size(); ++i) {
+            const int32_t id = ids[i] < 0 ? feed[-1 - ids[i]] : ids[i];
+            const bool in = id >= vocab_begin && id < vocab_begin + rows;
+            int bad = 0;
+            for (int c = 0; c < k; ++c) {
+                const float want = in ? gpu_layout_value(layout, codes.data(), rows, k, id - vocab_begin, c) : 0.0f;
+                bad += got[i * k + c] != want;
+            }
+            EXPECT_EQ(bad, 0) << dtype_name(t) << " token " << i << " (id " << ids[i] << ")";
+        }
+    }
+}
+
 // Times b.matmul(x, w) over the rotating weight copies `ws` at every rows x depth config (0x0:
 // the default), printing us a call and TB/s of `bytes` a weight; leaves the default config.
 void time_configs(CudaBackend& b, const Tensor& x, const std::vector<Tensor>& ws, const Tensor& out, size_t bytes) {
