@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
+#include <string>
 
 #include "core/error.h"
 #include "engine/pooling.h"
@@ -283,6 +285,16 @@ bool EngineCore::can_overlap(const Launch& l) const {
     if (!config_.async_scheduling || !l.on_device || l.rows.empty() ||
         static_cast<int>(l.rows.size()) > executor_.max_fed_draws())
         return false;
+    // While requests wait, a step queued now would leave them out: they would join only the
+    // step after it, a whole step later (H100, 1B, 256 clients: ~33 ms steps while a wave of
+    // prompts is admitted). So the next step is scheduled once this one's tokens are back, with
+    // the arrivals in it; decode-only stretches keep the overlap. PEREGRINE_OVERLAP_WAITING=1
+    // queues ahead regardless (for comparisons).
+    static const bool overlap_waiting = [] {
+        const char* e = std::getenv("PEREGRINE_OVERLAP_WAITING");
+        return e != nullptr && std::string(e) == "1";
+    }();
+    if (scheduler_.num_waiting() > 0 && !overlap_waiting) return false;
     // A step with embedding sequences reads its hidden states back right after it runs (launch),
     // before another step may overwrite them: such steps are never queued ahead. Nor those
     // computing prompt rows whose logits the host reads for prompt logprobs.
