@@ -152,14 +152,15 @@ void EngineCore::check_request(const Request& request, bool has_text) const {
     if (!errors.empty()) fail(errors.front().message);
 }
 
-void EngineCore::add_request(Request request, std::shared_ptr<const grammar::TokenizedGrammar> grammar) {
+void EngineCore::add_request(Request request, std::shared_ptr<const grammar::TokenizedGrammar> grammar,
+                             Clock::time_point arrived) {
     check_request(request);
     PG_CHECK(!grammar == (request.sampling.structured.kind == StructuredOutput::Kind::None),
              "a structured-output request needs its compiled grammar");
     if (requests_.count(request.id)) fail("a request with id '", request.id, "' is already running");
     auto r = std::make_unique<RequestState>();
     r->req = std::move(request);
-    r->arrived = Clock::now();
+    r->arrived = arrived;
     const SamplingParams& p = r->req.sampling;
     if (p.seed)
         r->base_seed = *p.seed;

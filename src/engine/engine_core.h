@@ -57,7 +57,10 @@ class EngineCore {
     void check_request(const Request& request, bool has_text = true) const;
     // Checks (as above, plus a duplicate id) and queues.
     // `grammar`: the compiled structured output of request.sampling.structured (null: none).
-    void add_request(Request request, std::shared_ptr<const grammar::TokenizedGrammar> grammar = nullptr);
+    // `arrived`: when the request reached the engine (EngineLoop::submit), the start of its queue
+    // time and TTFT in the timings; default now.
+    void add_request(Request request, std::shared_ptr<const grammar::TokenizedGrammar> grammar = nullptr,
+                     std::chrono::steady_clock::time_point arrived = std::chrono::steady_clock::now());
     // Ends every unfinished choice of the request now (finish reason "abort"), freeing its
     // blocks; the outputs come with the next `step()`. Unknown ids are ignored.
     void abort_request(const std::string& id);

@@ -49,7 +49,7 @@ std::shared_ptr<RequestStream> EngineLoop::submit(Request request) {
         if (inbox_->stop) fail("the engine is shutting down");
         if (!inbox_->live.emplace(request.id, stream).second)
             fail("a request with id '", request.id, "' is already running");
-        inbox_->incoming.push_back({std::move(request), stream, std::move(grammar)});
+        inbox_->incoming.push_back({std::move(request), stream, std::move(grammar), std::chrono::steady_clock::now()});
     }
     inbox_->cv.notify_all();
     return stream;
@@ -96,10 +96,10 @@ void EngineLoop::loop() {
             stops.swap(in.stops);
             stopping = in.stop;
         }
-        for (auto& [req, stream, grammar] : incoming) {
+        for (auto& [req, stream, grammar, submitted] : incoming) {
             const std::string id = req.id;
             try {
-                core_.add_request(std::move(req), std::move(grammar));
+                core_.add_request(std::move(req), std::move(grammar), submitted);
                 streams[id] = stream;
             } catch (const Error& e) {  // checked at submit; only a race could get here
                 RequestOutput out;

@@ -4,6 +4,7 @@
 // (output_processor.h).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -29,6 +30,9 @@ struct EngineInbox {
         Request request;
         std::shared_ptr<RequestStream> stream;
         std::shared_ptr<const grammar::TokenizedGrammar> grammar;  // structured output, compiled
+        // When submit() took it: the engine thread may be inside a step for a while before it
+        // looks at the inbox, and that wait is queue time too.
+        std::chrono::steady_clock::time_point submitted;
     };
     std::vector<Incoming> incoming;
     std::vector<std::string> aborts;
