@@ -714,9 +714,12 @@ void CudaBackend::fp8_matmul(const Tensor& x, const Tensor& w, const Tensor& out
 }
 
 bool CudaBackend::lt_matmul(const void* w, const void* x, bool fp8, int64_t n, int64_t m, int64_t k, void* out,
-                            DType out_dtype, float beta, void* tune, const float* w_scale, const float* x_scale) {
+                            DType out_dtype, float beta, void* tune, const float* w_scale, const float* x_scale,
+                            int64_t ldd) {
     const bool outer = w_scale != nullptr;
-    const auto key = std::make_tuple(n, m, k, static_cast<int>(out_dtype) | (fp8 ? 0x100 : 0) | (outer ? 0x200 : 0));
+    if (ldd == 0) ldd = m;
+    const auto key =
+        std::make_tuple(n, m, k, static_cast<int>(out_dtype) | (fp8 ? 0x100 : 0) | (outer ? 0x200 : 0), ldd);
     // Outer-vector factors: D[i, j] *= w_scale[i] * x_scale[j]. The heuristic wants the pointers
     // set (it found nothing without them); they change with every weight, so every call sets them.
     auto set_factors = [&](cublasLtMatmulDesc_t desc) {
@@ -747,7 +750,7 @@ bool CudaBackend::lt_matmul(const void* w, const void* x, bool fp8, int64_t n, i
         const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
         PG_LT_CHECK(cublasLtMatrixLayoutCreate(&g->a, in_type, k, m, k));
         PG_LT_CHECK(cublasLtMatrixLayoutCreate(&g->b, in_type, k, n, k));
-        PG_LT_CHECK(cublasLtMatrixLayoutCreate(&g->d, cuda_type(out_dtype), m, n, m));
+        PG_LT_CHECK(cublasLtMatrixLayoutCreate(&g->d, cuda_type(out_dtype), m, n, ldd));
         cublasLtMatmulPreference_t pref = nullptr;
         PG_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         PG_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,

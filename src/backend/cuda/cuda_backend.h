@@ -36,6 +36,10 @@ struct CudaOptions {
     // GGUF layer matrices of type Q8_0, Q4_0, Q4_K and Q6_K stay quantized on the device, repacked
     // into the layouts of core/gpu_quant.h (false, or batch-invariant mode: bf16 as before).
     bool gguf_quantized = true;
+    // The bf16 buffer larger GGUF products dequantize into, at most this many elements (256 MiB):
+    // a matrix larger than it (the 8B's 128k-row head: 1 GiB as bf16) is multiplied in row
+    // chunks that fit, so the KV pool keeps the difference.
+    int64_t gguf_scratch_elements = int64_t{128} << 20;
 };
 
 // Whether a CUDA device is present (never throws).
@@ -163,6 +167,8 @@ class CudaBackend final : public Backend {
     void set_token_feed(const int32_t* feed, int rows);
     // Bytes of device memory this backend allocated for weights.
     size_t weight_bytes() const override { return weight_bytes_; }
+    // Elements of the bf16 buffer the larger GGUF products dequantize into (0: none).
+    int64_t gguf_scratch_elements() const { return gguf_scratch_.numel(); }
     std::unique_ptr<DeviceSampler> make_sampler(int max_rows, int vocab) override;
     int num_graphs() const { return static_cast<int>(graphs_.size()); }
 
@@ -186,7 +192,8 @@ class CudaBackend final : public Backend {
     // gguf_quantized on and not batch-invariant.
     bool keeps_gguf(const std::vector<Tensor>& parts) const;
     // One [sum of rows, k] device matrix of `parts` (keeps_gguf) in their device layout.
-    // product: the larger products will dequantize it (gguf_scratch_ is grown to its size).
+    // product: the larger products will dequantize it (gguf_scratch_ is grown to its size, up to
+    // options_.gguf_scratch_elements).
     Tensor place_gguf(const std::vector<Tensor>& parts, bool product = true);
     // A layer matrix: kept quantized where keeps_gguf allows, else place_weight / place_stacked.
     Tensor place_layer_matrix(const std::vector<Tensor>& parts);
@@ -208,8 +215,11 @@ class CudaBackend final : public Backend {
     // (fp8) e4m3 operands; `tune` receives the candidates' outputs while a new plan is timed. With
     // w_scale / x_scale ([m] / [n] f32): D[i, j] *= w_scale[i] * x_scale[j]; returns false when
     // cuBLASLt has no algorithm for that (otherwise true, or it fails).
+    // ldd: elements between D's rows (out[j] starts at j * ldd; 0: m), for products that fill a
+    // column band [.., m) of a wider out.
     bool lt_matmul(const void* w, const void* x, bool fp8, int64_t n, int64_t m, int64_t k, void* out, DType out_dtype,
-                   float beta, void* tune, const float* w_scale = nullptr, const float* x_scale = nullptr);
+                   float beta, void* tune, const float* w_scale = nullptr, const float* x_scale = nullptr,
+                   int64_t ldd = 0);
     void ensure_meta(int tokens, int seqs, int stride);
     void allocate_weight(Tensor& t);  // device memory for a placed weight, owned until destruction
     // The same for an f8_e4m3 weight [rows, cols] and its [rows] factors (Tensor::scale).
@@ -252,7 +262,8 @@ class CudaBackend final : public Backend {
     void* lt_ = nullptr;  // cublasLtHandle_t
     void* lt_workspace_ = nullptr;
     size_t lt_workspace_bytes_ = 0;
-    std::map<std::tuple<int64_t, int64_t, int64_t, int>, std::unique_ptr<Gemm>> gemms_;
+    // cuBLASLt plans by (n, m, k, out dtype | fp8 | outer-vector flags, ldd).
+    std::map<std::tuple<int64_t, int64_t, int64_t, int, int64_t>, std::unique_ptr<Gemm>> gemms_;
 
     // Weights placed on the device, by host address (tied embeddings are placed once).
     std::unordered_map<const void*, Tensor> placed_;

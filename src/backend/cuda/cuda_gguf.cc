@@ -14,13 +14,16 @@
 
 namespace peregrine {
 
-cuda::GemvWeight gguf_gemv_weight(const Tensor& w) {
+cuda::GemvWeight gguf_gemv_weight(const Tensor& w, int64_t first_row) {
     PG_CHECK(dtype_is_gpu_layout(w.dtype) && w.ndim == 2, "not a GGUF device-layout matrix: ", w.shape_str());
+    PG_CHECK(first_row >= 0 && first_row <= w.rows(), "row ", first_row, " of ", w.shape_str());
     const auto kind = w.dtype == DType::GQ8_32   ? cuda::GemvWeight::kI8B32
                       : w.dtype == DType::GQ8_16 ? cuda::GemvWeight::kI8B16
                                                  : cuda::GemvWeight::kU4;
+    const size_t code_bytes = gpu_code_bytes(w.dtype, w.cols()), factor_bytes = gpu_factor_bytes(w.dtype, w.cols());
     const char* codes = w.ptr<char>();
-    return cuda::GemvWeight(kind, codes, codes + w.rows() * gpu_code_bytes(w.dtype, w.cols()));
+    return cuda::GemvWeight(kind, codes + first_row * code_bytes,
+                            codes + w.rows() * code_bytes + first_row * factor_bytes);
 }
 
 bool CudaBackend::keeps_gguf(const std::vector<Tensor>& parts) const {
@@ -60,10 +63,12 @@ Tensor CudaBackend::place_gguf(const std::vector<Tensor>& parts, bool product) {
         }
         at += p.rows();
     }
-    // Larger products dequantize into one bf16 buffer: big enough for the largest matrix.
-    if (product && gguf_scratch_.numel() < rows * k) {
+    // Larger products dequantize into one bf16 buffer: the matrix, or whole row chunks of it
+    // (gguf_matmul) where it is larger than the cap.
+    const int64_t want = std::min(rows * k, std::max(k, options_.gguf_scratch_elements / k * k));
+    if (product && gguf_scratch_.numel() < want) {
         if (!gguf_scratch_.empty()) release(gguf_scratch_);
-        gguf_scratch_ = allocate(DType::BF16, {rows * k});
+        gguf_scratch_ = allocate(DType::BF16, {want});
     }
     return dev;
 }
@@ -86,10 +91,19 @@ Tensor CudaBackend::place_embedding(const Tensor& host, bool tied_head) {
 
 void CudaBackend::gguf_matmul(const Tensor& x, const Tensor& w, const Tensor& out, float beta, const Tensor& tune) {
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
-    PG_CHECK(gguf_scratch_.numel() >= m * k, "GGUF product ", w.shape_str(), " larger than its dequantize buffer");
-    cuda::dequantize_weight(gguf_gemv_weight(w), gguf_scratch_.ptr<cuda::bf16_t>(), static_cast<int>(m),
-                            static_cast<int>(k), stream_);
-    lt_matmul(gguf_scratch_.data, x.data, false, n, m, k, out.data, out.dtype, beta, tune.data);
+    // Rows a pass: all of them, or as many whole rows as the buffer holds (a multiple of 128,
+    // keeping cuBLASLt's tiles whole), each pass filling its column band of out (ld m).
+    int64_t per = gguf_scratch_.numel() / k;
+    if (per < m) per = std::max<int64_t>(per / 128 * 128, std::min<int64_t>(per, 1));
+    PG_CHECK(per > 0, "GGUF product ", w.shape_str(), " larger than its dequantize buffer");
+    const size_t elem = dtype_row_bytes(out.dtype, 1);
+    for (int64_t r0 = 0; r0 < m; r0 += per) {
+        const int64_t rows = std::min(per, m - r0);
+        cuda::dequantize_weight(gguf_gemv_weight(w, r0), gguf_scratch_.ptr<cuda::bf16_t>(), static_cast<int>(rows),
+                                static_cast<int>(k), stream_);
+        lt_matmul(gguf_scratch_.data, x.data, false, n, rows, k, static_cast<char*>(out.data) + r0 * elem, out.dtype,
+                  beta, static_cast<char*>(tune.data) + r0 * elem, nullptr, nullptr, m);
+    }
 }
 
 }  // namespace peregrine

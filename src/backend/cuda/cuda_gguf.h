@@ -8,6 +8,7 @@
 namespace peregrine {
 
 // A placed device-layout matrix [m, k] as a decode product's weight: its codes, then its factors.
-cuda::GemvWeight gguf_gemv_weight(const Tensor& w);
+// first_row: the weight of rows [first_row, rows) (the same codes and factors, offset).
+cuda::GemvWeight gguf_gemv_weight(const Tensor& w, int64_t first_row = 0);
 
 }  // namespace peregrine

@@ -120,6 +120,32 @@ TEST(GpuGolden, FixturesWithinBf16Tolerance) {
     EXPECT_GE(agree, 0.99);
 }
 
+// A dequantize buffer smaller than the largest GGUF matrix: larger products run in row chunks
+// (each filling its column band of the output); the logits of every quant-tiny prompt stay those
+// of the whole-matrix products (same values a pass, cuBLASLt may sum in another order).
+TEST(GpuGolden, GgufProductsInRowChunks) {
+    SKIP_WITHOUT_GPU();
+    for (const char* t : {"q8_0", "q6_k", "q4_k", "q4_0"}) {
+        SCOPED_TRACE(t);
+        const std::string base = data_dir() + "/quant-tiny/qt-" + t;
+        const std::vector<int32_t> prompt =
+            read_json_file(base + ".golden.json")["prompt_ids"].get<std::vector<int32_t>>();
+        GpuModel whole(base + ".gguf");
+        CudaOptions o;
+        o.gguf_scratch_elements = 200 * 256;
+        TestModel chunked(base + ".gguf", std::make_unique<CudaBackend>(o));
+        const int64_t k = chunked.loaded->config.hidden_size;
+        const int64_t head = static_cast<int64_t>(chunked.vocab()) * k;
+        ASSERT_LT(static_cast<CudaBackend&>(*chunked.backend).gguf_scratch_elements(), head)
+            << "the buffer holds the head: nothing would be chunked";
+        const std::vector<float> a = whole.all_logits(prompt), b = chunked.all_logits(prompt);
+        const LogitStats s = compare_logits(a, b, whole.vocab());
+        std::printf("gguf %s in row chunks: mean KL %.3g, max |dlogit| %.3g\n", t, s.mean_kl, s.max_abs_diff);
+        EXPECT_EQ(s.argmax_mismatches, 0u);
+        EXPECT_LE(s.max_abs_diff, 1e-2);
+    }
+}
+
 TEST(GpuModel, StoriesGreedyMatchesTransformers) {
     SKIP_WITHOUT_GPU();
     for (bool graphs : {true, false}) {
