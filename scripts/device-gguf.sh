@@ -11,7 +11,7 @@
 #          steps) of each GGUF kept quantized and with --dequantize-gguf, same call
 # BUNDLE_DIR holds bundle.tar.xz (scripts/pack-device.sh) and llamacpp-src.tar.xz (a `git
 # archive` of llama.cpp). One line per result; logs come back as $OUT/gguf-logs.tar.xz.
-# usage: scripts/device-gguf.sh BUNDLE_DIR [STEPS]   (default "prep tests bench"; SHAPES="llama3.1-8b
+# usage: scripts/device-gguf.sh BUNDLE_DIR [STEPS]   (default "prep tests bench"; LLAMACPP=0: no peer; SHAPES="llama3.1-8b
 #        llama3.2-1b", TYPES="q4_k_m q8_0")
 set -uo pipefail
 dir=$1
@@ -29,7 +29,7 @@ types=${TYPES:-"q4_k_m q8_0"}
 
 if [[ $steps == *prep* && ! -f /tmp/lcg/started ]]; then
     mkdir -p /tmp/lcg /tmp/tok && touch /tmp/lcg/started
-    start_llamacpp_build "$dir/llamacpp-src.tar.xz" /tmp/lcg
+    [[ ${LLAMACPP:-1} == 1 ]] && start_llamacpp_build "$dir/llamacpp-src.tar.xz" /tmp/lcg
     tar -C /tmp/tok -xJf tests/data/tokenizers.tar.xz tokenizers/llama3
     cat > /tmp/lcg/gguf.sh <<EOS
 cd $PWD
@@ -65,7 +65,8 @@ if [[ $steps == *bench* ]]; then
         grep -iE "weights|error" $logs/pg-$s-$t-$g.log | head -3
     done; done; done
     # DEADLINE (seconds since the start, default 570): stop waiting for the peer's build there.
-    while [[ ! -f /tmp/lcg/rc ]] && (( $(date +%s) - t_start < ${DEADLINE:-570} )); do sleep 5; done
+    # LLAMACPP=0: no peer build or run (ours only, e.g. a second call on the same day).
+    while [[ ${LLAMACPP:-1} == 1 && ! -f /tmp/lcg/rc ]] && (( $(date +%s) - t_start < ${DEADLINE:-570} )); do sleep 5; done
     stamp "llama.cpp build rc $(cat /tmp/lcg/rc 2>/dev/null || echo 'not done'; tail -1 /tmp/lcg/build.log)"
     lb=/tmp/lcg/llama.cpp/build/bin/llama-bench
     [[ -x $lb ]] && for s in $shapes; do for t in $types; do
