@@ -37,6 +37,8 @@ Info info(DType t) {
             return {"gq8_16", 16, 18};
         case DType::GQ4_32:  // 16 code bytes + f16 (scale, min)
             return {"gq4_32", 32, 20};
+        case DType::GQ6_32:  // 16 low-nibble bytes + 8 high-bit bytes + 2 f16 scales
+            return {"gq6_32", 32, 28};
     }
     PG_CHECK(false, "unknown dtype ", static_cast<int>(t));
 }
@@ -56,7 +58,7 @@ bool dtype_is_quantized(DType t) {
 }
 
 bool dtype_is_gpu_layout(DType t) {
-    return t == DType::GQ8_32 || t == DType::GQ8_16 || t == DType::GQ4_32;
+    return t == DType::GQ8_32 || t == DType::GQ8_16 || t == DType::GQ4_32 || t == DType::GQ6_32;
 }
 
 size_t dtype_row_bytes(DType t, int64_t n) {

@@ -26,6 +26,13 @@ enum class DType : uint8_t {
     GQ8_16,  // from Q6_K: int8 code c = q6 - 32 in [-32, 31], f16 scale s per 16 elements; x = c * s
     GQ4_32,  // from Q4_0 / Q4_K: 4-bit code q in [0, 15] (byte i: element 2i in the low nibble,
              // 2i + 1 in the high), f16 pair (scale, min) per 32 elements; x = q * scale - min
+    // From Q6_K, 7 bits a value (GQ8_16: 9): the 6-bit q's low nibbles as GQ4_32's 16 bytes a
+    // chunk of 32, its high 2 bits in 8 bytes a chunk, an f16 scale s per 16; x = (q - 32) * s.
+    // A row's codes: its k / 2 low-nibble bytes, then its k / 4 high-bit bytes. High bits of
+    // element 16h + 8i + 2b + o (i, o in {0, 1}, b in 0..3) of a chunk: bits 8b + 4i + 2o, +1 of
+    // its 32-bit word h (little-endian), so the decode kernel assembles 4 codes with a shift and
+    // a mask. Chosen by PEREGRINE_Q6K_LAYOUT=6bit on CUDA (not measured yet).
+    GQ6_32,
     // A whole [rows, k] matrix in a GQ layout is one allocation of rows * dtype_row_bytes(t, k)
     // bytes: first the codes of every row ([rows, k * bits / 8] bytes, row-major: row r's codes
     // at r * k * bits / 8), then the factors of every row ([rows, k / block] f16, or f16 pairs
@@ -39,7 +46,7 @@ std::string_view dtype_name(DType t);
 int64_t dtype_block_size(DType t);
 int64_t dtype_block_bytes(DType t);
 bool dtype_is_quantized(DType t);   // true for GGUF block types and the GQ device layouts
-bool dtype_is_gpu_layout(DType t);  // GQ8_32, GQ8_16, GQ4_32: not a GGUF file type
+bool dtype_is_gpu_layout(DType t);  // GQ8_32, GQ8_16, GQ4_32, GQ6_32: not a GGUF file type
 
 // Bytes of `n` consecutive elements; `n` must be a multiple of the block size.
 size_t dtype_row_bytes(DType t, int64_t n);

@@ -84,6 +84,32 @@ void repack_q6_k(const uint8_t* src, int64_t k, uint8_t* codes, uint8_t* factors
     }
 }
 
+// Q6_K into GQ6_32: the same values as repack_q6_k's (q6 = code + 32, the same factors per 16),
+// 7 bits a value (core/dtype.h).
+void repack_q6_k_6bit(const uint8_t* src, int64_t k, uint8_t* codes, uint8_t* factors) {
+    uint8_t* lo = codes;          // k / 2 bytes
+    uint8_t* hi = codes + k / 2;  // k / 4 bytes: 8 a chunk of 32
+    std::memset(hi, 0, static_cast<size_t>(k / 4));
+    for (int64_t i = 0; i < k / kQK_K; ++i) {
+        const auto b = load_block<BlockQ6_K>(src, i);
+        const float d = f16_to_f32(b.d);
+        int8_t c[kQK_K];
+        q6_k_codes(b, c);
+        for (int e = 0; e < kQK_K; ++e) {
+            const int64_t x = i * kQK_K + e;  // element of the row
+            const int q = c[e] + 32;          // [0, 63]
+            lo[x / 2] = static_cast<uint8_t>((x % 2 == 0) ? (lo[x / 2] & 0xF0) | (q & 0xF)
+                                                          : (lo[x / 2] & 0x0F) | ((q & 0xF) << 4));
+            const int64_t chunk = x / 32, in = x % 32, h = in / 16, ee = in % 16;
+            const int bit = 8 * ((ee % 8) / 2) + 4 * (ee / 8) + 2 * (ee % 2);
+            uint8_t* word = hi + chunk * 8 + 4 * h;
+            word[bit / 8] = static_cast<uint8_t>(word[bit / 8] | ((q >> 4) << (bit % 8)));
+        }
+        for (int s = 0; s < kQK_K / 16; ++s)
+            put_f16(factors + (i * 16 + s) * 2, f32_to_f16(d * static_cast<float>(b.scales[s])));
+    }
+}
+
 }  // namespace
 
 bool has_gpu_layout(DType gguf) {
@@ -107,15 +133,17 @@ DType gpu_layout_of(DType gguf) {
 size_t gpu_code_bytes(DType t, int64_t k) {
     if (!dtype_is_gpu_layout(t)) fail(dtype_name(t), " is not a GPU layout");
     PG_CHECK(k % dtype_block_size(t) == 0, k, " elements of ", dtype_name(t), " is not a whole number of blocks");
-    return static_cast<size_t>(t == DType::GQ4_32 ? k / 2 : k);
+    return static_cast<size_t>(t == DType::GQ4_32 ? k / 2 : t == DType::GQ6_32 ? 3 * k / 4 : k);
 }
 
 size_t gpu_factor_bytes(DType t, int64_t k) {
     return dtype_row_bytes(t, k) - gpu_code_bytes(t, k);
 }
 
-void repack_rows(const Tensor& src, int64_t row0, int64_t n, uint8_t* codes, uint8_t* factors) {
-    const DType t = gpu_layout_of(src.dtype);  // throws naming src's dtype
+void repack_rows(const Tensor& src, int64_t row0, int64_t n, uint8_t* codes, uint8_t* factors, DType layout) {
+    const DType t = layout == DType::F32 ? gpu_layout_of(src.dtype) : layout;
+    if (t != gpu_layout_of(src.dtype) && !(src.dtype == DType::Q6_K && t == DType::GQ6_32))
+        fail("no repacking of ", dtype_name(src.dtype), " into ", dtype_name(t));
     const int64_t k = src.cols();
     PG_CHECK(row0 >= 0 && n >= 0 && row0 + n <= src.rows(), "rows ", row0, "+", n, " of ", src.shape_str());
     const size_t cb = gpu_code_bytes(t, k), fb = gpu_factor_bytes(t, k);
@@ -134,7 +162,10 @@ void repack_rows(const Tensor& src, int64_t row0, int64_t n, uint8_t* codes, uin
                 repack_q4_k(s, k, c, f);
                 break;
             default:  // Q6_K: gpu_layout_of let no other type through
-                repack_q6_k(s, k, c, f);
+                if (t == DType::GQ6_32)
+                    repack_q6_k_6bit(s, k, c, f);
+                else
+                    repack_q6_k(s, k, c, f);
                 break;
         }
     }
@@ -151,6 +182,15 @@ float gpu_layout_value(DType t, const void* data, int64_t rows, int64_t k, int64
         const int q = (c % 2 == 0) ? (byte & 0xF) : (byte >> 4);
         const float scale = f16_to_f32(get_f16(factors + 4 * fi)), min = f16_to_f32(get_f16(factors + 4 * fi + 2));
         return std::fma(static_cast<float>(q), scale, -min);  // one rounding, as the CUDA kernels do
+    }
+    if (t == DType::GQ6_32) {
+        const uint8_t* row = codes + r * (3 * k / 4);
+        const int lo = (c % 2 == 0) ? (row[c / 2] & 0xF) : (row[c / 2] >> 4);
+        const int64_t in = c % 32, ee = in % 16;
+        const uint8_t* word = row + k / 2 + (c / 32) * 8 + 4 * (in / 16);
+        const int bit = static_cast<int>(8 * ((ee % 8) / 2) + 4 * (ee / 8) + 2 * (ee % 2));
+        const int q = lo | (((word[bit / 8] >> (bit % 8)) & 3) << 4);
+        return static_cast<float>(q - 32) * f16_to_f32(get_f16(factors + 2 * (r * (k / 16) + c / 16)));
     }
     const auto q = static_cast<int8_t>(codes[r * k + c]);  // GQ8_32, GQ8_16
     return static_cast<float>(q) * f16_to_f32(get_f16(factors + 2 * fi));

@@ -32,7 +32,9 @@ size_t gpu_factor_bytes(DType t, int64_t k);
 // layout's offsets (row r's codes at r * gpu_code_bytes, its factors at rows * gpu_code_bytes +
 // r * gpu_factor_bytes). Throws Error naming the dtype for other types (and for a q4_0 scale
 // whose 8x overflows f16).
-void repack_rows(const Tensor& src, int64_t row0, int64_t n, uint8_t* codes, uint8_t* factors);
+// `layout`: F32 (the default) means gpu_layout_of(src.dtype); Q6_K also repacks into GQ6_32.
+void repack_rows(const Tensor& src, int64_t row0, int64_t n, uint8_t* codes, uint8_t* factors,
+                 DType layout = DType::F32);
 
 // Element (r, c) of a whole [rows, k] matrix in device layout t held in host memory (`data` as
 // described in core/dtype.h), in f32: the reference the CUDA kernels are tested against.

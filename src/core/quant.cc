@@ -136,6 +136,7 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
         case DType::GQ8_32:  // device layouts: codes and factors are not in blocks (core/gpu_quant.h)
         case DType::GQ8_16:
         case DType::GQ4_32:
+        case DType::GQ6_32:
             PG_CHECK(false, "dequantize_row: ", dtype_name(t), " is a GPU layout, not a row of blocks");
             return;
         case DType::I32:

@@ -76,11 +76,11 @@ std::vector<uint8_t> random_matrix(DType t, int64_t rows, int64_t k, std::mt1993
 }
 
 // The whole matrix in its device layout: codes of every row, then factors of every row.
-std::vector<uint8_t> repack_whole(const Tensor& src) {
-    const DType g = gpu_layout_of(src.dtype);
+std::vector<uint8_t> repack_whole(const Tensor& src, DType layout = DType::F32) {
+    const DType g = layout == DType::F32 ? gpu_layout_of(src.dtype) : layout;
     const int64_t rows = src.rows(), k = src.cols();
     std::vector<uint8_t> out(static_cast<size_t>(rows) * dtype_row_bytes(g, k), 0xEE);
-    repack_rows(src, 0, rows, out.data(), out.data() + rows * gpu_code_bytes(g, k));
+    repack_rows(src, 0, rows, out.data(), out.data() + rows * gpu_code_bytes(g, k), g);
     return out;
 }
 
@@ -97,7 +97,7 @@ TEST(GpuQuant, LayoutsAndSizes) {
     EXPECT_EQ(dtype_name(DType::GQ8_32), "gq8_32");
     EXPECT_EQ(dtype_name(DType::GQ8_16), "gq8_16");
     EXPECT_EQ(dtype_name(DType::GQ4_32), "gq4_32");
-    for (DType t : {DType::GQ8_32, DType::GQ8_16, DType::GQ4_32}) {
+    for (DType t : {DType::GQ8_32, DType::GQ8_16, DType::GQ4_32, DType::GQ6_32}) {
         EXPECT_TRUE(dtype_is_quantized(t));
         EXPECT_TRUE(dtype_is_gpu_layout(t));
         EXPECT_EQ(gpu_code_bytes(t, 512) + gpu_factor_bytes(t, 512), dtype_row_bytes(t, 512));
@@ -180,6 +180,40 @@ TEST(GpuQuant, RepackRowRangeMatchesWhole) {
         EXPECT_EQ(0, std::memcmp(factors.data(), whole.data() + rows * cb + row0 * fb, factors.size()))
             << dtype_name(t);
     }
+}
+
+// Q6_K's 6-bit layout (GQ6_32) holds exactly GQ8_16's values, in 7 bits a value; a row range
+// repacks as the whole; other types are refused into it.
+TEST(GpuQuant, Q6KSixBitLayoutHoldsTheInt8LayoutsValues) {
+    std::mt19937 rng(66);
+    for (int64_t k : {256, 768}) {
+        const int64_t rows = 5;
+        std::vector<uint8_t> m = random_matrix(DType::Q6_K, rows, k, rng);
+        const Tensor src(m.data(), DType::Q6_K, {rows, k});
+        const std::vector<uint8_t> i8 = repack_whole(src), b6 = repack_whole(src, DType::GQ6_32);
+        EXPECT_EQ(b6.size(), static_cast<size_t>(rows * k * 7 / 8));
+        EXPECT_EQ(gpu_code_bytes(DType::GQ6_32, k), static_cast<size_t>(3 * k / 4));
+        EXPECT_EQ(gpu_factor_bytes(DType::GQ6_32, k), static_cast<size_t>(k / 8));
+        int64_t negative = 0, positive = 0;
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < k; ++c) {
+                const float want = gpu_layout_value(DType::GQ8_16, i8.data(), rows, k, r, c);
+                ASSERT_EQ(gpu_layout_value(DType::GQ6_32, b6.data(), rows, k, r, c), want) << r << ", " << c;
+                negative += want<0, positive += want> 0;
+            }
+        EXPECT_GT(negative, 0);
+        EXPECT_GT(positive, 0);
+        const int64_t row0 = 1, n = 3;
+        const size_t cb = gpu_code_bytes(DType::GQ6_32, k), fb = gpu_factor_bytes(DType::GQ6_32, k);
+        std::vector<uint8_t> codes(n * cb, 0xAA), factors(n * fb, 0xAA);
+        repack_rows(src, row0, n, codes.data(), factors.data(), DType::GQ6_32);
+        EXPECT_EQ(0, std::memcmp(codes.data(), b6.data() + row0 * cb, codes.size()));
+        EXPECT_EQ(0, std::memcmp(factors.data(), b6.data() + rows * cb + row0 * fb, factors.size()));
+    }
+    std::vector<uint8_t> q4 = random_matrix(DType::Q4_K, 1, 256, rng);
+    const Tensor q4k(q4.data(), DType::Q4_K, {1, 256});
+    std::vector<uint8_t> out(256);
+    EXPECT_THROW(repack_rows(q4k, 0, 1, out.data(), out.data() + 192, DType::GQ6_32), Error);
 }
 
 // A hand-built Q4_0 block: the nibble order changes (ggml: j | j + 16; GQ4_32: 2i | 2i + 1).

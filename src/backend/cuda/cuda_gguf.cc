@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -19,6 +21,7 @@ cuda::GemvWeight gguf_gemv_weight(const Tensor& w, int64_t first_row) {
     PG_CHECK(first_row >= 0 && first_row <= w.rows(), "row ", first_row, " of ", w.shape_str());
     const auto kind = w.dtype == DType::GQ8_32   ? cuda::GemvWeight::kI8B32
                       : w.dtype == DType::GQ8_16 ? cuda::GemvWeight::kI8B16
+                      : w.dtype == DType::GQ6_32 ? cuda::GemvWeight::kU6
                                                  : cuda::GemvWeight::kU4;
     const size_t code_bytes = gpu_code_bytes(w.dtype, w.cols()), factor_bytes = gpu_factor_bytes(w.dtype, w.cols());
     const char* codes = w.ptr<char>();
@@ -35,8 +38,20 @@ bool CudaBackend::keeps_gguf(const std::vector<Tensor>& parts) const {
     return parts[0].cols() % 32 == 0;
 }
 
+// Q6_K's device layout: GQ8_16 (int8 codes), or with PEREGRINE_Q6K_LAYOUT=6bit GQ6_32 (7 bits a
+// value instead of 9; the same values; its decode products not measured yet).
+namespace {
+DType q6_k_layout() {
+    static const DType t = [] {
+        const char* e = std::getenv("PEREGRINE_Q6K_LAYOUT");
+        return e && std::string(e) == "6bit" ? DType::GQ6_32 : DType::GQ8_16;
+    }();
+    return t;
+}
+}  // namespace
+
 Tensor CudaBackend::place_gguf(const std::vector<Tensor>& parts, bool product) {
-    const DType layout = gpu_layout_of(parts[0].dtype);
+    const DType layout = parts[0].dtype == DType::Q6_K ? q6_k_layout() : gpu_layout_of(parts[0].dtype);
     const int64_t k = parts[0].cols();
     int64_t rows = 0;
     for (const Tensor& p : parts) rows += p.rows();
@@ -54,7 +69,7 @@ Tensor CudaBackend::place_gguf(const std::vector<Tensor>& parts, bool product) {
             const int64_t n = std::min(per_stage, p.rows() - r0);
             auto* stage_codes = static_cast<uint8_t*>(stage_);
             uint8_t* stage_factors = stage_codes + n * code_bytes;
-            repack_rows(p, r0, n, stage_codes, stage_factors);
+            repack_rows(p, r0, n, stage_codes, stage_factors, layout);
             PG_CUDA_CHECK(cudaMemcpyAsync(codes + (at + r0) * code_bytes, stage_codes, n * code_bytes,
                                           cudaMemcpyHostToDevice, stream_));
             PG_CUDA_CHECK(cudaMemcpyAsync(factors + (at + r0) * factor_bytes, stage_factors, n * factor_bytes,

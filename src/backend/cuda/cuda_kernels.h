@@ -124,7 +124,7 @@ void add_bias(bf16_t* x, const float* bias, int64_t n, int64_t m, cudaStream_t s
 // (r, c) = value(r, c) * scale[r]; or a GGUF matrix in one of the device layouts of core/dtype.h
 // (gq8_32, gq8_16, gq4_32): `data` its codes, `factors` its f16 factors (the same allocation).
 struct GemvWeight {
-    enum Kind { kBf16, kF8, kI8B32, kI8B16, kU4 };
+    enum Kind { kBf16, kF8, kI8B32, kI8B16, kU4, kU6 };
     const void* data = nullptr;
     const float* scale = nullptr;
     const void* factors = nullptr;
@@ -133,7 +133,7 @@ struct GemvWeight {
     GemvWeight(const uint8_t* w, const float* row_scale) : data(w), scale(row_scale), kind(kF8) {}
     GemvWeight(Kind k, const void* codes, const void* f) : data(codes), factors(f), kind(k) {}
     // k must be a multiple of this: whole 16-byte chunks of codes, whole factor blocks.
-    int k_multiple() const { return kind == kBf16 ? 8 : kind == kF8 || kind == kI8B16 ? 16 : 32; }
+    int k_multiple() const { return kind == kBf16 ? 8 : kind == kF8 || kind == kI8B16 ? 16 : kind == kU6 ? 64 : 32; }
 };
 
 // Skinny product for decode: out[n, m] = x[n, k] . w[m, k]^T, bf16 (or e4m3) in, f32 accumulate,
@@ -153,7 +153,7 @@ void gemv_norm_silu(const float* x, const float* norm, float eps, GemvWeight w_g
                     int k, cudaStream_t stream);
 // out [n, m] f32 += x . w^T: the o / down products added straight into the residual stream.
 void gemv_add(const bf16_t* x, GemvWeight w, float* out, int n, int m, int k, cudaStream_t stream);
-// A GGUF-layout weight (kind kI8B32, kI8B16 or kU4) [m, k] written out as bf16 [m, k], for the
+// A GGUF-layout weight (kind kI8B32, kI8B16, kU4 or kU6) [m, k] written out as bf16 [m, k], for the
 // cuBLASLt products of larger batches.
 void dequantize_weight(GemvWeight w, bf16_t* out, int m, int k, cudaStream_t stream);
 // embedding() over a GGUF-layout table (w: [vocab_rows, hidden]): each row's layout values in f32

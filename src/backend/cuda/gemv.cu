@@ -93,7 +93,10 @@ __device__ __forceinline__ uint16_t to_bf16(float v) {
 // core/dtype.h: int8 codes with an f16 factor per 32 (gq8_32) or 16 (gq8_16) values, 4-bit codes
 // with an f16 (scale, min) pair per 32 (gq4_32).
 constexpr int kBf16 = GemvWeight::kBf16, kF8 = GemvWeight::kF8, kI8B32 = GemvWeight::kI8B32,
-              kI8B16 = GemvWeight::kI8B16, kU4 = GemvWeight::kU4;
+              kI8B16 = GemvWeight::kI8B16, kU4 = GemvWeight::kU4, kU6 = GemvWeight::kU6;
+// Layouts whose products multiply x quantized to int8 (XBlock) on dp4a.
+template <int W>
+constexpr bool kIntX = W == kU4 || W == kU6;
 
 // Chunk c of row `row`: 16 bytes of a row of `row_bytes` bytes.
 __device__ __forceinline__ uint4 load16(const void* w, int row, int64_t row_bytes, int c) {
@@ -191,6 +194,42 @@ struct WeightChunk<kU4> {
         }
     }
 };
+// GQ6_32 (core/dtype.h): a chunk of 32 values is 16 low-nibble bytes (as kU4's), 8 high-bit
+// bytes (word h for values 16h..16h + 15) and two f16 scales (values 0-15, 16-31); value =
+// (q - 32) * scale with q = low | high << 4. Row r's codes: k / 2 low bytes, then k / 4 high bytes.
+struct Q6Chunk {
+    uint4 q;
+    uint2 h;
+    uint32_t f;
+};
+template <>
+struct WeightChunk<kU6> {
+    static constexpr int kPieces = 4;
+    using Chunk = Q6Chunk;
+    __host__ __device__ static int64_t row_bytes(int k) { return 3 * static_cast<int64_t>(k) / 4; }
+    __device__ static Chunk load(const Args& a, int row, int c) {
+        const char* r = static_cast<const char*>(a.w) + static_cast<int64_t>(row) * row_bytes(a.k);
+        const auto* f = static_cast<const uint32_t*>(a.w_factors) + static_cast<int64_t>(row) * (a.k / 32) + c;
+        return {__ldg(reinterpret_cast<const uint4*>(r) + c), __ldg(reinterpret_cast<const uint2*>(r + a.k / 2) + c),
+                __ldg(f)};
+    }
+    // The 4 codes of piece p (values 8p..8p+7) at even (odd: 1) positions, one a byte, as int8
+    // lanes for dp4a: low nibbles | high bits << 4.
+    __device__ static uint32_t codes4(const Chunk& v, int p, int odd) {
+        const uint32_t w = p == 0 ? v.q.x : p == 1 ? v.q.y : p == 2 ? v.q.z : v.q.w;
+        const uint32_t h = p < 2 ? v.h.x : v.h.y;
+        return ((w >> (4 * odd)) & 0x0F0F0F0Fu) | (((h >> (4 * (p & 1) + 2 * odd)) & 0x03030303u) << 4);
+    }
+    __device__ static void unpack(const Chunk& v, int piece, float f[8]) {
+        const float s = f16_bits(piece < 2 ? v.f & 0xffffu : v.f >> 16);
+        const uint32_t even = codes4(v, piece, 0), odd = codes4(v, piece, 1);
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+            f[2 * b] = static_cast<float>(static_cast<int>((even >> (8 * b)) & 0xFFu) - 32) * s;
+            f[2 * b + 1] = static_cast<float>(static_cast<int>((odd >> (8 * b)) & 0xFFu) - 32) * s;
+        }
+    }
+};
 // The factor a row's sum is scaled by: e4m3's per-row factor, else 1.
 template <int W>
 __device__ __forceinline__ float row_factor(const Args& a, int row) {
@@ -219,6 +258,7 @@ __device__ __forceinline__ void load_normed_chunk(const Args& a, int j, int c, f
 struct XBlock {
     uint32_t e[4], o[4];
     float d, s;
+    int sum0, sum1;  // sum(q) over values 0-15 and 16-31 (kU6's -32 offset)
 };
 __device__ __forceinline__ XBlock quantize_x_block(const float (&x)[32]) {
     float amax = 0.0f;
@@ -226,21 +266,22 @@ __device__ __forceinline__ XBlock quantize_x_block(const float (&x)[32]) {
     for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(x[i]));
     XBlock b;
     const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    int sum = 0;
+    int half[2] = {0, 0};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         uint32_t e = 0, o = 0;
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
             const int qe = __float2int_rn(x[8 * i + 2 * t] * id), qo = __float2int_rn(x[8 * i + 2 * t + 1] * id);
-            sum += qe + qo;
+            half[i / 2] += qe + qo;
             e |= (static_cast<uint32_t>(qe) & 0xffu) << (8 * t);
             o |= (static_cast<uint32_t>(qo) & 0xffu) << (8 * t);
         }
         b.e[i] = e, b.o[i] = o;
     }
     b.d = amax / 127.0f;
-    b.s = b.d * static_cast<float>(sum);
+    b.s = b.d * static_cast<float>(half[0] + half[1]);
+    b.sum0 = half[0], b.sum1 = half[1];
     return b;
 }
 // Token j's 32 values of x at chunk c (NORM: x * norm, adding x^2 to ss in element order).
@@ -277,6 +318,25 @@ __device__ __forceinline__ float u4_dot(const QuantChunk& w, const XBlock& x) {
     }
     const float scale = f16_bits(w.f & 0xffffu), min = f16_bits(w.f >> 16);
     return fmaf(scale * x.d, static_cast<float>(dot), -(min * x.s));
+}
+// A GQ6_32 chunk times a quantized x block: per half, scale * d * (dot(q, xq) - 32 * sum(xq)).
+__device__ __forceinline__ float u6_dot(const Q6Chunk& w, const XBlock& x) {
+    int dot[2] = {0, 0};
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+        dot[p / 2] = __dp4a(static_cast<int>(WeightChunk<kU6>::codes4(w, p, 0)), static_cast<int>(x.e[p]), dot[p / 2]);
+        dot[p / 2] = __dp4a(static_cast<int>(WeightChunk<kU6>::codes4(w, p, 1)), static_cast<int>(x.o[p]), dot[p / 2]);
+    }
+    const float s0 = f16_bits(w.f & 0xffffu), s1 = f16_bits(w.f >> 16);
+    return fmaf(s0 * x.d, static_cast<float>(dot[0] - 32 * x.sum0),
+                (s1 * x.d) * static_cast<float>(dot[1] - 32 * x.sum1));
+}
+template <int W, typename Chunk>
+__device__ __forceinline__ float int_x_dot(const Chunk& w, const XBlock& x) {
+    if constexpr (W == kU6)
+        return u6_dot(w, x);
+    else
+        return u4_dot(w, x);
 }
 
 // One CTA per R output rows (silu: R == 2, rows i and m/2 + i). Each thread takes 16-byte
@@ -339,18 +399,18 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
         for (int d = 0; d < D; ++d) {
             const int c = base + d * kThreads;
             if (c >= chunks) break;
-            if constexpr (W == kU4) {  // x quantized a block at a time (XBlock)
+            if constexpr (kIntX<W>) {  // x quantized a block at a time (XBlock)
 #pragma unroll
                 for (int j = 0; j < N; ++j) {
                     float xf[32];
                     load_x_block<NORM>(a, j, c, xf, ss[j]);
                     const XBlock xb = quantize_x_block(xf);
 #pragma unroll
-                    for (int r = 0; r < R; ++r) acc[r][j] += u4_dot(cur[d][r], xb);
+                    for (int r = 0; r < R; ++r) acc[r][j] += int_x_dot<W>(cur[d][r], xb);
                 }
             }
 #pragma unroll
-            for (int p = 0; W != kU4 && p < P; ++p) {
+            for (int p = 0; !kIntX<W> && p < P; ++p) {
                 const int x8 = c * P + p;  // the 8-element piece of x
 #pragma unroll
                 for (int j = 0; j < N; ++j) {
@@ -483,7 +543,7 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
     // codes: x quantized a 32-value block at a time, by the thread gemv_kernel has take the block
     // (XBlock [N][k / 32]).
     float ss[N] = {};
-    if constexpr (W == kU4) {
+    if constexpr (kIntX<W>) {
         XBlock* xq = reinterpret_cast<XBlock*>(x_smem);
         for (int c = threadIdx.x; c < chunks; c += kThreads) {
 #pragma unroll
@@ -495,7 +555,7 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
         }
     }
     // By weight chunk (P pieces each), as gemv_kernel's threads take them: the same x^2 order.
-    for (int wc = threadIdx.x; W != kU4 && wc < chunks; wc += kThreads) {
+    for (int wc = threadIdx.x; !kIntX<W> && wc < chunks; wc += kThreads) {
 #pragma unroll
         for (int p = 0; p < P; ++p) {
             const int c = wc * P + p;  // the 8-element piece of x
@@ -568,16 +628,16 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
         for (int d = 0; d < D; ++d) {
             const int c = threadIdx.x + (g * D + d) * kThreads;
             if (c >= chunks) break;
-            if constexpr (W == kU4) {
+            if constexpr (kIntX<W>) {
 #pragma unroll
                 for (int j = 0; j < N; ++j) {
                     const XBlock xb = reinterpret_cast<const XBlock*>(x_smem)[static_cast<int64_t>(j) * chunks + c];
 #pragma unroll
-                    for (int r = 0; r < R; ++r) acc[r][j] += u4_dot(cur[d][r], xb);
+                    for (int r = 0; r < R; ++r) acc[r][j] += int_x_dot<W>(cur[d][r], xb);
                 }
             }
 #pragma unroll
-            for (int p = 0; W != kU4 && p < P; ++p) {
+            for (int p = 0; !kIntX<W> && p < P; ++p) {
                 const int x8 = c * P + p;  // the 8-element piece of x
 #pragma unroll
                 for (int j = 0; j < N; ++j) {
@@ -679,7 +739,7 @@ int resident_ctas(size_t smem) {
 template <int N, int R, int D, int EPI, bool NORM, int W>
 void launch_persistent(const Args& a, cudaStream_t stream) {
     const size_t smem =
-        W == kU4 ? static_cast<size_t>(N) * (a.k / 32) * sizeof(XBlock) : static_cast<size_t>(N) * a.k * (NORM ? 4 : 2);
+        kIntX<W> ? static_cast<size_t>(N) * (a.k / 32) * sizeof(XBlock) : static_cast<size_t>(N) * a.k * (NORM ? 4 : 2);
     const int per_sm = resident_ctas<N, R, D, EPI, NORM, W>(smem);
     // Every CTA the same number of units, whole row blocks (the last CTA fewer): a CTA with one
     // more unit than the rest would set the kernel's end.
@@ -791,7 +851,7 @@ void launch(const Args& a, cudaStream_t stream) {
     // Chunks of e4m3 and int8 codes hold 16 values, of 4-bit codes 32: fewer in flight for the
     // same work a load (fp8: see fp8_persistent_depth; the GGUF layouts are not tuned yet).
     if constexpr (W == kF8 || W == kI8B32 || W == kI8B16) depth = std::max(1, depth / 2);
-    if constexpr (W == kU4) depth = std::max(1, depth / 4);
+    if constexpr (kIntX<W>) depth = std::max(1, depth / 4);
     if (g_rows > 0) rows = g_rows, depth = g_depth;
     // The normed q|k|v product (x read as f32 with the norm weight, 4x the bytes of a bf16 x)
     // wants x shared by more rows: 4 rows per CTA (H100, 1B decode 898 -> 908 tok/s).
@@ -837,6 +897,8 @@ void dispatch(const Args& a, GemvWeight::Kind kind, int n, cudaStream_t stream) 
             return dispatch_n<EPI, NORM, kI8B16>(a, n, stream);
         case GemvWeight::kU4:
             return dispatch_n<EPI, NORM, kU4>(a, n, stream);
+        case GemvWeight::kU6:
+            return dispatch_n<EPI, NORM, kU6>(a, n, stream);
     }
 }
 
@@ -969,6 +1031,8 @@ void gguf_embedding(GemvWeight w, const int32_t* ids, const int32_t* feed, int n
         launch_pdl(gguf_embedding_kernel<kI8B32>, grid, dim3(128), 0, stream, a, ids, feed, vocab_begin, out);
     else if (w.kind == GemvWeight::kI8B16)
         launch_pdl(gguf_embedding_kernel<kI8B16>, grid, dim3(128), 0, stream, a, ids, feed, vocab_begin, out);
+    else if (w.kind == GemvWeight::kU6)
+        launch_pdl(gguf_embedding_kernel<kU6>, grid, dim3(128), 0, stream, a, ids, feed, vocab_begin, out);
     else
         launch_pdl(gguf_embedding_kernel<kU4>, grid, dim3(128), 0, stream, a, ids, feed, vocab_begin, out);
     check_launch("gguf_embedding");
@@ -979,13 +1043,15 @@ void dequantize_weight(GemvWeight w, bf16_t* out, int m, int k, cudaStream_t str
     if (w.kind <= GemvWeight::kF8 || w.factors == nullptr || k % w.k_multiple() != 0)
         fail("dequantize_weight: not a GGUF-layout weight, or k ", k, " not a multiple of its chunk");
     const Args a = make_args(nullptr, nullptr, 0.0f, w, out, false, m, k);
-    const int per_chunk = w.kind == GemvWeight::kU4 ? 32 : 16;  // values a 16-byte chunk of codes
+    const int per_chunk = w.kind >= GemvWeight::kU4 ? 32 : 16;  // values a chunk of codes
     const int64_t threads = static_cast<int64_t>(m) * (k / per_chunk);
     const unsigned blocks = static_cast<unsigned>((threads + 255) / 256);
     if (w.kind == GemvWeight::kI8B32)
         dequantize_kernel<kI8B32><<<blocks, 256, 0, stream>>>(a, out);
     else if (w.kind == GemvWeight::kI8B16)
         dequantize_kernel<kI8B16><<<blocks, 256, 0, stream>>>(a, out);
+    else if (w.kind == GemvWeight::kU6)
+        dequantize_kernel<kU6><<<blocks, 256, 0, stream>>>(a, out);
     else
         dequantize_kernel<kU4><<<blocks, 256, 0, stream>>>(a, out);
     check_launch("dequantize_weight");

@@ -225,7 +225,7 @@ std::vector<double> int8_blocks(const std::vector<float>& x) {
 // device layout (core/gpu_quant.h), and the reference multiplies the layout's values
 // (gpu_layout_value) by x quantized as the 4-bit layout's products quantize it (int8_blocks);
 // dequantize_weight must write those values rounded to bf16.
-void check_every_entry_point(bool fp8, DType gguf = DType::F32) {
+void check_every_entry_point(bool fp8, DType gguf = DType::F32, DType layout_of_gguf = DType::F32) {
     using cuda_test::DeviceBuffer;
     std::mt19937 rng(17);
     cudaStream_t stream;
@@ -252,13 +252,15 @@ void check_every_entry_point(bool fp8, DType gguf = DType::F32) {
                         w[static_cast<size_t>(r) * k + c] =
                             f8e4m3_to_f32(codes[static_cast<size_t>(r) * k + c]) * row_scale[r];
             }
-            const DType layout = quant ? gpu_layout_of(gguf) : DType::F32;
+            const DType layout = !quant                         ? DType::F32
+                                 : layout_of_gguf != DType::F32 ? layout_of_gguf
+                                                                : gpu_layout_of(gguf);
             if (quant) {  // codes then factors, as placed on the device
                 const std::vector<uint8_t> blocks = cuda_test::random_gguf_blocks(gguf, m, k, rng);
                 const Tensor src(const_cast<uint8_t*>(blocks.data()), gguf, {m, k});
                 const size_t cb = gpu_code_bytes(layout, k), fb = gpu_factor_bytes(layout, k);
                 codes.assign(static_cast<size_t>(m) * (cb + fb), 0);
-                repack_rows(src, 0, m, codes.data(), codes.data() + static_cast<size_t>(m) * cb);
+                repack_rows(src, 0, m, codes.data(), codes.data() + static_cast<size_t>(m) * cb, layout);
                 for (int r = 0; r < m; ++r)
                     for (int c = 0; c < k; ++c)
                         w[static_cast<size_t>(r) * k + c] = gpu_layout_value(layout, codes.data(), m, k, r, c);
@@ -268,7 +270,7 @@ void check_every_entry_point(bool fp8, DType gguf = DType::F32) {
             // blocks of 32 as the kernels do (x4 / xg4: x, and xr * g before the rms factor).
             std::vector<float> xg(static_cast<size_t>(n) * k);
             for (size_t i = 0; i < xg.size(); ++i) xg[i] = xr[i] * g[i % k];
-            const bool u4 = layout == DType::GQ4_32;
+            const bool u4 = layout == DType::GQ4_32 || layout == DType::GQ6_32;  // x quantized (XBlock)
             const std::vector<double> x4 = u4 ? int8_blocks(x) : std::vector<double>(x.begin(), x.end());
             const std::vector<double> xg4 = u4 ? int8_blocks(xg) : std::vector<double>(xg.begin(), xg.end());
             // Double references: plain[j][r] (x . w), normed[j][r] (rms_norm(xr) * g . w).
@@ -413,6 +415,7 @@ TEST(CudaGemv, GgufLayoutsEveryEntryPointMatchesReference) {
         SCOPED_TRACE(persistent ? "persistent" : "blocks");
         cuda::set_gguf_gemv_persistent(persistent);
         for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) check_every_entry_point(false, t);
+        check_every_entry_point(false, DType::Q6_K, DType::GQ6_32);  // PEREGRINE_Q6K_LAYOUT=6bit
     }
     cuda::set_gguf_gemv_persistent(-1);
 }
@@ -425,13 +428,17 @@ TEST(CudaGemv, GgufEmbeddingGathersTheLayoutValues) {
     using cuda_test::DeviceBuffer;
     std::mt19937 rng(23);
     const int rows = 300, k = 512, vocab_begin = 100;
-    for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
-        const DType layout = gpu_layout_of(t);
+    const std::pair<DType, DType> kinds[] = {{DType::Q8_0, DType::GQ8_32},
+                                             {DType::Q4_0, DType::GQ4_32},
+                                             {DType::Q4_K, DType::GQ4_32},
+                                             {DType::Q6_K, DType::GQ8_16},
+                                             {DType::Q6_K, DType::GQ6_32}};
+    for (const auto& [t, layout] : kinds) {
         const std::vector<uint8_t> blocks = cuda_test::random_gguf_blocks(t, rows, k, rng);
         const Tensor src(const_cast<uint8_t*>(blocks.data()), t, {rows, k});
         const size_t cb = gpu_code_bytes(layout, k), fb = gpu_factor_bytes(layout, k);
         std::vector<uint8_t> codes(static_cast<size_t>(rows) * (cb + fb));
-        repack_rows(src, 0, rows, codes.data(), codes.data() + static_cast<size_t>(rows) * cb);
+        repack_rows(src, 0, rows, codes.data(), codes.data() + static_cast<size_t>(rows) * cb, layout);
         DeviceBuffer<uint8_t> dcodes(codes);
         const cuda::GemvWeight w = gguf_gemv_weight(Tensor(dcodes.get(), layout, {rows, k}, Device::CUDA));
         const std::vector<int32_t> ids = {100, 399, 250, 99, 400, -1, -2, 5000, 101};
@@ -450,7 +457,7 @@ TEST(CudaGemv, GgufEmbeddingGathersTheLayoutValues) {
                 const float want = in ? gpu_layout_value(layout, codes.data(), rows, k, id - vocab_begin, c) : 0.0f;
                 bad += got[i * k + c] != want;
             }
-            EXPECT_EQ(bad, 0) << dtype_name(t) << " token " << i << " (id " << ids[i] << ")";
+            EXPECT_EQ(bad, 0) << dtype_name(layout) << " token " << i << " (id " << ids[i] << ")";
         }
     }
 }
@@ -532,7 +539,7 @@ TEST(CudaGemvPerf, GgufLayoutsReport) {
     if (!std::getenv("PG_GEMV_PERF")) GTEST_SKIP() << "a measurement: PG_GEMV_PERF=1 runs it (~1 min)";
     CudaBackend b;
     const std::pair<int, int> shapes[] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}, {128256, 4096}};
-    for (DType layout : {DType::GQ8_32, DType::GQ8_16, DType::GQ4_32}) {
+    for (DType layout : {DType::GQ8_32, DType::GQ8_16, DType::GQ4_32, DType::GQ6_32}) {
         for (int n : {1, 4}) {
             for (auto [m, k] : shapes) {
                 const size_t bytes = static_cast<size_t>(m) * dtype_row_bytes(layout, k);
