@@ -258,7 +258,6 @@ __device__ __forceinline__ void load_normed_chunk(const Args& a, int j, int c, f
 struct XBlock {
     uint32_t e[4], o[4];
     float d, s;
-    int sum0, sum1;  // sum(q) over values 0-15 and 16-31 (kU6's -32 offset)
 };
 __device__ __forceinline__ XBlock quantize_x_block(const float (&x)[32]) {
     float amax = 0.0f;
@@ -266,22 +265,21 @@ __device__ __forceinline__ XBlock quantize_x_block(const float (&x)[32]) {
     for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(x[i]));
     XBlock b;
     const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    int half[2] = {0, 0};
+    int sum = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         uint32_t e = 0, o = 0;
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
             const int qe = __float2int_rn(x[8 * i + 2 * t] * id), qo = __float2int_rn(x[8 * i + 2 * t + 1] * id);
-            half[i / 2] += qe + qo;
+            sum += qe + qo;
             e |= (static_cast<uint32_t>(qe) & 0xffu) << (8 * t);
             o |= (static_cast<uint32_t>(qo) & 0xffu) << (8 * t);
         }
         b.e[i] = e, b.o[i] = o;
     }
     b.d = amax / 127.0f;
-    b.s = b.d * static_cast<float>(half[0] + half[1]);
-    b.sum0 = half[0], b.sum1 = half[1];
+    b.s = b.d * static_cast<float>(sum);
     return b;
 }
 // Token j's 32 values of x at chunk c (NORM: x * norm, adding x^2 to ss in element order).
@@ -319,17 +317,20 @@ __device__ __forceinline__ float u4_dot(const QuantChunk& w, const XBlock& x) {
     const float scale = f16_bits(w.f & 0xffffu), min = f16_bits(w.f >> 16);
     return fmaf(scale * x.d, static_cast<float>(dot), -(min * x.s));
 }
-// A GQ6_32 chunk times a quantized x block: per half, scale * d * (dot(q, xq) - 32 * sum(xq)).
+// A GQ6_32 chunk times a quantized x block: per half, scale * d * (dot(q, xq) - 32 * sum(xq)),
+// the sums of xq by dp4a with ones (XBlock stays as the 4-bit products read it).
 __device__ __forceinline__ float u6_dot(const Q6Chunk& w, const XBlock& x) {
-    int dot[2] = {0, 0};
+    int dot[2] = {0, 0}, sum[2] = {0, 0};
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
-        dot[p / 2] = __dp4a(static_cast<int>(WeightChunk<kU6>::codes4(w, p, 0)), static_cast<int>(x.e[p]), dot[p / 2]);
-        dot[p / 2] = __dp4a(static_cast<int>(WeightChunk<kU6>::codes4(w, p, 1)), static_cast<int>(x.o[p]), dot[p / 2]);
+        const int e = static_cast<int>(x.e[p]), o = static_cast<int>(x.o[p]);
+        dot[p / 2] = __dp4a(static_cast<int>(WeightChunk<kU6>::codes4(w, p, 0)), e, dot[p / 2]);
+        dot[p / 2] = __dp4a(static_cast<int>(WeightChunk<kU6>::codes4(w, p, 1)), o, dot[p / 2]);
+        sum[p / 2] = __dp4a(0x01010101, e, __dp4a(0x01010101, o, sum[p / 2]));
     }
     const float s0 = f16_bits(w.f & 0xffffu), s1 = f16_bits(w.f >> 16);
-    return fmaf(s0 * x.d, static_cast<float>(dot[0] - 32 * x.sum0),
-                (s1 * x.d) * static_cast<float>(dot[1] - 32 * x.sum1));
+    return fmaf(s0 * x.d, static_cast<float>(dot[0] - 32 * sum[0]),
+                (s1 * x.d) * static_cast<float>(dot[1] - 32 * sum[1]));
 }
 template <int W, typename Chunk>
 __device__ __forceinline__ float int_x_dot(const Chunk& w, const XBlock& x) {
