@@ -84,6 +84,17 @@ void repack_q6_k(const uint8_t* src, int64_t k, uint8_t* codes, uint8_t* factors
     }
 }
 
+// GQ6_32: where element `in` (0..31) of a chunk keeps its high 2 bits, as a byte offset into the
+// chunk's 8 high-bit bytes and a bit in that byte (core/dtype.h: bits 8b + 4i + 2o of word h).
+struct HighBits {
+    int byte, bit;
+};
+HighBits gq6_high_bits(int64_t in) {
+    const int64_t ee = in % 16;
+    const int b = static_cast<int>(8 * ((ee % 8) / 2) + 4 * (ee / 8) + 2 * (ee % 2));
+    return {static_cast<int>(4 * (in / 16)) + b / 8, b % 8};
+}
+
 // Q6_K into GQ6_32: the same values as repack_q6_k's (q6 = code + 32, the same factors per 16),
 // 7 bits a value (core/dtype.h).
 void repack_q6_k_6bit(const uint8_t* src, int64_t k, uint8_t* codes, uint8_t* factors) {
@@ -100,10 +111,9 @@ void repack_q6_k_6bit(const uint8_t* src, int64_t k, uint8_t* codes, uint8_t* fa
             const int q = c[e] + 32;          // [0, 63]
             lo[x / 2] = static_cast<uint8_t>((x % 2 == 0) ? (lo[x / 2] & 0xF0) | (q & 0xF)
                                                           : (lo[x / 2] & 0x0F) | ((q & 0xF) << 4));
-            const int64_t chunk = x / 32, in = x % 32, h = in / 16, ee = in % 16;
-            const int bit = 8 * ((ee % 8) / 2) + 4 * (ee / 8) + 2 * (ee % 2);
-            uint8_t* word = hi + chunk * 8 + 4 * h;
-            word[bit / 8] = static_cast<uint8_t>(word[bit / 8] | ((q >> 4) << (bit % 8)));
+            const HighBits at = gq6_high_bits(x % 32);
+            uint8_t& byte = hi[(x / 32) * 8 + at.byte];
+            byte = static_cast<uint8_t>(byte | ((q >> 4) << at.bit));
         }
         for (int s = 0; s < kQK_K / 16; ++s)
             put_f16(factors + (i * 16 + s) * 2, f32_to_f16(d * static_cast<float>(b.scales[s])));
@@ -186,10 +196,8 @@ float gpu_layout_value(DType t, const void* data, int64_t rows, int64_t k, int64
     if (t == DType::GQ6_32) {
         const uint8_t* row = codes + r * (3 * k / 4);
         const int lo = (c % 2 == 0) ? (row[c / 2] & 0xF) : (row[c / 2] >> 4);
-        const int64_t in = c % 32, ee = in % 16;
-        const uint8_t* word = row + k / 2 + (c / 32) * 8 + 4 * (in / 16);
-        const int bit = static_cast<int>(8 * ((ee % 8) / 2) + 4 * (ee / 8) + 2 * (ee % 2));
-        const int q = lo | (((word[bit / 8] >> (bit % 8)) & 3) << 4);
+        const HighBits at = gq6_high_bits(c % 32);
+        const int q = lo | (((row[k / 2 + (c / 32) * 8 + at.byte] >> at.bit) & 3) << 4);
         return static_cast<float>(q - 32) * f16_to_f32(get_f16(factors + 2 * (r * (k / 16) + c / 16)));
     }
     const auto q = static_cast<int8_t>(codes[r * k + c]);  // GQ8_32, GQ8_16

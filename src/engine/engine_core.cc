@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <random>
 #include <string>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "engine/pooling.h"
 
@@ -291,10 +291,7 @@ bool EngineCore::can_overlap(const Launch& l) const {
     // prompts is admitted). So the next step is scheduled once this one's tokens are back, with
     // the arrivals in it; decode-only stretches keep the overlap. PEREGRINE_OVERLAP_WAITING=1
     // queues ahead regardless (for comparisons).
-    static const bool overlap_waiting = [] {
-        const char* e = std::getenv("PEREGRINE_OVERLAP_WAITING");
-        return e != nullptr && std::string(e) == "1";
-    }();
+    static const bool overlap_waiting = env_equals("PEREGRINE_OVERLAP_WAITING", "1");
     if (scheduler_.num_waiting() > 0 && !overlap_waiting) return false;
     // A step with embedding sequences reads its hidden states back right after it runs (launch),
     // before another step may overwrite them: such steps are never queued ahead. Nor those

@@ -133,19 +133,6 @@ __global__ void __launch_bounds__(W * 32, 2)
     for (int i = 0; i < KS; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
     const int32_t* table = p.block_tables + static_cast<int64_t>(s) * p.block_stride;
-    const int64_t slot_stride = static_cast<int64_t>(p.num_kv_heads) * D;  // code bytes a cache slot
-    const int bmask = p.block_size - 1;
-    const uint8_t* k8 = p.k8 + kvh * D;
-    const uint8_t* v8 = p.v8 + kvh * D;
-    // Byte offsets (from the cache start, kv head applied through k8 / v8) of key's codes and of
-    // its scale (the scale offset from p.k8 / p.v8).
-    auto offsets = [&](int key, int64_t& code, int64_t& scale) {
-        const int64_t blk = __ldg(table + (key >> p.block_shift));
-        const int64_t in = key & bmask;
-        code = blk * p.g8.block_bytes + in * slot_stride;
-        scale = blk * p.g8.block_bytes + p.g8.code_bytes + (in * p.num_kv_heads + kvh) * 2;
-    };
-
     for (int c = kb + warp * 16; c < ke; c += W * 16) {
         // K rows (keys c + g, c + g + 8): codes, K scale, log2 of the V scale.
         uint32_t kw[2][KW];
@@ -156,9 +143,8 @@ __global__ void __launch_bounds__(W * 32, 2)
             const int key = c + g + 8 * r;
             valid[r] = key < ke;
             if (valid[r]) {
-                int64_t code, scale;
-                offsets(key, code, scale);
-                load_words<KW, A16>(k8 + code + q4 * (D / 4), kw[r]);
+                const int64_t slot = cache_slot(p, table, key), scale = kvf8::scale_offset(p.g8, slot, kvh);
+                load_words<KW, A16>(p.k8 + kvf8::code_offset(p.g8, slot, kvh) + q4 * (D / 4), kw[r]);
                 ksc[r] = kvf8::scale_value(__ldg(reinterpret_cast<const unsigned short*>(p.k8 + scale)));
                 lvs[r] = __log2f(kvf8::scale_value(__ldg(reinterpret_cast<const unsigned short*>(p.v8 + scale))));
             } else {
@@ -173,9 +159,8 @@ __global__ void __launch_bounds__(W * 32, 2)
         for (int j = 0; j < 4; ++j) {
             const int key = c + 2 * q4 + (j & 1) + 8 * (j >> 1);
             if (key < ke) {
-                int64_t code, scale;
-                offsets(key, code, scale);
-                load_words<VW, A16>(v8 + code + g * (D / 8), vw[j]);
+                load_words<VW, A16>(p.v8 + kvf8::code_offset(p.g8, cache_slot(p, table, key), kvh) + g * (D / 8),
+                                    vw[j]);
             } else {
 #pragma unroll
                 for (int i = 0; i < VW; ++i) vw[j][i] = 0u;

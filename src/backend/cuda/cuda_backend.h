@@ -66,7 +66,9 @@ class CudaBackend final : public Backend {
     Tensor place_lm_head(const Tensor& host) override { return place_layer_matrix({host}); }
     // A GGUF embedding stays quantized too (gathered by gguf_embedding; the dequantize buffer
     // grows for it only when it is also the head).
-    Tensor place_embedding(const Tensor& host, bool tied_head) override;
+    Tensor place_embedding(const Tensor& host, bool tied_head) override {
+        return place_layer_matrix({host}, tied_head);
+    }
     void fill_random(const Tensor& t, uint64_t seed, float lo, float hi) override;
     void copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
     // Pinned (cudaHostAlloc), so the copies below run asynchronously.
@@ -196,7 +198,8 @@ class CudaBackend final : public Backend {
     // options_.gguf_scratch_elements).
     Tensor place_gguf(const std::vector<Tensor>& parts, bool product = true);
     // A layer matrix: kept quantized where keeps_gguf allows, else place_weight / place_stacked.
-    Tensor place_layer_matrix(const std::vector<Tensor>& parts);
+    // product: as place_gguf's (false: only gathered, as an untied embedding).
+    Tensor place_layer_matrix(const std::vector<Tensor>& parts, bool product = true);
     // out (+)= x . w^T for a GGUF-layout w: w dequantized into gguf_scratch_ (bf16), then cuBLASLt.
     void gguf_matmul(const Tensor& x, const Tensor& w, const Tensor& out, float beta, const Tensor& tune);
     struct Gemm;  // a cached cuBLASLt plan for one (n, m, k, out dtype)

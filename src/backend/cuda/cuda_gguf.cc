@@ -6,11 +6,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/gpu_quant.h"
 
@@ -42,10 +41,7 @@ bool CudaBackend::keeps_gguf(const std::vector<Tensor>& parts) const {
 // value instead of 9; the same values; its decode products not measured yet).
 namespace {
 DType q6_k_layout() {
-    static const DType t = [] {
-        const char* e = std::getenv("PEREGRINE_Q6K_LAYOUT");
-        return e && std::string(e) == "6bit" ? DType::GQ6_32 : DType::GQ8_16;
-    }();
+    static const DType t = env_equals("PEREGRINE_Q6K_LAYOUT", "6bit") ? DType::GQ6_32 : DType::GQ8_16;
     return t;
 }
 }  // namespace
@@ -88,20 +84,14 @@ Tensor CudaBackend::place_gguf(const std::vector<Tensor>& parts, bool product) {
     return dev;
 }
 
-Tensor CudaBackend::place_layer_matrix(const std::vector<Tensor>& parts) {
+Tensor CudaBackend::place_layer_matrix(const std::vector<Tensor>& parts, bool product) {
     if (parts.size() == 1 && parts[0].empty()) return parts[0];
     if (keeps_gguf(parts)) {
-        if (parts.size() > 1) return place_gguf(parts);
+        if (parts.size() > 1) return place_gguf(parts, product);
         if (auto it = placed_.find(parts[0].data); it != placed_.end()) return it->second;
-        return placed_[parts[0].data] = place_gguf(parts);
+        return placed_[parts[0].data] = place_gguf(parts, product);
     }
     return parts.size() == 1 ? place_weight(parts[0], true) : place_stacked(parts, true);
-}
-
-Tensor CudaBackend::place_embedding(const Tensor& host, bool tied_head) {
-    if (!keeps_gguf({host})) return place_weight(host, true);
-    if (auto it = placed_.find(host.data); it != placed_.end()) return it->second;
-    return placed_[host.data] = place_gguf({host}, tied_head);
 }
 
 void CudaBackend::gguf_matmul(const Tensor& x, const Tensor& w, const Tensor& out, float beta, const Tensor& tune) {
@@ -109,7 +99,7 @@ void CudaBackend::gguf_matmul(const Tensor& x, const Tensor& w, const Tensor& ou
     // Rows a pass: all of them, or as many whole rows as the buffer holds (a multiple of 128,
     // keeping cuBLASLt's tiles whole), each pass filling its column band of out (ld m).
     int64_t per = gguf_scratch_.numel() / k;
-    if (per < m) per = std::max<int64_t>(per / 128 * 128, std::min<int64_t>(per, 1));
+    if (per < m && per >= 128) per -= per % 128;
     PG_CHECK(per > 0, "GGUF product ", w.shape_str(), " larger than its dequantize buffer");
     const size_t elem = dtype_row_bytes(out.dtype, 1);
     for (int64_t r0 = 0; r0 < m; r0 += per) {

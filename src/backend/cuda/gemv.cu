@@ -28,10 +28,12 @@
 #include <atomic>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/pdl.cuh"
+#include "core/env.h"
 
 namespace peregrine::cuda {
 
@@ -47,10 +49,7 @@ int g_rows = 0, g_depth = 0;
 int g_gguf_persistent = -1;
 bool gguf_persistent() {
     if (g_gguf_persistent >= 0) return g_gguf_persistent == 1;
-    static const bool env = [] {
-        const char* e = std::getenv("PEREGRINE_GGUF_GEMV");
-        return !(e && std::string(e) == "blocks");
-    }();
+    static const bool env = !env_equals("PEREGRINE_GGUF_GEMV", "blocks");
     return env;
 }
 
@@ -210,8 +209,7 @@ struct WeightChunk<kU6> {
     __device__ static Chunk load(const Args& a, int row, int c) {
         const char* r = static_cast<const char*>(a.w) + static_cast<int64_t>(row) * row_bytes(a.k);
         const auto* f = static_cast<const uint32_t*>(a.w_factors) + static_cast<int64_t>(row) * (a.k / 32) + c;
-        return {__ldg(reinterpret_cast<const uint4*>(r) + c), __ldg(reinterpret_cast<const uint2*>(r + a.k / 2) + c),
-                __ldg(f)};
+        return {load16(a.w, row, row_bytes(a.k), c), __ldg(reinterpret_cast<const uint2*>(r + a.k / 2) + c), __ldg(f)};
     }
     // The 4 codes of piece p (values 8p..8p+7) at even (odd: 1) positions, one a byte, as int8
     // lanes for dp4a: low nibbles | high bits << 4.
@@ -1021,40 +1019,45 @@ __global__ void gguf_embedding_kernel(const Args a, const int32_t* __restrict__ 
 }
 }  // namespace
 
+namespace {
+// Calls f(std::integral_constant<int, W>{}) with the WeightChunk kind of GGUF-layout weight w,
+// after checking that w is one and that k (a row's values) is a whole number of its chunks.
+template <typename F>
+void with_gguf_kind(const char* what, GemvWeight w, int k, F&& f) {
+    if (w.kind <= GemvWeight::kF8 || w.factors == nullptr || k % w.k_multiple() != 0)
+        fail(what, ": not a GGUF-layout weight, or ", k, " values a row not a multiple of its chunk");
+    switch (w.kind) {
+        case GemvWeight::kI8B32:
+            return f(std::integral_constant<int, kI8B32>{});
+        case GemvWeight::kI8B16:
+            return f(std::integral_constant<int, kI8B16>{});
+        case GemvWeight::kU6:
+            return f(std::integral_constant<int, kU6>{});
+        default:
+            return f(std::integral_constant<int, kU4>{});
+    }
+}
+}  // namespace
+
 void gguf_embedding(GemvWeight w, const int32_t* ids, const int32_t* feed, int n, int hidden, int vocab_begin,
                     int vocab_rows, float* out, cudaStream_t stream) {
     if (n <= 0) return;
-    if (w.kind <= GemvWeight::kF8 || w.factors == nullptr || hidden % w.k_multiple() != 0)
-        fail("gguf_embedding: not a GGUF-layout table, or hidden ", hidden, " not a multiple of its chunk");
     const Args a = make_args(nullptr, nullptr, 0.0f, w, out, true, vocab_rows, hidden);
-    const dim3 grid(static_cast<unsigned>(n));
-    if (w.kind == GemvWeight::kI8B32)
-        launch_pdl(gguf_embedding_kernel<kI8B32>, grid, dim3(128), 0, stream, a, ids, feed, vocab_begin, out);
-    else if (w.kind == GemvWeight::kI8B16)
-        launch_pdl(gguf_embedding_kernel<kI8B16>, grid, dim3(128), 0, stream, a, ids, feed, vocab_begin, out);
-    else if (w.kind == GemvWeight::kU6)
-        launch_pdl(gguf_embedding_kernel<kU6>, grid, dim3(128), 0, stream, a, ids, feed, vocab_begin, out);
-    else
-        launch_pdl(gguf_embedding_kernel<kU4>, grid, dim3(128), 0, stream, a, ids, feed, vocab_begin, out);
+    with_gguf_kind("gguf_embedding", w, hidden, [&](auto kind) {
+        launch_pdl(gguf_embedding_kernel<decltype(kind)::value>, dim3(static_cast<unsigned>(n)), dim3(128), 0, stream,
+                   a, ids, feed, vocab_begin, out);
+    });
     check_launch("gguf_embedding");
 }
 
 void dequantize_weight(GemvWeight w, bf16_t* out, int m, int k, cudaStream_t stream) {
     if (m <= 0) return;
-    if (w.kind <= GemvWeight::kF8 || w.factors == nullptr || k % w.k_multiple() != 0)
-        fail("dequantize_weight: not a GGUF-layout weight, or k ", k, " not a multiple of its chunk");
     const Args a = make_args(nullptr, nullptr, 0.0f, w, out, false, m, k);
-    const int per_chunk = w.kind >= GemvWeight::kU4 ? 32 : 16;  // values a chunk of codes
-    const int64_t threads = static_cast<int64_t>(m) * (k / per_chunk);
-    const unsigned blocks = static_cast<unsigned>((threads + 255) / 256);
-    if (w.kind == GemvWeight::kI8B32)
-        dequantize_kernel<kI8B32><<<blocks, 256, 0, stream>>>(a, out);
-    else if (w.kind == GemvWeight::kI8B16)
-        dequantize_kernel<kI8B16><<<blocks, 256, 0, stream>>>(a, out);
-    else if (w.kind == GemvWeight::kU6)
-        dequantize_kernel<kU6><<<blocks, 256, 0, stream>>>(a, out);
-    else
-        dequantize_kernel<kU4><<<blocks, 256, 0, stream>>>(a, out);
+    with_gguf_kind("dequantize_weight", w, k, [&](auto kind) {
+        constexpr int W = decltype(kind)::value;
+        const int64_t threads = static_cast<int64_t>(m) * (k / (8 * WeightChunk<W>::kPieces));  // one a chunk
+        dequantize_kernel<W><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(a, out);
+    });
     check_launch("dequantize_weight");
 }
 
