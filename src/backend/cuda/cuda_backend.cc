@@ -149,7 +149,7 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
 
 CudaBackend::~CudaBackend() {
     scratch_.clear();
-    for (Tensor* t : {&f8_input_, &f8_scale_, &f8_product_, &gguf_scratch_})
+    for (Tensor* t : {&f8_input_, &f8_scale_, &f8_product_, &f8_act_, &f8_act_scale_, &gguf_scratch_})
         if (!t->empty()) release(*t);
     cudaStreamSynchronize(stream_);
     graphs_.clear();
@@ -377,6 +377,48 @@ void CudaBackend::ensure_fp8_buffers(int64_t input, int64_t rows, int64_t produc
     f8_product_ = allocate(DType::BF16, {product});
 }
 
+bool CudaBackend::fp8_pair(const Tensor& x, const Tensor& w) {
+    return x.dtype == DType::F8_E4M3 && w.dtype == DType::F8_E4M3 && x.scale != nullptr;
+}
+
+Tensor CudaBackend::fp8_activation(int64_t n, int64_t k) {
+    if (f8_act_.numel() < n * k || f8_act_scale_.numel() < n) {
+        PG_CHECK(!capturing(), "CUDA backend: an FP8 activation larger than any before while recording a graph");
+        clear_graphs();  // recordings hold the old addresses
+        const int64_t values = std::max(n * k, f8_act_.numel()), rows = std::max(n, f8_act_scale_.numel());
+        for (Tensor* t : {&f8_act_, &f8_act_scale_})
+            if (!t->empty()) release(*t);
+        f8_act_ = allocate(DType::F8_E4M3, {values});
+        f8_act_scale_ = allocate(DType::F32, {rows});
+    }
+    Tensor t(f8_act_.data, DType::F8_E4M3, {n, k}, Device::CUDA);
+    t.scale = f8_act_scale_.ptr<float>();
+    return t;
+}
+
+Tensor CudaBackend::norm_e4m3(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w) {
+    if (w.dtype != DType::F8_E4M3 || options_.batch_invariant || x.ndim != 2 || norm_weight.dtype != DType::F32 ||
+        norm_weight.numel() != x.cols() || (x.dtype != DType::F32 && x.dtype != DType::BF16))
+        return Tensor();
+    const int64_t n = x.rows(), k = x.cols();
+    const Tensor x8 = fp8_activation(n, k);
+    if (!cuda::rms_norm_e4m3(x.data, x.dtype == DType::F32, nullptr, norm_weight.ptr<float>(), eps,
+                             static_cast<uint8_t*>(x8.data), const_cast<float*>(x8.scale), static_cast<int>(n),
+                             static_cast<int>(k), stream_))
+        return Tensor();
+    return x8;
+}
+
+Tensor CudaBackend::silu_e4m3(const Tensor& gate_up, const Tensor& w) {
+    if (w.dtype != DType::F8_E4M3 || options_.batch_invariant || gate_up.dtype != DType::BF16 || gate_up.ndim != 2)
+        return Tensor();
+    const int64_t n = gate_up.rows(), f = gate_up.cols() / 2;
+    const Tensor g8 = fp8_activation(n, f);
+    if (!cuda::silu_rows_e4m3(bf(gate_up), static_cast<uint8_t*>(g8.data), const_cast<float*>(g8.scale), n, f, stream_))
+        return Tensor();
+    return g8;
+}
+
 Tensor CudaBackend::quantize_weight(const Tensor& w) {
     if (w.empty() || w.dtype != DType::BF16 || w.ndim != 2 || w.cols() % 16 != 0) return w;
     const int64_t rows = w.rows(), cols = w.cols();
@@ -565,10 +607,13 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, c
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
     PG_CHECK(w.cols() == k && out.rows() == n && out.cols() == m, "matmul shapes: x ", x.shape_str(), " w ",
              w.shape_str(), " out ", out.shape_str());
-    PG_CHECK(x.dtype == DType::BF16 && is_product_weight(w),
-             "CUDA matmul takes bf16 inputs and bf16, f8_e4m3 or GGUF-layout weights");
+    PG_CHECK((x.dtype == DType::BF16 || fp8_pair(x, w)) && is_product_weight(w),
+             "CUDA matmul takes bf16 inputs (or f8_e4m3 ones for f8_e4m3 weights) and bf16, f8_e4m3 or GGUF-layout "
+             "weights");
     if (n == 0) return;
-    if (options_.batch_invariant) {
+    if (fp8_pair(x, w)) {
+        cublas_matmul(x, w, out);
+    } else if (options_.batch_invariant) {
         // One k order per element whatever n is (tensor cores, no split-K across CTAs).
         cuda::gemm_invariant(bf(x), bf(w), out.data, out.dtype == DType::F32, static_cast<int>(n), static_cast<int>(m),
                              static_cast<int>(k), stream_);
@@ -614,6 +659,10 @@ bool CudaBackend::use_gemv_norm(const Tensor& x, const Tensor& norm_weight, cons
 void CudaBackend::norm_matmul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w,
                               const Tensor& bias, const Tensor& out, const Tensor& normed) {
     if (!use_gemv_norm(x, norm_weight, w)) {
+        if (const Tensor x8 = norm_e4m3(x, norm_weight, eps, w); !x8.empty()) {
+            matmul(x8, w, bias, out);
+            return;
+        }
         rms_norm(x, Tensor(), norm_weight, eps, normed);
         matmul(normed, w, bias, out);
         return;
@@ -632,6 +681,11 @@ void CudaBackend::norm_matmul(const Tensor& x, const Tensor& norm_weight, float 
 void CudaBackend::norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w_gate_up,
                                    const Tensor& out, const Tensor& normed, const Tensor& scratch) {
     if (!use_gemv_norm(x, norm_weight, w_gate_up)) {
+        if (const Tensor x8 = norm_e4m3(x, norm_weight, eps, w_gate_up); !x8.empty()) {
+            matmul(x8, w_gate_up, Tensor(), scratch);
+            silu_mul_packed(scratch, out);
+            return;
+        }
         rms_norm(x, Tensor(), norm_weight, eps, normed);
         matmul_silu(normed, w_gate_up, out, scratch);
         return;
@@ -646,7 +700,7 @@ void CudaBackend::norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, f
 void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& residual, const Tensor& scratch) {
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
     PG_CHECK(w.cols() == k && residual.rows() == n && residual.cols() == m && residual.dtype == DType::F32 &&
-                 x.dtype == DType::BF16 && is_product_weight(w),
+                 (x.dtype == DType::BF16 || fp8_pair(x, w)) && is_product_weight(w),
              "matmul_add shapes: x ", x.shape_str(), " w ", w.shape_str(), " residual ", residual.shape_str());
     if (n == 0) return;
     if (use_gemv(x, w)) {
@@ -688,15 +742,22 @@ void CudaBackend::fp8_matmul(const Tensor& x, const Tensor& w, const Tensor& out
     // 117 MB for the 8B shape's gate | up) whatever the step's token count.
     constexpr int64_t kRowsPerGemm = 2048;
     const int64_t rows = std::min(n, kRowsPerGemm);
-    auto quantize_x = [&](int64_t product) {  // growing the buffers moves them: quantize after
-        ensure_fp8_buffers(n * k, n, product);
-        cuda::quantize_rows_e4m3(bf(x), static_cast<uint8_t*>(f8_input_.data), f8_scale_.ptr<float>(), n, k, stream_);
+    // x as codes and per-row factors: given so (fp8_activation), or quantized here into
+    // f8_input_ (growing the buffers moves them: quantize after).
+    const bool given = x.dtype == DType::F8_E4M3;
+    PG_CHECK(!given || x.scale != nullptr, "an f8_e4m3 x ", x.shape_str(), " without row factors");
+    auto quantize_x = [&](int64_t product) {
+        ensure_fp8_buffers(given ? 0 : n * k, given ? 0 : n, product);
+        if (!given)
+            cuda::quantize_rows_e4m3(bf(x), static_cast<uint8_t*>(f8_input_.data), f8_scale_.ptr<float>(), n, k,
+                                     stream_);
     };
+    auto x_codes = [&] { return static_cast<const uint8_t*>(given ? x.data : f8_input_.data); };
+    auto x_scale = [&] { return given ? x.scale : f8_scale_.ptr<float>(); };
     // One GEMM with both factor vectors (outer-vector scaling) where this cuBLASLt has it.
     if (fp8_outer_vectors_) {
         quantize_x(0);
-        if (lt_matmul(w.data, f8_input_.data, true, n, m, k, out.data, out.dtype, beta, tune.data, w.scale,
-                      f8_scale_.ptr<float>()))
+        if (lt_matmul(w.data, x_codes(), true, n, m, k, out.data, out.dtype, beta, tune.data, w.scale, x_scale()))
             return;
         fp8_outer_vectors_ = false;
     }
@@ -705,9 +766,8 @@ void CudaBackend::fp8_matmul(const Tensor& x, const Tensor& w, const Tensor& out
     const size_t out_row = dtype_row_bytes(out.dtype, m);
     for (int64_t r0 = 0; r0 < n; r0 += rows) {
         const int64_t nn = std::min(rows, n - r0);
-        lt_matmul(w.data, static_cast<const uint8_t*>(f8_input_.data) + r0 * k, true, nn, m, k, f8_product_.data,
-                  DType::BF16, 0.0f, f8_product_.data);
-        cuda::scale_fp8_product(f8_product_.ptr<cuda::bf16_t>(), w.scale, f8_scale_.ptr<float>() + r0,
+        lt_matmul(w.data, x_codes() + r0 * k, true, nn, m, k, f8_product_.data, DType::BF16, 0.0f, f8_product_.data);
+        cuda::scale_fp8_product(f8_product_.ptr<cuda::bf16_t>(), w.scale, x_scale() + r0,
                                 static_cast<char*>(out.data) + r0 * out_row, out.dtype == DType::F32, beta != 0.0f, nn,
                                 m, stream_);
     }

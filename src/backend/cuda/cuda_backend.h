@@ -207,6 +207,18 @@ class CudaBackend final : public Backend {
     // An f8_e4m3 copy of a placed bf16 matrix (per-row factors); the bf16 one is freed where this
     // backend owns it. Matrices whose k is not a multiple of 16 (cuBLASLt FP8) stay bf16.
     Tensor quantize_weight(const Tensor& w);
+    // FP8 prefill inputs quantized where they are made (as quantize_rows_e4m3 would quantize the
+    // bf16 row, bit for bit), skipping the bf16 row: x is f8_e4m3 with Tensor::scale at its row
+    // factors (fp8_pair); matmul and matmul_add take such an x for an f8_e4m3 weight.
+    static bool fp8_pair(const Tensor& x, const Tensor& w);
+    // An f8_e4m3 [n, k] view of f8_act_ with scale at f8_act_scale_ (grown outside recording;
+    // the norm's and the silu's outputs share it: each is read by the product right after it).
+    Tensor fp8_activation(int64_t n, int64_t k);
+    // rms_norm(x) * norm_weight as the f8_e4m3 input of w, or empty where w is not f8_e4m3 (or
+    // the kernel does not take the row): then the caller goes the bf16 way.
+    Tensor norm_e4m3(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w);
+    // silu(gate) * up of gate_up [n, 2F] bf16 as the f8_e4m3 input of w (the down product), or empty.
+    Tensor silu_e4m3(const Tensor& gate_up, const Tensor& w);
     // Room for an FP8 product: `input` e4m3 values of x, `rows` factors, `product` bf16 values of
     // one GEMM's unscaled output. Grows outside graph recording only (the largest step runs first).
     void ensure_fp8_buffers(int64_t input, int64_t rows, int64_t product);
@@ -272,6 +284,7 @@ class CudaBackend final : public Backend {
     std::unordered_map<const void*, Tensor> placed_;
     std::vector<void*> owned_;
     Tensor f8_input_, f8_scale_, f8_product_;  // see ensure_fp8_buffers
+    Tensor f8_act_, f8_act_scale_;             // see fp8_activation
     // [largest GGUF-layout matrix] bf16: a weight dequantized for one cuBLASLt product; sized as
     // matrices are placed, so it never grows during a step.
     Tensor gguf_scratch_;

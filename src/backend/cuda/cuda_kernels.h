@@ -163,6 +163,15 @@ void gguf_embedding(GemvWeight w, const int32_t* ids, const int32_t* feed, int n
 // FP8: q [rows, cols] e4m3 and scale [rows] f32 from x [rows, cols] bf16, one factor a row
 // (amax / 448; q = x * 448 / amax rounded to nearest even, saturating). cols a multiple of 8.
 void quantize_rows_e4m3(const bf16_t* x, uint8_t* q, float* scale, int64_t rows, int64_t cols, cudaStream_t stream);
+// Prefill inputs of FP8 products quantized where they are made, without the bf16 row in
+// between: codes [rows, dim] e4m3 and scale [rows] equal bit for bit what quantize_rows_e4m3
+// gives for the bf16 output of rms_norm (x, residual, weight as there) or of silu_mul_packed
+// (gate_up [rows, 2 dim]). False, launching nothing, where the row is too long to stay in
+// registers (dim > 32768) or dim / the pointers are not 8-element / 16-byte aligned.
+bool rms_norm_e4m3(const void* x, bool x_f32, float* residual, const float* weight, float eps, uint8_t* codes,
+                   float* scale, int rows, int dim, cudaStream_t stream);
+bool silu_rows_e4m3(const bf16_t* gate_up, uint8_t* codes, float* scale, int64_t rows, int64_t dim,
+                    cudaStream_t stream);
 // An FP8 GEMM's epilogue: out [n, m] (f32, or bf16) = d * w_scale[col] * x_scale[row], or
 // (accumulate) out += that; d [n, m] bf16 is the GEMM's output with unit factors.
 void scale_fp8_product(const bf16_t* d, const float* w_scale, const float* x_scale, void* out, bool out_f32,

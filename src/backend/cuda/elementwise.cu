@@ -3,6 +3,7 @@
 // All math in f32; bf16 stores round to nearest even. Each kernel has a 16-byte vector path
 // (8 bf16 per access) taken when the sizes and pointers allow it, and a scalar fallback.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,6 +27,9 @@ __device__ __forceinline__ float bf2f(uint16_t h) {
 }
 __device__ __forceinline__ uint16_t f2bf(float f) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+__device__ __forceinline__ uint8_t to_e4m3(float v) {  // as quantize_rows_e4m3 rounds
+    return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
 }
 __device__ __forceinline__ uint32_t pack2(float a, float b) {
     return static_cast<uint32_t>(f2bf(a)) | (static_cast<uint32_t>(f2bf(b)) << 16);
@@ -163,9 +167,13 @@ __global__ void embedding_kernel(const uint16_t* __restrict__ table, const int32
 // TPR threads per row (blockDim.x / TPR rows per CTA when TPR <= 32, else one row per CTA),
 // each handling vectors i = lane + j * TPR of V elements. NV > 0: the row stays in registers
 // (NV vectors per thread cover it); NV == 0: any length, the second pass re-reads from memory.
+// OT uint8_t: out gets the row's e4m3 codes and qscale[row] its factor, quantized from the
+// bf16-rounded outputs as quantize_rows_e4m3 would quantize the bf16 row (bit for bit; NV > 0).
 template <typename XT, typename OT, bool RES, int V, int NV>
 __global__ void rms_norm_kernel(const XT* x, float* __restrict__ residual, const float* __restrict__ weight, float eps,
-                                OT* out, int rows, int dim, int tpr) {
+                                OT* out, int rows, int dim, int tpr, float* __restrict__ qscale) {
+    constexpr bool kCodes = std::is_same_v<OT, uint8_t>;
+    static_assert(!kCodes || NV > 0, "e4m3 output keeps the row in registers");
     pdl_launch_dependents();
     // The norm weight is constant during a step: bring it towards L2 before waiting for x.
     for (int line = threadIdx.x; line * 32 < dim; line += blockDim.x)
@@ -207,47 +215,86 @@ __global__ void rms_norm_kernel(const XT* x, float* __restrict__ residual, const
         }
     }
 
-    // Sum over the row's threads: within the warp (groups of tpr lanes when tpr < 32), then
-    // across warps through shared memory.
-    for (int off = min(tpr, 32) / 2; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if (tpr > 32) {
-        const int warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
-        if (threadIdx.x % 32 == 0) partial[warp] = ss;
-        __syncthreads();
-        ss = 0.0f;
-        for (int w = 0; w < num_warps; ++w) ss += partial[w];
-    }
-    if (!valid) return;
-    const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
-
-    auto second_pass = [&](int i, const float(&v)[V]) {
-        float w[V], o[V];
-        load_n<V>(weight + i * V, w);
-#pragma unroll
-        for (int e = 0; e < V; ++e) o[e] = w[e] * (v[e] * inv);
-        store_n<V>(orow + i * V, o);
+    // Combines v over the row's threads: within the warp (groups of tpr lanes when tpr < 32),
+    // then across warps through shared memory, warp 0's part first.
+    auto reduce_row = [&](float v, auto op) {
+        for (int off = min(tpr, 32) / 2; off > 0; off /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, off));
+        if (tpr > 32) {
+            const int warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
+            __syncthreads();  // an earlier reduction's reads of partial are done
+            if (threadIdx.x % 32 == 0) partial[warp] = v;
+            __syncthreads();
+            v = partial[0];
+            for (int w = 1; w < num_warps; ++w) v = op(v, partial[w]);
+        }
+        return v;
     };
-    if constexpr (NV > 0) {
+    ss = reduce_row(ss, [](float a, float b) { return a + b; });
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
+    if constexpr (kCodes) {
+        // Every thread reaches the amax reduction (its shuffles span whole warps); rows past
+        // the end contribute 0 and store nothing.
+        float amax = 0.0f;
 #pragma unroll
         for (int j = 0; j < NV; ++j) {
             const int i = lane + j * tpr;
-            if (i < nvec) second_pass(i, cache[j]);
+            if (!valid || i >= nvec) continue;
+            float w[V];
+            load_n<V>(weight + i * V, w);
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                cache[j][e] = bf2f(f2bf(w[e] * (cache[j][e] * inv)));
+                amax = fmaxf(amax, fabsf(cache[j][e]));
+            }
+        }
+        amax = reduce_row(amax, [](float a, float b) { return fmaxf(a, b); });
+        if (!valid) return;
+        const float q = amax > 0.0f ? 448.0f / amax : 0.0f;
+        if (lane == 0) qscale[row] = amax / 448.0f;
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+            const int i = lane + j * tpr;
+            if (i >= nvec) continue;
+            uint8_t c[V];
+#pragma unroll
+            for (int e = 0; e < V; ++e) c[e] = to_e4m3(cache[j][e] * q);
+            if constexpr (V == 8)
+                *reinterpret_cast<uint2*>(orow + i * V) = *reinterpret_cast<const uint2*>(c);
+            else
+#pragma unroll
+                for (int e = 0; e < V; ++e) orow[i * V + e] = c[e];
         }
     } else {
-        for (int i = lane; i < nvec; i += tpr) {
-            float v[V];
-            if constexpr (RES)
-                load_n<V>(rr + i * V, v);
-            else
-                load_n<V>(xr + i * V, v);
-            second_pass(i, v);
+        if (!valid) return;
+        auto second_pass = [&](int i, const float(&v)[V]) {
+            float w[V], o[V];
+            load_n<V>(weight + i * V, w);
+#pragma unroll
+            for (int e = 0; e < V; ++e) o[e] = w[e] * (v[e] * inv);
+            store_n<V>(orow + i * V, o);
+        };
+        if constexpr (NV > 0) {
+#pragma unroll
+            for (int j = 0; j < NV; ++j) {
+                const int i = lane + j * tpr;
+                if (i < nvec) second_pass(i, cache[j]);
+            }
+        } else {
+            for (int i = lane; i < nvec; i += tpr) {
+                float v[V];
+                if constexpr (RES)
+                    load_n<V>(rr + i * V, v);
+                else
+                    load_n<V>(xr + i * V, v);
+                second_pass(i, v);
+            }
         }
     }
 }
 
 template <typename XT, typename OT, bool RES, int V>
 void launch_rms_norm_v(const void* x, float* residual, const float* weight, float eps, void* out, int rows, int dim,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, float* qscale) {
     const XT* xp = static_cast<const XT*>(x);
     OT* op = static_cast<OT*>(out);
     const int nvec = dim / V;
@@ -261,50 +308,52 @@ void launch_rms_norm_v(const void* x, float* residual, const float* weight, floa
         const unsigned grid = static_cast<unsigned>(ceil_div(rows, rows_per_cta));
         if (per_lane <= 1)
             launch_pdl(rms_norm_kernel<XT, OT, RES, V, 1>, grid, threads, 0, stream, xp, residual, weight, eps, op,
-                       rows, dim, tpr);
+                       rows, dim, tpr, qscale);
         else if (per_lane <= 2)
             launch_pdl(rms_norm_kernel<XT, OT, RES, V, 2>, grid, threads, 0, stream, xp, residual, weight, eps, op,
-                       rows, dim, tpr);
+                       rows, dim, tpr, qscale);
         else
             launch_pdl(rms_norm_kernel<XT, OT, RES, V, 4>, grid, threads, 0, stream, xp, residual, weight, eps, op,
-                       rows, dim, tpr);
+                       rows, dim, tpr, qscale);
         return;
     }
     // One CTA per row, about 256 threads, the row cached in registers up to 4 vectors a thread.
     const unsigned grid = static_cast<unsigned>(rows);
     if (nvec <= 256) {
         launch_pdl(rms_norm_kernel<XT, OT, RES, V, 1>, grid, round_up(nvec, 32), 0, stream, xp, residual, weight, eps,
-                   op, rows, dim, round_up(nvec, 32));
+                   op, rows, dim, round_up(nvec, 32), qscale);
     } else if (nvec <= 512) {
         const int t = round_up(static_cast<int>(ceil_div(nvec, 2)), 32);
-        launch_pdl(rms_norm_kernel<XT, OT, RES, V, 2>, grid, t, 0, stream, xp, residual, weight, eps, op, rows, dim, t);
+        launch_pdl(rms_norm_kernel<XT, OT, RES, V, 2>, grid, t, 0, stream, xp, residual, weight, eps, op, rows, dim, t,
+                   qscale);
     } else if (nvec <= 4096) {
         const int t = round_up(static_cast<int>(ceil_div(nvec, 4)), 32);
-        launch_pdl(rms_norm_kernel<XT, OT, RES, V, 4>, grid, t, 0, stream, xp, residual, weight, eps, op, rows, dim, t);
-    } else {
+        launch_pdl(rms_norm_kernel<XT, OT, RES, V, 4>, grid, t, 0, stream, xp, residual, weight, eps, op, rows, dim, t,
+                   qscale);
+    } else if constexpr (!std::is_same_v<OT, uint8_t>) {  // e4m3 output: rms_norm_e4m3 refuses such rows
         launch_pdl(rms_norm_kernel<XT, OT, RES, V, 0>, grid, 1024, 0, stream, xp, residual, weight, eps, op, rows, dim,
-                   1024);
+                   1024, qscale);
     }
 }
 
 template <typename XT, typename OT, bool RES>
 void launch_rms_norm(const void* x, float* residual, const float* weight, float eps, void* out, int rows, int dim,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, float* qscale = nullptr) {
     const bool vec = dim % 8 == 0 && aligned16(x) && aligned16(out) && aligned16(weight) &&
                      (residual == nullptr || aligned16(residual));
     if (vec)
-        launch_rms_norm_v<XT, OT, RES, 8>(x, residual, weight, eps, out, rows, dim, stream);
+        launch_rms_norm_v<XT, OT, RES, 8>(x, residual, weight, eps, out, rows, dim, stream, qscale);
     else
-        launch_rms_norm_v<XT, OT, RES, 1>(x, residual, weight, eps, out, rows, dim, stream);
+        launch_rms_norm_v<XT, OT, RES, 1>(x, residual, weight, eps, out, rows, dim, stream, qscale);
 }
 
 template <typename XT, typename OT>
 void launch_rms_norm_res(const void* x, float* residual, const float* weight, float eps, void* out, int rows, int dim,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, float* qscale = nullptr) {
     if (residual)
-        launch_rms_norm<XT, OT, true>(x, residual, weight, eps, out, rows, dim, stream);
+        launch_rms_norm<XT, OT, true>(x, residual, weight, eps, out, rows, dim, stream, qscale);
     else
-        launch_rms_norm<XT, OT, false>(x, residual, weight, eps, out, rows, dim, stream);
+        launch_rms_norm<XT, OT, false>(x, residual, weight, eps, out, rows, dim, stream, qscale);
 }
 
 // ---- rope + cache --------------------------------------------------------------------------
@@ -548,6 +597,21 @@ void rms_norm(const void* x, bool x_f32, float* residual, const float* weight, f
             launch_rms_norm_res<uint16_t, uint16_t>(x, residual, weight, eps, out, rows, dim, stream);
     }
     check_launch("rms_norm");
+}
+
+bool rms_norm_e4m3(const void* x, bool x_f32, float* residual, const float* weight, float eps, uint8_t* codes,
+                   float* scale, int rows, int dim, cudaStream_t stream) {
+    // The 16-byte path with the row in registers (launch_rms_norm's choice for these operands).
+    if (dim % 8 != 0 || dim / 8 > 4096 || !aligned16(x) || !aligned16(codes) || !aligned16(weight) ||
+        (residual != nullptr && !aligned16(residual)))
+        return false;
+    if (rows <= 0) return true;
+    if (x_f32)
+        launch_rms_norm_res<float, uint8_t>(x, residual, weight, eps, codes, rows, dim, stream, scale);
+    else
+        launch_rms_norm_res<uint16_t, uint8_t>(x, residual, weight, eps, codes, rows, dim, stream, scale);
+    check_launch("rms_norm_e4m3");
+    return true;
 }
 
 namespace {

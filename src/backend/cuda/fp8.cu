@@ -66,6 +66,56 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+// silu(gate) * up of a packed gate | up row (bf16 [rows, 2 dim]) rounded to bf16 as
+// silu_mul_packed writes it, then quantized per row as quantize_rows_e4m3 would: one CTA a row,
+// thread t taking 8-element vectors t + j * blockDim.x (NV of them, kept in registers).
+template <int NV>
+__global__ void __launch_bounds__(1024)
+    silu_rows_e4m3_kernel(const uint16_t* __restrict__ gate_up, uint8_t* __restrict__ q, float* __restrict__ scale,
+                          int64_t dim) {
+    pdl_launch_dependents();
+    pdl_wait();
+    const int64_t row = blockIdx.x;
+    const uint4* g = reinterpret_cast<const uint4*>(gate_up + row * 2 * dim);
+    const uint4* u = reinterpret_cast<const uint4*>(gate_up + row * 2 * dim + dim);
+    const int64_t nvec = dim / 8;
+    float v[NV][8];
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+        const int64_t i = threadIdx.x + j * static_cast<int64_t>(blockDim.x);
+        if (i >= nvec) continue;
+        const uint4 gv = g[i], uv = u[i];
+        const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const float x = bf2f(static_cast<uint16_t>(gw[e / 2] >> (16 * (e % 2))));
+            const float up = bf2f(static_cast<uint16_t>(uw[e / 2] >> (16 * (e % 2))));
+            v[j][e] = bf2f(__bfloat16_as_ushort(__float2bfloat16_rn(x / (1.0f + expf(-x)) * up)));
+            amax = fmaxf(amax, fabsf(v[j][e]));
+        }
+    }
+    __shared__ float warp_max[32];
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
+    __syncthreads();
+    amax = 0.0f;
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) amax = fmaxf(amax, warp_max[w]);
+    const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
+    if (threadIdx.x == 0) scale[row] = amax / 448.0f;
+    uint2* qr = reinterpret_cast<uint2*>(q + row * dim);
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+        const int64_t i = threadIdx.x + j * static_cast<int64_t>(blockDim.x);
+        if (i >= nvec) continue;
+        uint32_t out[2] = {0, 0};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) out[e / 4] |= static_cast<uint32_t>(to_e4m3(v[j][e] * inv)) << (8 * (e % 4));
+        qr[i] = make_uint2(out[0], out[1]);
+    }
+}
+
 // out[i, j] (+)= d[i, j] * w_scale[j] * x_scale[i] over [n, m]; V elements a thread-step.
 template <int V>
 __global__ void scale_product_kernel(const uint16_t* __restrict__ d, const float* __restrict__ w_scale,
@@ -110,6 +160,26 @@ void scale_fp8_product(const bf16_t* d, const float* w_scale, const float* x_sca
                    total);
     }
     check_launch("scale_fp8_product");
+}
+
+bool silu_rows_e4m3(const bf16_t* gate_up, uint8_t* q, float* scale, int64_t rows, int64_t dim, cudaStream_t stream) {
+    const int64_t nvec = dim / 8;
+    if (dim % 8 != 0 || nvec > 4 * 1024 || reinterpret_cast<uintptr_t>(gate_up) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(q) % 8 != 0)
+        return false;
+    if (rows <= 0) return true;
+    // The fewest vectors a thread (1, 2 or 4) that 1024 threads cover the row with.
+    const int nv = nvec <= 1024 ? 1 : nvec <= 2048 ? 2 : 4;
+    const unsigned threads = static_cast<unsigned>(std::max<int64_t>(32, (nvec + nv - 1) / nv + 31) / 32 * 32);
+    const unsigned grid = static_cast<unsigned>(rows);
+    if (nv == 1)
+        launch_pdl(silu_rows_e4m3_kernel<1>, grid, threads, 0, stream, gate_up, q, scale, dim);
+    else if (nv == 2)
+        launch_pdl(silu_rows_e4m3_kernel<2>, grid, threads, 0, stream, gate_up, q, scale, dim);
+    else
+        launch_pdl(silu_rows_e4m3_kernel<4>, grid, threads, 0, stream, gate_up, q, scale, dim);
+    check_launch("silu_rows_e4m3");
+    return true;
 }
 
 void quantize_rows_e4m3(const bf16_t* x, uint8_t* q, float* scale, int64_t rows, int64_t cols, cudaStream_t stream) {

@@ -43,6 +43,80 @@ TEST(CudaFp8, QuantizerMatchesHost) {
     PG_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+// The prefill inputs quantized where they are made (rms_norm_e4m3, silu_rows_e4m3) against the
+// two steps they replace (the bf16 row, then quantize_rows_e4m3): every code and factor equal,
+// over the launch shapes of rms_norm (a few lanes a row up to 1,024 threads a row; f32 or bf16
+// x, with and without the residual add) and 1, 2 or 4 vectors a thread in the silu.
+TEST(CudaFp8, FusedQuantizersMatchTwoSteps) {
+    PG_SKIP_WITHOUT_CUDA();
+    std::mt19937 rng(17);
+    cudaStream_t stream;
+    PG_CUDA_CHECK(cudaStreamCreate(&stream));
+    auto two_step = [&](const uint16_t* rows_bf16, int rows, int dim, std::vector<uint8_t>& q, std::vector<float>& s) {
+        DeviceBuffer<uint8_t> dq(static_cast<size_t>(rows) * dim);
+        DeviceBuffer<float> ds(static_cast<size_t>(rows));
+        cuda::quantize_rows_e4m3(rows_bf16, dq.get(), ds.get(), rows, dim, stream);
+        PG_CUDA_CHECK(cudaStreamSynchronize(stream));
+        q = dq.download(), s = ds.download();
+    };
+    for (int dim : {64, 1000, 1004, 2048, 4096, 8192, 32768}) {
+        for (int rows : {1, 5, 300}) {
+            for (int variant = 0; variant < 3; ++variant) {  // f32 x, bf16 x, f32 x + residual
+                const size_t count = static_cast<size_t>(rows) * dim;
+                std::vector<float> x = cuda_test::round_bf16(cuda_test::random_floats(count, rng, -4.0f, 4.0f));
+                std::vector<float> res = cuda_test::random_floats(count, rng, -1.0f, 1.0f);
+                const std::vector<float> norm = cuda_test::random_floats(static_cast<size_t>(dim), rng, 0.5f, 1.5f);
+                DeviceBuffer<float> dxf(x), dnorm(norm), dres1(res), dres2(res);
+                DeviceBuffer<uint16_t> dxb(cuda_test::to_bf16(x)), normed(count);
+                const bool f32 = variant != 1;
+                const void* xin = f32 ? static_cast<const void*>(dxf.get()) : dxb.get();
+                DeviceBuffer<uint8_t> dq(count);
+                DeviceBuffer<float> ds(static_cast<size_t>(rows));
+                const bool ran = cuda::rms_norm_e4m3(xin, f32, variant == 2 ? dres2.get() : nullptr, dnorm.get(), 1e-5f,
+                                                     dq.get(), ds.get(), rows, dim, stream);
+                PG_CUDA_CHECK(cudaStreamSynchronize(stream));
+                const std::string where = "dim " + std::to_string(dim) + " rows " + std::to_string(rows) + " variant " +
+                                          std::to_string(variant);
+                if (dim % 8 != 0) {  // the 16-byte path only
+                    EXPECT_FALSE(ran) << where;
+                    continue;
+                }
+                ASSERT_TRUE(ran) << where;
+                cuda::rms_norm(xin, f32, variant == 2 ? dres1.get() : nullptr, dnorm.get(), 1e-5f, normed.get(), false,
+                               rows, dim, stream);
+                std::vector<uint8_t> want_q;
+                std::vector<float> want_s;
+                two_step(normed.get(), rows, dim, want_q, want_s);
+                EXPECT_TRUE(dq.download() == want_q) << "rms_norm_e4m3 " << where;
+                EXPECT_TRUE(ds.download() == want_s) << "rms_norm_e4m3 " << where;
+                if (variant == 2) {
+                    EXPECT_TRUE(dres1.download() == dres2.download()) << "residual " << where;
+                }
+            }
+        }
+    }
+    EXPECT_FALSE(cuda::rms_norm_e4m3(nullptr, true, nullptr, nullptr, 1e-5f, nullptr, nullptr, 1, 40000, stream));
+    for (int dim : {64, 2048, 8192, 14336, 28672}) {
+        for (int rows : {1, 7, 130}) {
+            const size_t count = static_cast<size_t>(rows) * dim;
+            const std::vector<float> gu = cuda_test::round_bf16(cuda_test::random_floats(2 * count, rng, -6.0f, 6.0f));
+            DeviceBuffer<uint16_t> dgu(cuda_test::to_bf16(gu)), gated(count);
+            cuda::silu_mul_packed(dgu.get(), gated.get(), rows, dim, stream);
+            std::vector<uint8_t> want_q;
+            std::vector<float> want_s;
+            two_step(gated.get(), rows, dim, want_q, want_s);
+            DeviceBuffer<uint8_t> dq(count);
+            DeviceBuffer<float> ds(static_cast<size_t>(rows));
+            ASSERT_TRUE(cuda::silu_rows_e4m3(dgu.get(), dq.get(), ds.get(), rows, dim, stream));
+            PG_CUDA_CHECK(cudaStreamSynchronize(stream));
+            EXPECT_TRUE(dq.download() == want_q) << "silu_rows_e4m3 dim " << dim << " rows " << rows;
+            EXPECT_TRUE(ds.download() == want_s) << "silu_rows_e4m3 dim " << dim << " rows " << rows;
+        }
+    }
+    EXPECT_FALSE(cuda::silu_rows_e4m3(nullptr, nullptr, nullptr, 1, 40000, stream));
+    PG_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 // The backend's matmul / matmul_add with an f8_e4m3 weight: n <= 4 reads the codes in the decode
 // kernel (x stays bf16), larger n quantizes x per token, runs cuBLASLt's FP8 GEMM and applies both
 // factor vectors after. Each against a double product of exactly those operands.
