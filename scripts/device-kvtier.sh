@@ -28,7 +28,8 @@ json.dump(res, open(out, "w"))
 print(f"{out}: round-2 cached tokens {sum(r['cached'] for r in res if r['round'] == 1)}")
 PY
 # SKIP_CHECK=1: speed only; SKIP_SPEED=1: the check only. SHAPE (bench/models folder, default llama-3.2-1b), GPU_KV / HOST_KV
-# (bytes), ROUNDS, LOAD (bench serve's workload flags): the speed run's settings.
+# (bytes), ROUNDS, LOAD (bench serve's workload flags), MODES (default "tier notier"): the speed
+# run's settings.
 m=tests/data/llama3-tiny
 for mode in $([[ -n ${SKIP_CHECK:-} ]] || echo big tier notier disk); do
     case $mode in
@@ -64,7 +65,7 @@ m1=$(model_dir "$shape")
 # LOAD="..." replaces the workload (e.g. longer turns, where a recompute costs more than a copy-back).
 read -r -a load <<< "${LOAD:---dataset multi-turn --num-users 96 --turns 6 --system-prompt-len 300 --turn-len 80 --output-len 64 --concurrency 32}"
 for round in $(seq ${ROUNDS:-2}); do
-    for mode in tier notier; do
+    for mode in ${MODES:-tier notier}; do
         extra=(); [[ $mode == tier ]] && extra=(--kv-offload-memory ${HOST_KV:-17179869184})
         "$pg/peregrine" serve --port 0 --model $m1 --load-format dummy --kv-cache-memory ${GPU_KV:-671088640} "${extra[@]}" \
             > $logs/mt-$mode.log 2>&1 & pid=$!

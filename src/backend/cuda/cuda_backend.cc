@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_gguf.h"
 #include "backend/cuda/cuda_sampler.h"
+#include "core/env.h"
 #include "core/half.h"
 #include "core/kv_fp8.h"
 #include "core/quant.h"
@@ -170,6 +171,7 @@ CudaBackend::~CudaBackend() {
         cudaStreamDestroy(copy_stream_);
         cudaEventDestroy(copy_ready_);
         cudaEventDestroy(copy_done_);
+        for (cudaEvent_t e : cache_events_) cudaEventDestroy(e);
     }
     if (stream_) cudaStreamDestroy(stream_);
 }
@@ -186,6 +188,7 @@ void CudaBackend::make_current() {
 }
 
 void CudaBackend::synchronize() {
+    await_all_caches();
     PG_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -226,11 +229,13 @@ void CudaBackend::release(Tensor& t) {
 }
 
 void CudaBackend::upload(const void* src, const Tensor& dst) {
+    await_all_caches();  // dst may be a cache a tier copy still writes
     PG_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
     synchronize();
 }
 
 void CudaBackend::download(const Tensor& src, void* dst) {
+    await_all_caches();  // src may be a cache a tier copy still writes
     PG_CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
     synchronize();
 }
@@ -545,6 +550,7 @@ void CudaBackend::run_step(int key, const std::function<void()>& ops) {
         ops();
         return;
     }
+    await_all_caches();  // a graph's kernels touch the caches without asking
     // Steps of one bucket differ in shape only by the decode attention's context class.
     key = 2 * key + cuda::short_decode_class(dbatch_.num_seqs, dbatch_.max_context_len);
     if (auto it = graphs_.find(key); it != graphs_.end()) {
@@ -869,6 +875,8 @@ bool CudaBackend::lt_matmul(const void* w, const void* x, bool fp8, int64_t n, i
 void CudaBackend::rope_and_cache(const Tensor& q, const Tensor& k, const Tensor& v, const BatchInput& batch,
                                  const RopeTable& rope, int head_dim, const Tensor& k_cache, const Tensor& v_cache) {
     PG_CHECK(&batch == step_, "CUDA backend: rope_and_cache outside the step given to begin_step");
+    await_cache(k_cache);
+    await_cache(v_cache);
     const float* inv_freq = rope_inv_freq(rope);
     const int num_heads = static_cast<int>(q.cols() / head_dim), num_kv = static_cast<int>(k.cols() / head_dim);
     const bool fp8 = check_caches(k_cache, v_cache, num_kv, head_dim);
@@ -895,6 +903,8 @@ void CudaBackend::rope_and_cache_packed(const Tensor& qkv, const Tensor& q_out, 
                                         const RopeTable& rope, int head_dim, int num_kv_heads, const Tensor& k_cache,
                                         const Tensor& v_cache) {
     PG_CHECK(&batch == step_, "CUDA backend: rope_and_cache_packed outside the step given to begin_step");
+    await_cache(k_cache);
+    await_cache(v_cache);
     const int num_heads = static_cast<int>(q_out.cols() / head_dim);
     PG_CHECK(qkv.cols() == static_cast<int64_t>(num_heads + 2 * num_kv_heads) * head_dim);
     const bool fp8 = check_caches(k_cache, v_cache, num_kv_heads, head_dim);
@@ -936,6 +946,8 @@ void CudaBackend::rope_cache_attention(const Tensor& qkv, const Tensor& q, const
                                        const Tensor& v_cache, int num_heads, float scale, int window,
                                        const Tensor& out) {
     PG_CHECK(&batch == step_, "CUDA backend: rope_cache_attention outside the step given to begin_step");
+    await_cache(k_cache);
+    await_cache(v_cache);
     PG_CHECK(qkv.cols() == static_cast<int64_t>(num_heads + 2 * num_kv_heads) * head_dim);
     check_caches(k_cache, v_cache, num_kv_heads, head_dim);
     cuda::RopeCacheAttentionArgs a;
@@ -971,6 +983,8 @@ void CudaBackend::ensure_attention_workspace(size_t bytes) {
 void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchInput& batch,
                             int num_heads, int head_dim, float scale, int window, const Tensor& out) {
     PG_CHECK(&batch == step_, "CUDA backend: attention outside the step given to begin_step");
+    await_cache(k_cache);
+    await_cache(v_cache);
     // Sized for the metadata capacity, so every batch up to it (and its recordings) fits.
     ensure_attention_workspace(
         cuda::attention_workspace_bytes(tok_cap_, num_heads, head_dim, options_.batch_invariant));
@@ -999,6 +1013,7 @@ void CudaBackend::copy_columns(const Tensor& src, int64_t src_col, const Tensor&
 }
 
 void CudaBackend::copy_blocks(const Tensor& cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+    await_cache(cache);
     // In 2-byte units: bf16 values, or an FP8 block's bytes (even: codes and 2-byte scales).
     const int64_t block_elems = static_cast<int64_t>(cache.nbytes() / static_cast<size_t>(cache.dim(0)) / 2);
     for (size_t i = 0; i < pairs.size();) {
@@ -1052,12 +1067,12 @@ void CudaBackend::host_copies(bool to_host, const std::vector<Tensor>& caches,
         total += block_bytes.back();
     }
     PG_CHECK(total == slot_bytes, "host slot of ", slot_bytes, " bytes for blocks of ", total);
-    // One kernel moves every piece through the pinned buffer's device alias; pieces that are
-    // not 16-byte sized and aligned (none for the supported shapes) go by cudaMemcpyAsync.
+    // Kernels move the pieces through the pinned buffer's device alias; pieces that are not
+    // 16-byte sized and aligned (none for the supported shapes) go by cudaMemcpyAsync. The list
+    // is grouped by cache tensor (one kernel and event each when overlapped).
     char* alias = nullptr;
     PG_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&alias), host, 0));
-    std::vector<cuda::HostCopy> list;
-    list.reserve(pairs.size() * caches.size());
+    std::vector<std::vector<cuda::HostCopy>> by_cache(caches.size());
     for (const auto& [a, b] : pairs) {
         const int32_t block = to_host ? a : b, slot = to_host ? b : a;
         size_t offset = static_cast<size_t>(slot) * slot_bytes;
@@ -1068,7 +1083,7 @@ void CudaBackend::host_copies(bool to_host, const std::vector<Tensor>& caches,
             const bool vec = block_bytes[c] % 16 == 0 && reinterpret_cast<uintptr_t>(d) % 16 == 0 &&
                              reinterpret_cast<uintptr_t>(h) % 16 == 0 && block_bytes[c] <= UINT32_MAX;
             if (vec)
-                list.push_back(
+                by_cache[c].push_back(
                     {to_host ? static_cast<void*>(h) : d, to_host ? d : h, static_cast<uint32_t>(block_bytes[c])});
             else if (to_host)
                 PG_CUDA_CHECK(cudaMemcpyAsync(host + offset, d, block_bytes[c], cudaMemcpyDeviceToHost, copy_stream_));
@@ -1077,6 +1092,14 @@ void CudaBackend::host_copies(bool to_host, const std::vector<Tensor>& caches,
             offset += block_bytes[c];
         }
     }
+    std::vector<cuda::HostCopy> list;
+    std::vector<size_t> begin;  // by cache: its first piece in `list`
+    for (const auto& pieces : by_cache) {
+        begin.push_back(list.size());
+        list.insert(list.end(), pieces.begin(), pieces.end());
+    }
+    begin.push_back(list.size());
+    static const bool overlap = !env_equals("PEREGRINE_TIER_OVERLAP", "0");
     if (!list.empty()) {
         if (list.size() > host_copy_capacity_) {
             // The old list may still be read by a queued copy kernel: wait for those first.
@@ -1086,15 +1109,53 @@ void CudaBackend::host_copies(bool to_host, const std::vector<Tensor>& caches,
             PG_CUDA_CHECK(cudaMalloc(&host_copy_list_, host_copy_capacity_ * sizeof(cuda::HostCopy)));
         }
         // From pageable memory: the driver stages it before returning, so `list` may go; the
-        // copy is ordered on copy_stream_ after the previous kernel that read the device list.
+        // copy is ordered on copy_stream_ after the previous kernels that read the device list.
         PG_CUDA_CHECK(cudaMemcpyAsync(host_copy_list_, list.data(), list.size() * sizeof(cuda::HostCopy),
                                       cudaMemcpyHostToDevice, copy_stream_));
-        cuda::host_copies(static_cast<const cuda::HostCopy*>(host_copy_list_), static_cast<int>(list.size()),
-                          copy_stream_);
+        if (!overlap)
+            cuda::host_copies(static_cast<const cuda::HostCopy*>(host_copy_list_), static_cast<int>(list.size()),
+                              copy_stream_);
     }
-    // Everything queued on the compute stream from now on (the step) runs after the copies.
+    if (!overlap) {
+        // Everything queued on the compute stream from now on (the step) runs after the copies.
+        PG_CUDA_CHECK(cudaEventRecord(copy_done_, copy_stream_));
+        PG_CUDA_CHECK(cudaStreamWaitEvent(stream_, copy_done_, 0));
+        return;
+    }
+    // A cache's kernel at 64 CTAs (~55 GB/s of PCIe needs ~100 KB in flight; the other SMs run
+    // the step beside it), then its event (after any cudaMemcpyAsync piece too: queued before).
+    for (size_t c = 0; c < caches.size(); ++c) {
+        if (begin[c + 1] > begin[c])
+            cuda::host_copies(static_cast<const cuda::HostCopy*>(host_copy_list_) + begin[c],
+                              static_cast<int>(begin[c + 1] - begin[c]), copy_stream_, 64);
+        while (cache_events_.size() <= c) {
+            cudaEvent_t e = nullptr;
+            PG_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+            cache_events_.push_back(e);
+        }
+        PG_CUDA_CHECK(cudaEventRecord(cache_events_[c], copy_stream_));
+        const auto it =
+            std::find_if(pending_.begin(), pending_.end(), [&](const auto& p) { return p.first == caches[c].data; });
+        if (it == pending_.end())
+            pending_.emplace_back(caches[c].data, cache_events_[c]);
+        else
+            it->second = cache_events_[c];
+    }
     PG_CUDA_CHECK(cudaEventRecord(copy_done_, copy_stream_));
-    PG_CUDA_CHECK(cudaStreamWaitEvent(stream_, copy_done_, 0));
+}
+
+void CudaBackend::await_cache(const Tensor& cache) {
+    if (pending_.empty()) return;
+    auto it = std::find_if(pending_.begin(), pending_.end(), [&](const auto& p) { return p.first == cache.data; });
+    if (it == pending_.end()) return;
+    PG_CUDA_CHECK(cudaStreamWaitEvent(stream_, it->second, 0));
+    pending_.erase(it);
+}
+
+void CudaBackend::await_all_caches() {
+    if (pending_.empty()) return;
+    PG_CUDA_CHECK(cudaStreamWaitEvent(stream_, copy_done_, 0));  // recorded after every queued copy
+    pending_.clear();
 }
 
 void CudaBackend::copy_blocks_to_host(const std::vector<Tensor>& caches,

@@ -269,11 +269,20 @@ class CudaBackend final : public Backend {
     cudaStream_t stream_ = nullptr;
     // The host tier's copies (created on first use): their own stream, ordered against stream_
     // by copy_ready_ (compute so far -> copies) and copy_done_ (copies -> later compute).
+    // Overlapped (default; PEREGRINE_TIER_OVERLAP=0: the step waits for all of them first): each
+    // cache tensor's pieces get their own kernel and event (cache_events_), and the compute
+    // stream waits for a tensor's event only where it first touches that tensor (await_cache:
+    // the RoPE / cache write, attention, copy-on-write), so layer L's copies run under layers
+    // < L. A recorded step, synchronize() and capture wait for all of them (await_all_caches).
     cudaStream_t copy_stream_ = nullptr;
     void* host_copy_list_ = nullptr;  // device: [host_copy_capacity_] cuda::HostCopy
     size_t host_copy_capacity_ = 0;
     cudaEvent_t copy_ready_ = nullptr;
     cudaEvent_t copy_done_ = nullptr;
+    std::vector<cudaEvent_t> cache_events_;                     // by index in the caches of a call
+    std::vector<std::pair<const void*, cudaEvent_t>> pending_;  // cache data -> its copies' event
+    void await_cache(const Tensor& cache);
+    void await_all_caches();
     void* lt_ = nullptr;  // cublasLtHandle_t
     void* lt_workspace_ = nullptr;
     size_t lt_workspace_bytes_ = 0;

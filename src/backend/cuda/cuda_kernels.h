@@ -111,7 +111,8 @@ struct HostCopy {
     uint32_t bytes;
 };
 // Every piece of `d_copies` ([n], in device memory), in one launch.
-void host_copies(const HostCopy* d_copies, int n, cudaStream_t stream);
+// max_ctas bounds the grid (fewer CTAs leave the SMs to compute running beside the copies).
+void host_copies(const HostCopy* d_copies, int n, cudaStream_t stream, int max_ctas = 4096);
 
 // Fills n values with a deterministic function of (seed, index): uniform in [-scale, scale].
 void fill_random_bf16(bf16_t* out, int64_t n, uint64_t seed, float scale, cudaStream_t stream);

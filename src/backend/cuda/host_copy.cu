@@ -25,9 +25,9 @@ __global__ void host_copy_kernel(const HostCopy* __restrict__ copies, int n) {
 
 }  // namespace
 
-void host_copies(const HostCopy* d_copies, int n, cudaStream_t stream) {
+void host_copies(const HostCopy* d_copies, int n, cudaStream_t stream, int max_ctas) {
     if (n <= 0) return;
-    const int grid = n < 4096 ? n : 4096;
+    const int grid = n < max_ctas ? n : max_ctas;
     host_copy_kernel<<<grid, 256, 0, stream>>>(d_copies, n);
     check_launch("host_copies");
 }

@@ -223,6 +223,62 @@ TEST(GpuEngine, AsyncSchedulingMatchesWaiting) {
     }
 }
 
+// The KV host tier on the GPU (issue #21): a device pool of 24 blocks, far less than 8 shared
+// prefixes of 3-5 blocks, sends the prefixes through pinned host memory and back; with the
+// copies overlapped (a cache tensor's copies waited for where its layer first touches it) and
+// async scheduling on, greedy tokens equal a 512-block pool's, graphs and eager, and host hits
+// happen. Batch-invariant kernels: the two runs batch differently.
+TEST(GpuEngine, HostTierMatchesALargePool) {
+    SKIP_WITHOUT_GPU();
+    for (bool graphs : {true, false}) {
+        GpuModel g(models_dir() + "/stories260K", graphs, true);
+        CudaSampler sampler(g.cuda(), 64, g.vocab());
+        std::mt19937 rng(21);
+        std::vector<std::vector<int32_t>> prefixes(8);
+        for (auto& p : prefixes) {
+            p.push_back(1);
+            for (int j = 1 + static_cast<int>(rng() % 32); j < 80; ++j)
+                p.push_back(3 + static_cast<int32_t>(rng() % 500));
+        }
+        std::vector<Request> reqs;
+        for (int i = 0; i < 48; ++i) {
+            Request r;
+            r.id = "t" + std::to_string(i);
+            r.prompt_ids = prefixes[(i * 5) % 8];
+            for (int j = 0; j < 1 + i % 7; ++j) r.prompt_ids.push_back(3 + static_cast<int32_t>(rng() % 500));
+            r.sampling.temperature = 0.0f;
+            r.sampling.max_tokens = 8 + i % 9;
+            r.sampling.ignore_eos = true;
+            reqs.push_back(r);
+        }
+        TokensById got[2];
+        EngineStats tier_stats;
+        for (int tier : {0, 1}) {
+            auto ex = LocalExecutor::over(*g.backend, *g.model, tier ? 24 : 512, 16, &sampler, tier ? 4 << 20 : 0);
+            CoreConfig cfg;
+            cfg.async_scheduling = true;
+            cfg.scheduler.max_num_seqs = 4;
+            cfg.scheduler.max_num_batched_tokens = 256;
+            cfg.eos_token_ids = g.loaded->config.eos_token_ids;
+            EngineCore core(cfg, *ex);
+            size_t next = 0;
+            while (next < reqs.size() || core.has_unfinished()) {
+                for (int k = 0; k < 2 && next < reqs.size(); ++k) core.add_request(reqs[next++]);
+                for (const RequestOutput& o : core.step())
+                    got[tier][o.request_id].insert(got[tier][o.request_id].end(), o.token_ids.begin(),
+                                                   o.token_ids.end());
+            }
+            if (tier) tier_stats = core.stats();
+        }
+        for (const Request& r : reqs) EXPECT_EQ(got[1].at(r.id), got[0].at(r.id)) << r.id << (graphs ? " graphs" : "");
+        EXPECT_GT(tier_stats.kv_onloaded_blocks, 0u);
+        EXPECT_GT(tier_stats.kv_offloaded_blocks, 0u);
+        std::printf("gpu host tier (%s): %llu blocks out, %llu back\n", graphs ? "graphs" : "eager",
+                    static_cast<unsigned long long>(tier_stats.kv_offloaded_blocks),
+                    static_cast<unsigned long long>(tier_stats.kv_onloaded_blocks));
+    }
+}
+
 // Structured output on the GPU (issue #22): constrained draws masked by the CUDA sampler
 // (token_mask.cu) with async scheduling on give the same greedy tokens as the host sampler
 // applying the same masks to downloaded logits, for a JSON schema and a regex, beside
