@@ -6,7 +6,7 @@
 #          (Llama-3.1-8B and 3.2-1B shapes, q4_k_m and q8_0, Llama 3 vocabulary)
 #   tests  the GGUF kernel tests and the golden fixtures on the GPU (GPU_FILTER overrides)
 #   bench  `peregrine bench latency --batch-size 1` (128 in / 128 out, best of 3) on each GGUF
-#          under each GGUF_GEMV policy (default "blocks persistent"), then llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 2 on the same files
+#          under each GGUF_GEMV policy (default "blocks persistent") and Q6K layout (default int8), then llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 2 on the same files
 #   batched offline throughput (256 x 128 in / 128 out) and prefill (64 x 512 in, 8192-token
 #          steps) of each GGUF kept quantized and with --dequantize-gguf, same call
 # BUNDLE_DIR holds bundle.tar.xz (scripts/pack-device.sh) and llamacpp-src.tar.xz (a `git
@@ -57,13 +57,14 @@ if [[ $steps == *bench* ]]; then
         stamp "ours $s bf16 (dummy): rc $? $(grep -E '^latency \(best' $logs/pg-$s-bf16.log)"
     done
     # GGUF_GEMV="blocks persistent": the decode products' launch policies (PEREGRINE_GGUF_GEMV), each run.
-    for s in $shapes; do for t in $types; do for g in ${GGUF_GEMV:-blocks persistent}; do
+    # Q6K="int8 6bit": Q6_K's device layout (PEREGRINE_Q6K_LAYOUT), each run; default int8 only.
+    for s in $shapes; do for t in $types; do for g in ${GGUF_GEMV:-blocks persistent}; do for q in ${Q6K:-int8}; do
         f=/tmp/lcg/$s-$t.gguf
-        PEREGRINE_GGUF_GEMV=$g timeout 300 "$pg/peregrine" bench latency --model $f --batch-size 1 --input-len 128 \
-            --output-len 128 > $logs/pg-$s-$t-$g.log 2>&1
-        stamp "ours $s $t ($g): rc $? $(grep -E '^latency \(best' $logs/pg-$s-$t-$g.log)"
-        grep -iE "weights|error" $logs/pg-$s-$t-$g.log | head -3
-    done; done; done
+        PEREGRINE_GGUF_GEMV=$g PEREGRINE_Q6K_LAYOUT=$q timeout 300 "$pg/peregrine" bench latency --model $f --batch-size 1 \
+            --input-len 128 --output-len 128 > $logs/pg-$s-$t-$g-$q.log 2>&1
+        stamp "ours $s $t ($g, q6k $q): rc $? $(grep -E '^latency \(best' $logs/pg-$s-$t-$g-$q.log)"
+        grep -iE "weights|error" $logs/pg-$s-$t-$g-$q.log | head -3
+    done; done; done; done
     # DEADLINE (seconds since the start, default 570): stop waiting for the peer's build there.
     # LLAMACPP=0: no peer build or run (ours only, e.g. a second call on the same day).
     while [[ ${LLAMACPP:-1} == 1 && ! -f /tmp/lcg/rc ]] && (( $(date +%s) - t_start < ${DEADLINE:-570} )); do sleep 5; done

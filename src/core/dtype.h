@@ -31,7 +31,7 @@ enum class DType : uint8_t {
     // A row's codes: its k / 2 low-nibble bytes, then its k / 4 high-bit bytes. High bits of
     // element 16h + 8i + 2b + o (i, o in {0, 1}, b in 0..3) of a chunk: bits 8b + 4i + 2o, +1 of
     // its 32-bit word h (little-endian), so the decode kernel assembles 4 codes with a shift and
-    // a mask. Chosen by PEREGRINE_Q6K_LAYOUT=6bit on CUDA (not measured yet).
+    // a mask. Q6_K's CUDA layout (PEREGRINE_Q6K_LAYOUT=int8: GQ8_16 instead).
     GQ6_32,
     // A whole [rows, k] matrix in a GQ layout is one allocation of rows * dtype_row_bytes(t, k)
     // bytes: first the codes of every row ([rows, k * bits / 8] bytes, row-major: row r's codes
