@@ -805,6 +805,14 @@ bool CudaBackend::lt_matmul(const void* w, const void* x, bool fp8, int64_t n, i
         const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
         PG_LT_CHECK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
         PG_LT_CHECK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
+        // FP8: fast accumulation (the tensor cores' own accumulator through the k loop, not
+        // promoted to f32 every few steps), as the FP8 GEMMs of vLLM and TensorRT-LLM run;
+        // PEREGRINE_FP8_FAST_ACCUM=0 turns it off.
+        static const bool fast_accum = !env_equals("PEREGRINE_FP8_FAST_ACCUM", "0");
+        if (fp8 && fast_accum) {
+            const int8_t on = 1;
+            PG_LT_CHECK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &on, sizeof(on)));
+        }
         if (outer) {
             const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
             PG_LT_CHECK(
