@@ -150,7 +150,7 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
 
 CudaBackend::~CudaBackend() {
     scratch_.clear();
-    for (Tensor* t : {&f8_input_, &f8_scale_, &f8_product_, &f8_act_, &f8_act_scale_, &gguf_scratch_})
+    for (Tensor* t : {&f8_input_, &f8_scale_, &f8_product_, &gguf_scratch_})
         if (!t->empty()) release(*t);
     cudaStreamSynchronize(stream_);
     graphs_.clear();
@@ -369,17 +369,18 @@ Tensor CudaBackend::place_stacked(const std::vector<Tensor>& parts, bool matrix)
 }
 
 void CudaBackend::ensure_fp8_buffers(int64_t input, int64_t rows, int64_t product) {
-    if (f8_input_.numel() >= input && f8_scale_.numel() >= rows && f8_product_.numel() >= product) return;
-    PG_CHECK(!capturing(), "CUDA backend: an FP8 product larger than any before while recording a graph");
-    clear_graphs();  // recordings hold the old addresses
-    input = std::max(input, f8_input_.numel());
-    rows = std::max(rows, f8_scale_.numel());
-    product = std::max(product, f8_product_.numel());
-    for (Tensor* t : {&f8_input_, &f8_scale_, &f8_product_})
-        if (!t->empty()) release(*t);
-    f8_input_ = allocate(DType::F8_E4M3, {input});
-    f8_scale_ = allocate(DType::F32, {rows});
-    f8_product_ = allocate(DType::BF16, {product});
+    // Each buffer grows alone: an x already quantized into f8_input_ stays put while the
+    // product buffer grows under it.
+    auto grow = [&](Tensor& t, DType dtype, int64_t n) {
+        if (t.numel() >= n) return;
+        PG_CHECK(!capturing(), "CUDA backend: an FP8 product larger than any before while recording a graph");
+        clear_graphs();  // recordings hold the old addresses
+        if (!t.empty()) release(t);
+        t = allocate(dtype, {n});
+    };
+    grow(f8_input_, DType::F8_E4M3, input);
+    grow(f8_scale_, DType::F32, rows);
+    grow(f8_product_, DType::BF16, product);
 }
 
 bool CudaBackend::fp8_pair(const Tensor& x, const Tensor& w) {
@@ -387,17 +388,9 @@ bool CudaBackend::fp8_pair(const Tensor& x, const Tensor& w) {
 }
 
 Tensor CudaBackend::fp8_activation(int64_t n, int64_t k) {
-    if (f8_act_.numel() < n * k || f8_act_scale_.numel() < n) {
-        PG_CHECK(!capturing(), "CUDA backend: an FP8 activation larger than any before while recording a graph");
-        clear_graphs();  // recordings hold the old addresses
-        const int64_t values = std::max(n * k, f8_act_.numel()), rows = std::max(n, f8_act_scale_.numel());
-        for (Tensor* t : {&f8_act_, &f8_act_scale_})
-            if (!t->empty()) release(*t);
-        f8_act_ = allocate(DType::F8_E4M3, {values});
-        f8_act_scale_ = allocate(DType::F32, {rows});
-    }
-    Tensor t(f8_act_.data, DType::F8_E4M3, {n, k}, Device::CUDA);
-    t.scale = f8_act_scale_.ptr<float>();
+    ensure_fp8_buffers(n * k, n, 0);
+    Tensor t(f8_input_.data, DType::F8_E4M3, {n, k}, Device::CUDA);
+    t.scale = f8_scale_.ptr<float>();
     return t;
 }
 
@@ -687,8 +680,8 @@ void CudaBackend::norm_matmul(const Tensor& x, const Tensor& norm_weight, float 
 void CudaBackend::norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w_gate_up,
                                    const Tensor& out, const Tensor& normed, const Tensor& scratch) {
     if (!use_gemv_norm(x, norm_weight, w_gate_up)) {
-        if (const Tensor x8 = norm_e4m3(x, norm_weight, eps, w_gate_up); !x8.empty()) {
-            matmul(x8, w_gate_up, Tensor(), scratch);
+        if (w_gate_up.dtype == DType::F8_E4M3) {  // norm_matmul quantizes the input in the norm
+            norm_matmul(x, norm_weight, eps, w_gate_up, Tensor(), scratch, normed);
             silu_mul_packed(scratch, out);
             return;
         }
@@ -1080,31 +1073,28 @@ void CudaBackend::host_copies(bool to_host, const std::vector<Tensor>& caches,
     // is grouped by cache tensor (one kernel and event each when overlapped).
     char* alias = nullptr;
     PG_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&alias), host, 0));
-    std::vector<std::vector<cuda::HostCopy>> by_cache(caches.size());
-    for (const auto& [a, b] : pairs) {
-        const int32_t block = to_host ? a : b, slot = to_host ? b : a;
-        size_t offset = static_cast<size_t>(slot) * slot_bytes;
-        for (size_t c = 0; c < caches.size(); ++c) {
+    std::vector<cuda::HostCopy> list;
+    list.reserve(pairs.size() * caches.size());
+    std::vector<size_t> begin;  // by cache: its first piece in `list`
+    size_t in_slot = 0;         // cache c's bytes start this far into a slot
+    for (size_t c = 0; c < caches.size(); in_slot += block_bytes[c++]) {
+        begin.push_back(list.size());
+        for (const auto& [a, b] : pairs) {
+            const int32_t block = to_host ? a : b, slot = to_host ? b : a;
             PG_CHECK(block >= 0 && block < caches[c].dim(0) && slot >= 0);
+            const size_t offset = static_cast<size_t>(slot) * slot_bytes + in_slot;
             char* d = static_cast<char*>(caches[c].data) + static_cast<size_t>(block) * block_bytes[c];
             char* h = alias + offset;
             const bool vec = block_bytes[c] % 16 == 0 && reinterpret_cast<uintptr_t>(d) % 16 == 0 &&
                              reinterpret_cast<uintptr_t>(h) % 16 == 0 && block_bytes[c] <= UINT32_MAX;
             if (vec)
-                by_cache[c].push_back(
+                list.push_back(
                     {to_host ? static_cast<void*>(h) : d, to_host ? d : h, static_cast<uint32_t>(block_bytes[c])});
             else if (to_host)
                 PG_CUDA_CHECK(cudaMemcpyAsync(host + offset, d, block_bytes[c], cudaMemcpyDeviceToHost, copy_stream_));
             else
                 PG_CUDA_CHECK(cudaMemcpyAsync(d, host + offset, block_bytes[c], cudaMemcpyHostToDevice, copy_stream_));
-            offset += block_bytes[c];
         }
-    }
-    std::vector<cuda::HostCopy> list;
-    std::vector<size_t> begin;  // by cache: its first piece in `list`
-    for (const auto& pieces : by_cache) {
-        begin.push_back(list.size());
-        list.insert(list.end(), pieces.begin(), pieces.end());
     }
     begin.push_back(list.size());
     static const bool overlap = !env_equals("PEREGRINE_TIER_OVERLAP", "0");
@@ -1142,9 +1132,7 @@ void CudaBackend::host_copies(bool to_host, const std::vector<Tensor>& caches,
             cache_events_.push_back(e);
         }
         PG_CUDA_CHECK(cudaEventRecord(cache_events_[c], copy_stream_));
-        const auto it =
-            std::find_if(pending_.begin(), pending_.end(), [&](const auto& p) { return p.first == caches[c].data; });
-        if (it == pending_.end())
+        if (const auto it = pending_for(caches[c]); it == pending_.end())
             pending_.emplace_back(caches[c].data, cache_events_[c]);
         else
             it->second = cache_events_[c];
@@ -1152,9 +1140,13 @@ void CudaBackend::host_copies(bool to_host, const std::vector<Tensor>& caches,
     PG_CUDA_CHECK(cudaEventRecord(copy_done_, copy_stream_));
 }
 
+std::vector<std::pair<const void*, cudaEvent_t>>::iterator CudaBackend::pending_for(const Tensor& cache) {
+    return std::find_if(pending_.begin(), pending_.end(), [&](const auto& p) { return p.first == cache.data; });
+}
+
 void CudaBackend::await_cache(const Tensor& cache) {
     if (pending_.empty()) return;
-    auto it = std::find_if(pending_.begin(), pending_.end(), [&](const auto& p) { return p.first == cache.data; });
+    const auto it = pending_for(cache);
     if (it == pending_.end()) return;
     PG_CUDA_CHECK(cudaStreamWaitEvent(stream_, it->second, 0));
     pending_.erase(it);

@@ -211,8 +211,9 @@ class CudaBackend final : public Backend {
     // bf16 row, bit for bit), skipping the bf16 row: x is f8_e4m3 with Tensor::scale at its row
     // factors (fp8_pair); matmul and matmul_add take such an x for an f8_e4m3 weight.
     static bool fp8_pair(const Tensor& x, const Tensor& w);
-    // An f8_e4m3 [n, k] view of f8_act_ with scale at f8_act_scale_ (grown outside recording;
-    // the norm's and the silu's outputs share it: each is read by the product right after it).
+    // An f8_e4m3 [n, k] view of f8_input_ with scale at f8_scale_ (ensure_fp8_buffers; the
+    // norm's and the silu's outputs share them: each is read by the product right after it,
+    // which then leaves f8_input_ alone).
     Tensor fp8_activation(int64_t n, int64_t k);
     // rms_norm(x) * norm_weight as the f8_e4m3 input of w, or empty where w is not f8_e4m3 (or
     // the kernel does not take the row): then the caller goes the bf16 way.
@@ -220,7 +221,8 @@ class CudaBackend final : public Backend {
     // silu(gate) * up of gate_up [n, 2F] bf16 as the f8_e4m3 input of w (the down product), or empty.
     Tensor silu_e4m3(const Tensor& gate_up, const Tensor& w);
     // Room for an FP8 product: `input` e4m3 values of x, `rows` factors, `product` bf16 values of
-    // one GEMM's unscaled output. Grows outside graph recording only (the largest step runs first).
+    // one GEMM's unscaled output. Each grows alone, outside graph recording only (the largest
+    // step runs first).
     void ensure_fp8_buffers(int64_t input, int64_t rows, int64_t product);
     // out (+)= x · wᵀ for an f8_e4m3 w: x quantized per token, then one cuBLASLt FP8 GEMM with
     // both factor vectors (outer-vector scaling); where cuBLASLt has no algorithm for that, GEMMs
@@ -281,6 +283,7 @@ class CudaBackend final : public Backend {
     cudaEvent_t copy_done_ = nullptr;
     std::vector<cudaEvent_t> cache_events_;                     // by index in the caches of a call
     std::vector<std::pair<const void*, cudaEvent_t>> pending_;  // cache data -> its copies' event
+    std::vector<std::pair<const void*, cudaEvent_t>>::iterator pending_for(const Tensor& cache);
     void await_cache(const Tensor& cache);
     void await_all_caches();
     void* lt_ = nullptr;  // cublasLtHandle_t
@@ -293,7 +296,6 @@ class CudaBackend final : public Backend {
     std::unordered_map<const void*, Tensor> placed_;
     std::vector<void*> owned_;
     Tensor f8_input_, f8_scale_, f8_product_;  // see ensure_fp8_buffers
-    Tensor f8_act_, f8_act_scale_;             // see fp8_activation
     // [largest GGUF-layout matrix] bf16: a weight dequantized for one cuBLASLt product; sized as
     // matrices are placed, so it never grows during a step.
     Tensor gguf_scratch_;

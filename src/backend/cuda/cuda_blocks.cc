@@ -69,16 +69,11 @@ void CudaBackend::mlp_block(const Tensor& residual, const LayerWeights& w, float
 
     // FP8 prefill: the down product's input quantized by the silu itself.
     if (!use_gemv_norm(residual, w.ffn_norm, w.w_gate_up) && w.w_down.dtype == DType::F8_E4M3) {
-        if (const Tensor x8 = norm_e4m3(residual, w.ffn_norm, norm_eps, w.w_gate_up); !x8.empty()) {
-            matmul(x8, w.w_gate_up, Tensor(), gate_up);
-            if (const Tensor g8 = silu_e4m3(gate_up, w.w_down); !g8.empty()) {
-                add_product(g8, w.w_down, residual, product, tp);
-                return;
-            }
-            silu_mul_packed(gate_up, gate);
-            add_product(gate, w.w_down, residual, product, tp);
-            return;
-        }
+        norm_matmul(residual, w.ffn_norm, norm_eps, w.w_gate_up, Tensor(), gate_up, normed);
+        const Tensor g8 = silu_e4m3(gate_up, w.w_down);
+        if (g8.empty()) silu_mul_packed(gate_up, gate);
+        add_product(g8.empty() ? gate : g8, w.w_down, residual, product, tp);
+        return;
     }
     norm_matmul_silu(residual, w.ffn_norm, norm_eps, w.w_gate_up, gate, normed, gate_up);
     add_product(gate, w.w_down, residual, product, tp);

@@ -123,7 +123,7 @@ void add_bias(bf16_t* x, const float* bias, int64_t n, int64_t m, cudaStream_t s
 
 // A decode product's weight [m, k]: bf16; FP8 E4M3 values with one f32 factor per row, element
 // (r, c) = value(r, c) * scale[r]; or a GGUF matrix in one of the device layouts of core/dtype.h
-// (gq8_32, gq8_16, gq4_32): `data` its codes, `factors` its f16 factors (the same allocation).
+// (gq8_32, gq8_16, gq4_32, gq6_32): `data` its codes, `factors` its f16 factors (the same allocation).
 struct GemvWeight {
     enum Kind { kBf16, kF8, kI8B32, kI8B16, kU4, kU6 };
     const void* data = nullptr;

@@ -3,7 +3,6 @@
 // All math in f32; bf16 stores round to nearest even. Each kernel has a 16-byte vector path
 // (8 bf16 per access) taken when the sizes and pointers allow it, and a scalar fallback.
 #include <cuda_bf16.h>
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/e4m3_rows.cuh"
 #include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rope_angles.cuh"
@@ -27,9 +27,6 @@ __device__ __forceinline__ float bf2f(uint16_t h) {
 }
 __device__ __forceinline__ uint16_t f2bf(float f) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
-__device__ __forceinline__ uint8_t to_e4m3(float v) {  // as quantize_rows_e4m3 rounds
-    return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
 }
 __device__ __forceinline__ uint32_t pack2(float a, float b) {
     return static_cast<uint32_t>(f2bf(a)) | (static_cast<uint32_t>(f2bf(b)) << 16);
@@ -249,15 +246,15 @@ __global__ void rms_norm_kernel(const XT* x, float* __restrict__ residual, const
         }
         amax = reduce_row(amax, [](float a, float b) { return fmaxf(a, b); });
         if (!valid) return;
-        const float q = amax > 0.0f ? 448.0f / amax : 0.0f;
-        if (lane == 0) qscale[row] = amax / 448.0f;
+        const float q = e4m3_rows::multiplier(amax);
+        if (lane == 0) qscale[row] = e4m3_rows::factor(amax);
 #pragma unroll
         for (int j = 0; j < NV; ++j) {
             const int i = lane + j * tpr;
             if (i >= nvec) continue;
             uint8_t c[V];
 #pragma unroll
-            for (int e = 0; e < V; ++e) c[e] = to_e4m3(cache[j][e] * q);
+            for (int e = 0; e < V; ++e) c[e] = e4m3_rows::code(cache[j][e] * q);
             if constexpr (V == 8)
                 *reinterpret_cast<uint2*>(orow + i * V) = *reinterpret_cast<const uint2*>(c);
             else

@@ -1,14 +1,13 @@
 // FP8 (E4M3) quantization of bf16 rows: the weights at load (--quantization fp8) and a product's
-// activations per token before an FP8 GEMM; and that GEMM's epilogue (both factor vectors). One CTA a row: the row's
-// largest magnitude sets its factor (amax / 448, 448 the largest finite e4m3), values are multiplied by 448 / amax and
-// rounded to nearest even with saturation (cvt.rn.satfinite), as f32_to_f8e4m3 does on the host.
+// activations per token before an FP8 GEMM; and that GEMM's epilogue (both factor vectors). One CTA a row, by the rule
+// of e4m3_rows.cuh (factor amax / 448, codes rounded to nearest even with saturation, as f32_to_f8e4m3 on the host).
 #include <cuda_bf16.h>
-#include <cuda_fp8.h>
 
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/e4m3_rows.cuh"
 #include "backend/cuda/pdl.cuh"
 
 namespace peregrine::cuda {
@@ -19,10 +18,6 @@ constexpr int kThreads = 256;
 
 __device__ __forceinline__ float bf2f(uint16_t h) {
     return __uint_as_float(static_cast<uint32_t>(h) << 16);
-}
-
-__device__ __forceinline__ uint8_t to_e4m3(float v) {
-    return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
 }
 
 // x [rows, cols] bf16 -> q [rows, cols] e4m3, scale [rows]; cols a multiple of 8 (16-byte loads).
@@ -41,17 +36,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fmaxf(fabsf(bf2f(w[i] & 0xffffu)), fabsf(bf2f(w[i] >> 16))));
     }
-    __shared__ float warp_max[kThreads / 32];
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
-    __syncthreads();
-    amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kThreads / 32; ++i) amax = fmaxf(amax, warp_max[i]);
-    // An all-zero row keeps factor 0 and values 0.
-    const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
-    if (threadIdx.x == 0) scale[row] = amax / 448.0f;
+    amax = e4m3_rows::block_amax(amax);
+    const float inv = e4m3_rows::multiplier(amax);
+    if (threadIdx.x == 0) scale[row] = e4m3_rows::factor(amax);
     uint2* qr = reinterpret_cast<uint2*>(q + row * cols);
     for (int64_t c = threadIdx.x; c < chunks; c += kThreads) {
         const uint4 v = xr[c];
@@ -59,7 +46,8 @@ __global__ void __launch_bounds__(kThreads)
         uint32_t out[2] = {0, 0};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const uint32_t lo = to_e4m3(bf2f(w[i] & 0xffffu) * inv), hi = to_e4m3(bf2f(w[i] >> 16) * inv);
+            const uint32_t lo = e4m3_rows::code(bf2f(w[i] & 0xffffu) * inv),
+                           hi = e4m3_rows::code(bf2f(w[i] >> 16) * inv);
             out[i / 2] |= (lo | (hi << 8)) << (16 * (i % 2));
         }
         qr[c] = make_uint2(out[0], out[1]);
@@ -95,15 +83,9 @@ __global__ void __launch_bounds__(1024)
             amax = fmaxf(amax, fabsf(v[j][e]));
         }
     }
-    __shared__ float warp_max[32];
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
-    __syncthreads();
-    amax = 0.0f;
-    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) amax = fmaxf(amax, warp_max[w]);
-    const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
-    if (threadIdx.x == 0) scale[row] = amax / 448.0f;
+    amax = e4m3_rows::block_amax(amax);
+    const float inv = e4m3_rows::multiplier(amax);
+    if (threadIdx.x == 0) scale[row] = e4m3_rows::factor(amax);
     uint2* qr = reinterpret_cast<uint2*>(q + row * dim);
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
@@ -111,7 +93,8 @@ __global__ void __launch_bounds__(1024)
         if (i >= nvec) continue;
         uint32_t out[2] = {0, 0};
 #pragma unroll
-        for (int e = 0; e < 8; ++e) out[e / 4] |= static_cast<uint32_t>(to_e4m3(v[j][e] * inv)) << (8 * (e % 4));
+        for (int e = 0; e < 8; ++e)
+            out[e / 4] |= static_cast<uint32_t>(e4m3_rows::code(v[j][e] * inv)) << (8 * (e % 4));
         qr[i] = make_uint2(out[0], out[1]);
     }
 }
