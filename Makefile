@@ -22,7 +22,7 @@ run: build
 	$(BUILD_DIR)/peregrine serve --host 127.0.0.1 --port 8000
 
 test: build
-	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h' '*.cu' '*.cuh')
