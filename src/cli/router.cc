@@ -105,13 +105,16 @@ std::function<int()> add_router(CLI::App& app) {
                     "NAME:PORT: every A record of NAME is a replica, re-resolved every 5 s (a Kubernetes headless "
                     "Service)");
     cmd->add_option("--policy", args->router.policy,
-                    "cache-aware (the replica holding the longest prompt prefix, unless load is imbalanced), "
+                    "cache-aware (where the prompt's first token comes soonest, counting the prefix each replica holds "
+                    "and the prefill queued on it; least-load when load is imbalanced), "
                     "least-load (fewest outstanding requests) or round-robin (default cache-aware)")
         ->check(CLI::IsMember({"cache-aware", "least-load", "round-robin"}));
     cmd->add_option("--prefix-weight", args->router.cache_aware.prefix_weight,
-                    "cache-aware: a replica scores WEIGHT x (its share of the prompt's prefix) - its outstanding "
-                    "requests / (the mean outstanding + 1); the best score wins; a prompt no replica holds more of "
-                    "than the others goes to the replica whose prefix index is smallest (default 4)")
+                    "cache-aware: each replica costs the prefill queued there (prompt characters sent whose first "
+                    "token has not come back) + 16 a request it decodes + the prompt's characters it does not hold - "
+                    "(WEIGHT - 1) x those of the conversation's own history it holds; the cheapest wins; a prompt no "
+                    "replica holds more of than the others goes, among those about as cheap, to the replica whose "
+                    "prefix index is smallest (default 2)")
         ->check(CLI::NonNegativeNumber);
     cmd->add_option("--balance-abs-threshold", args->router.cache_aware.balance_abs_threshold,
                     "cache-aware: load is imbalanced (then least-load) when the busiest replica has more than this "

@@ -91,6 +91,25 @@ void prompt_facts(const std::string& path, const std::string& body, std::string_
     }
 }
 
+// Whether whole SSE events `out` of a response to `path` carry generated output, so that the
+// prompt's prefill is done: a chat stream opens with a role-only chunk and a Responses stream
+// with lifecycle events, both sent before the prefill; a completions stream's first event is its
+// first token (an echoed prompt, also sent before, is the one case counted early).
+bool carries_a_token(std::string_view out, std::string_view path) {
+    size_t at = 0;
+    while (at < out.size()) {
+        size_t end = out.find("\n\n", at);
+        if (end == std::string_view::npos) end = out.size();
+        const std::string_view event = out.substr(at, end - at);
+        at = end + 2;
+        if (path == "/v1/chat/completions" ? event.find("\"role\":\"assistant\"") == std::string_view::npos
+            : path == "/v1/responses"      ? event.find(".delta\"") != std::string_view::npos
+                                           : !event.empty())
+            return true;
+    }
+    return false;
+}
+
 // Holds back a partial event: a replica's stream goes on to the client in whole events (so a
 // stream that fails midway can still end with a well-formed error event).
 class WholeEvents {
@@ -414,7 +433,7 @@ struct RouterService::Impl {
             co_await http::async_read_header(stream, buffer, parser, asio::redirect_error(asio::use_awaitable, ec));
         if (ec) {  // nothing reached the client: eject, and try another replica once
             clear_cancel();
-            router.finish(d.id, true);
+            router.finish(d, true);
             if (!job.gone->load()) router.set_healthy(d.id, false);
             if (!last_attempt && !job.gone->load()) co_return Outcome::RetryElsewhere;
             deliver(job, [msg = "replica " + d.url + " failed: " + ec.message()](server::Exchange& x) {
@@ -427,7 +446,7 @@ struct RouterService::Impl {
         const bool events = status == 200 && type.rfind("text/event-stream", 0) == 0;
         WholeEvents events_out;
         std::string whole;
-        bool started = false, failed = false;
+        bool started = false, failed = false, prefilled = false;
         char chunk[16384];
         while (!parser.is_done()) {
             parser.get().body().data = chunk;
@@ -441,6 +460,10 @@ struct RouterService::Impl {
                 if (!out.empty()) {
                     const bool first = !started;
                     started = true;
+                    if (!prefilled && carries_a_token(out, job.path)) {
+                        prefilled = true;
+                        router.first_token(d);
+                    }
                     if (job.on_exchange_strand) {
                         if (!job.ex->client_gone()) {
                             if (first) job.ex->start_events();
@@ -466,7 +489,7 @@ struct RouterService::Impl {
         if (failed && !job.gone->load()) {
             router.set_healthy(d.id, false);
             if (events && !started && !last_attempt) {  // no byte went out yet: retry
-                router.finish(d.id, true);
+                router.finish(d, true);
                 co_return Outcome::RetryElsewhere;
             }
             {
@@ -497,7 +520,7 @@ struct RouterService::Impl {
                 if (!x.client_gone()) x.respond(status, std::move(whole), type.empty() ? "application/json" : type);
             });
         }
-        router.finish(d.id, failed);
+        router.finish(d, failed);
         observe(d.url, std::chrono::duration<double>(Clock::now() - t0).count());
         beast::error_code ignored;
         stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
@@ -542,6 +565,13 @@ struct RouterService::Impl {
                     [](const ReplicaState& r) { return r.errors; });
         per_replica("peregrine_router:in_flight", "gauge", "Requests outstanding at each replica.",
                     [](const ReplicaState& r) { return r.outstanding; });
+        per_replica("peregrine_router:prefilling", "gauge",
+                    "Requests at each replica whose first token has not come back (streams; whole answers until "
+                    "they end).",
+                    [](const ReplicaState& r) { return r.prefilling; });
+        per_replica("peregrine_router:queued_prefill_chars", "gauge",
+                    "Their prompt characters the replica's prefix index does not hold: the prefill queued there.",
+                    [](const ReplicaState& r) { return r.queued_chars; });
         per_replica("peregrine_router:healthy", "gauge", "1 when the replica takes requests, 0 when ejected.",
                     [](const ReplicaState& r) { return r.healthy ? 1 : 0; });
         per_replica("peregrine_router:prefix_index_replica_keys", "gauge",
@@ -657,9 +687,9 @@ void RouterService::handle(const server::HttpRequest& req, std::shared_ptr<serve
         const std::string authorization(req.header("authorization"));
         ex->accept_websocket([&m, d, strand, authorization](std::shared_ptr<server::WebSocket> ws) {
             auto bridge = std::make_shared<WsBridge>(strand, ws);
-            auto done = [&m, id = d.id](bool failed) {
-                m.router.finish(id, failed);
-                if (failed) m.router.set_healthy(id, false);
+            auto done = [&m, d](bool failed) {
+                m.router.finish(d, failed);
+                if (failed) m.router.set_healthy(d.id, false);
                 --m.in_flight;
             };
             asio::co_spawn(strand, bridge->run(parse_backend(d.url), authorization, done), asio::detached);

@@ -192,6 +192,66 @@ int Router::least_loaded(int exclude) const {
     return best;
 }
 
+void Router::pick_by_cost(std::string_view text, const std::vector<uint64_t>& keys, const std::vector<bool>& eligible,
+                          Decision& d) const {
+    const size_t n = replicas_.size();
+    // held: leading keys a replica holds (what it would not prefill). own: the same, except that
+    // a match stopping where the replica's own latest prompt through it went on differently is a
+    // prefix other conversations share (a system prompt it saw with other users): that counts
+    // as the least any replica holds, not as this conversation's history, even before every
+    // replica has seen it.
+    std::vector<size_t> held(n, 0), own(n, 0);
+    size_t least_match = SIZE_MAX, most_match = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (!eligible[i]) continue;
+        held[i] = own[i] = index_.match(replicas_[i].id, keys);
+        least_match = std::min(least_match, held[i]);
+    }
+    for (size_t i = 0; i < n; ++i) {
+        if (!eligible[i]) continue;
+        if (index_.diverges(replicas_[i].id, keys, own[i])) own[i] = least_match;
+        most_match = std::max(most_match, own[i]);
+    }
+    const double chars = static_cast<double>(text.size()), chunk = static_cast<double>(PrefixIndex::kChunkChars);
+    auto cost = [&](size_t i) {
+        const ReplicaState& r = replicas_[i];
+        return r.queued_chars + kDecodeRowChars * (r.outstanding - r.prefilling) + (chars - chunk * held[i]) -
+               (cache_aware_.prefix_weight - 1) * chunk * own[i];
+    };
+    int best = -1;
+    double best_cost = 0;
+    for (size_t k = 0; k < n; ++k) {
+        const int i = static_cast<int>((next_ + k) % n);  // equal costs rotate
+        if (!eligible[i]) continue;
+        const double c = cost(i);
+        if (best < 0 || c < best_cost || (c == best_cost && replicas_[i].outstanding < replicas_[best].outstanding)) {
+            best = i;
+            best_cost = c;
+        }
+    }
+    d.replica = best;
+    d.reason = "least_load";
+    if (own[best] > least_match) {
+        d.reason = "prefix";
+        d.matched_chunks = own[best];
+    } else if (most_match == least_match) {
+        // No replica holds more of it than the others (a new conversation, or one every replica
+        // evicted): of the replicas within a chunk of the cheapest, the smallest cache footprint
+        // takes it, so conversations spread by what the replicas hold, not only by load.
+        int smallest = best;
+        for (size_t i = 0; i < n; ++i) {
+            if (!eligible[i] || cost(i) > best_cost + chunk) continue;
+            const size_t keys_i = index_.size(replicas_[i].id), keys_s = index_.size(replicas_[smallest].id);
+            if (keys_i < keys_s || (keys_i == keys_s && replicas_[i].outstanding < replicas_[smallest].outstanding))
+                smallest = static_cast<int>(i);
+        }
+        if (index_.size(replicas_[smallest].id) < index_.size(replicas_[best].id)) {
+            d.replica = smallest;
+            d.reason = "smallest_cache";
+        }
+    }
+}
+
 Decision Router::pick(std::string_view text, std::string_view session_key, int exclude) {
     std::lock_guard lock(mu_);
     Decision d;
@@ -222,70 +282,7 @@ Decision Router::pick(std::string_view text, std::string_view session_key, int e
             if (hi - lo > cache_aware_.balance_abs_threshold && hi > cache_aware_.balance_rel_threshold * lo) {
                 d.reason = "imbalanced";
             } else if (!keys.empty()) {
-                // Load share: outstanding over the mean (+1), so a replica with no prefix wins
-                // the request once the holder is loaded about prefix_weight x share over the mean.
-                double mean = 0;
-                int healthy = 0;
-                for (size_t i = 0; i < n; ++i)
-                    if (eligible[i]) mean += replicas_[i].outstanding, ++healthy;
-                mean /= std::max(1, healthy);
-                // A replica whose match stops where its own latest prompt went on differently
-                // holds a prefix other conversations share (a system prompt it has seen with
-                // other users): that counts as the least any replica holds, not as this
-                // conversation's history, even before every replica has seen it.
-                std::vector<size_t> own(n, 0);
-                size_t least_match = SIZE_MAX;
-                for (size_t i = 0; i < n; ++i) {
-                    if (!eligible[i]) continue;
-                    own[i] = index_.match(replicas_[i].id, keys);
-                    least_match = std::min(least_match, own[i]);
-                }
-                size_t most_match = 0;
-                for (size_t i = 0; i < n; ++i) {
-                    if (!eligible[i]) continue;
-                    if (index_.diverges(replicas_[i].id, keys, own[i])) own[i] = least_match;
-                    most_match = std::max(most_match, own[i]);
-                }
-                double best_score = 0;
-                int best = -1;
-                size_t best_match = 0;
-                for (size_t k = 0; k < n; ++k) {
-                    const int i = static_cast<int>((next_ + k) % n);  // equal scores rotate
-                    if (!eligible[i]) continue;
-                    const size_t m = own[i];
-                    const double score =
-                        cache_aware_.prefix_weight * static_cast<double>(m) / static_cast<double>(keys.size()) -
-                        static_cast<double>(replicas_[i].outstanding) / (mean + 1);
-                    if (best < 0 || score > best_score ||
-                        (score == best_score && replicas_[i].outstanding < replicas_[best].outstanding)) {
-                        best = i;
-                        best_score = score;
-                        best_match = m;
-                    }
-                }
-                d.replica = best;
-                if (best_match > least_match) {
-                    d.reason = "prefix";
-                    d.matched_chunks = best_match;
-                } else if (most_match == least_match) {
-                    // No replica holds more of it than the others (a new conversation, or one
-                    // every replica evicted): the smallest cache footprint takes it, so
-                    // conversations spread by what the replicas hold, not only by load
-                    // (ties: the load's pick, then fewer outstanding).
-                    int smallest = best;
-                    for (size_t i = 0; i < n; ++i) {
-                        if (!eligible[i]) continue;
-                        const size_t keys_i = index_.size(replicas_[i].id),
-                                     keys_s = index_.size(replicas_[smallest].id);
-                        if (keys_i < keys_s ||
-                            (keys_i == keys_s && replicas_[i].outstanding < replicas_[smallest].outstanding))
-                            smallest = static_cast<int>(i);
-                    }
-                    if (index_.size(replicas_[smallest].id) < index_.size(replicas_[best].id)) {
-                        d.replica = smallest;
-                        d.reason = "smallest_cache";
-                    }
-                }
+                pick_by_cost(text, keys, eligible, d);
             }
         }
     }
@@ -299,6 +296,13 @@ Decision Router::pick(std::string_view text, std::string_view session_key, int e
         ++r.requests;
         r.prompt_chars += text.size();
         next_ = static_cast<size_t>(d.replica) + 1;
+        if (!text.empty()) {
+            d.prefill_chars = static_cast<double>(text.size() - PrefixIndex::kChunkChars * index_.match(r.id, keys));
+            d.ticket = next_ticket_++;
+            queued_[d.ticket] = {r.id, d.prefill_chars};
+            ++r.prefilling;
+            r.queued_chars += d.prefill_chars;
+        }
         if (!keys.empty()) index_.insert(r.id, keys);
     }
     ++decisions_[d.reason];
@@ -311,9 +315,25 @@ ReplicaState* Router::by_id(int id) {
     return nullptr;  // left with a DNS change
 }
 
-void Router::finish(int id, bool failed) {
+void Router::settle(uint64_t ticket) {
+    const auto it = queued_.find(ticket);
+    if (it == queued_.end()) return;
+    if (ReplicaState* r = by_id(it->second.id)) {
+        r->prefilling = std::max(0, r->prefilling - 1);
+        r->queued_chars = r->prefilling ? std::max(0.0, r->queued_chars - it->second.chars) : 0;
+    }
+    queued_.erase(it);
+}
+
+void Router::first_token(const Decision& d) {
     std::lock_guard lock(mu_);
-    if (ReplicaState* r = by_id(id)) {
+    settle(d.ticket);
+}
+
+void Router::finish(const Decision& d, bool failed) {
+    std::lock_guard lock(mu_);
+    settle(d.ticket);
+    if (ReplicaState* r = by_id(d.id)) {
         r->outstanding = std::max(0, r->outstanding - 1);
         if (failed) ++r->errors;
     }

@@ -4,18 +4,22 @@
 //   round-robin  the next healthy replica in turn.
 //   least-load   the healthy replica with the fewest outstanding requests (ties: the lowest
 //                index after the last pick, so equal loads rotate).
-//   cache-aware  (default) the replica most likely to hold the prompt's longest prefix in its
-//                KV cache, from the PrefixIndex of what was sent where, weighed against load:
-//                each healthy replica scores prefix_weight x (its matched share of the prompt's
-//                chunks) - outstanding / (the mean outstanding + 1), the best score wins (ties:
-//                fewer outstanding). A prefix every replica holds (a shared system prompt)
-//                shifts every score alike and decides nothing: a prompt that no replica holds
-//                more of than the others (a new conversation) goes to the replica whose index
-//                holds the fewest keys (the smallest cache footprint; ties: fewer outstanding),
-//                as SGLang's router sends a low match to its smallest tree, so conversations
-//                are partitioned by cache size, not only by load. When the load is imbalanced
-//                (max - min > balance_abs_threshold outstanding and max > balance_rel_threshold
-//                x min: SGLang's rule), least-load instead.
+//   cache-aware  (default) the replica where the prompt's first token should come soonest,
+//                counting what its cache holds: each healthy replica costs, in prompt characters
+//                of prefill, the prefill queued there (prompts sent whose first token has not
+//                come back) + kDecodeRowChars per request it is decoding + the part of this
+//                prompt its PrefixIndex does not hold - (prefix_weight - 1) x the part it holds
+//                of this conversation's own history (a cached turn also serves the turns after
+//                it). The cheapest wins (ties: fewer outstanding). A prefix every replica
+//                holds (a shared system prompt) costs every replica alike: a prompt that no
+//                replica holds more of than the others (a new conversation) goes, among the
+//                replicas within kChunkChars of the cheapest, to the one whose index holds the
+//                fewest keys (the smallest cache footprint), as SGLang's router sends a low match
+//                to its smallest tree. Counting queued prefill rather than requests keeps a burst
+//                of arrivals (clients resending as their answers end together) off one replica,
+//                where a request count would send them all to the replica that just finished.
+//                When the load is imbalanced (max - min > balance_abs_threshold outstanding and
+//                max > balance_rel_threshold x min: SGLang's rule), least-load instead.
 // Session affinity, under every policy: a request carrying a session key (OpenAI's
 // `prompt_cache_key`, else `user`) goes to the replica the ConsistentHashRing gives that key
 // among the healthy ones, so a conversation's cache stays on one replica.
@@ -106,10 +110,12 @@ CacheFacts parse_cache_facts(std::string_view metrics_text);
 
 // What the router knows of one replica.
 struct ReplicaState {
-    std::string url;      // http://host:port
-    int id = 0;           // stable across set_urls (the prefix index's key)
-    bool healthy = true;  // false: ejected (a connection failed, or /health did not answer 200)
-    int outstanding = 0;  // requests sent and not finished
+    std::string url;          // http://host:port
+    int id = 0;               // stable across set_urls (the prefix index's key)
+    bool healthy = true;      // false: ejected (a connection failed, or /health did not answer 200)
+    int outstanding = 0;      // requests sent and not finished
+    int prefilling = 0;       // of those, the ones whose first token has not come back
+    double queued_chars = 0;  // their prompt characters not in its cache: the prefill queued there
     uint64_t requests = 0, errors = 0;
     uint64_t prompt_chars = 0;                  // characters of the prompts sent (what the prefix index keys on)
     double pool_tokens = 0;                     // its KV pool, from /metrics (0: not known)
@@ -127,12 +133,15 @@ struct Decision {
     std::string url;
     const char* reason = "no_replica";
     size_t matched_chunks = 0;
+    double prefill_chars = 0;  // the prompt's characters not in the replica's cache (estimated)
+    uint64_t ticket = 0;       // its queued prefill (0: none, an empty prompt): first_token / finish
 };
 
 // The cache-aware policy's weights and bounds (`peregrine router --prefix-weight ...`; the
 // balance thresholds are named as in SGLang's router).
 struct CacheAwareOptions {
-    double prefix_weight = 4;            // a whole-prompt match against a replica's load share
+    double prefix_weight = 2;            // a held character of the conversation's own history, in
+                                         // characters of prefill (1: this request's saving alone)
     int balance_abs_threshold = 32;      // outstanding requests, max - min
     double balance_rel_threshold = 1.5;  // max / min
 };
@@ -147,7 +156,10 @@ class Router {
     // optional session key, skipping `exclude` (a replica that already failed this request), and
     // counts it outstanding. Records the prompt's prefix for the chosen replica.
     Decision pick(std::string_view text, std::string_view session_key, int exclude = -1);
-    void finish(int id, bool failed);  // a request ended (failed: it errored)
+    // The request's first token came back (its first streamed token, or the whole answer): its
+    // prefill leaves the replica's queue. Once per decision; finish does it when it never came.
+    void first_token(const Decision& d);
+    void finish(const Decision& d, bool failed);  // a request ended (failed: it errored)
     void set_healthy(int id, bool healthy);
     // A replica's cache facts (its /metrics, read by the health checker): once it has counted
     // kMinTokensForRatio prompt tokens since the first read, its prefix index holds at most
@@ -164,8 +176,16 @@ class Router {
     size_t prefix_index_size() const;
     std::map<std::string, uint64_t> decisions() const;  // by reason
 
+    // A request being decoded costs a new prompt on its replica about this many characters of
+    // prefill (its row in every step until that prompt's first token): small next to a prompt.
+    static constexpr double kDecodeRowChars = 16;
+
   private:
     int least_loaded(int exclude) const;  // -1: none healthy
+    void settle(uint64_t ticket);         // a queued prefill is done (mu_ held)
+    // cache-aware's choice by cost (the class comment), into d (mu_ held; keys not empty).
+    void pick_by_cost(std::string_view text, const std::vector<uint64_t>& keys, const std::vector<bool>& eligible,
+                      Decision& d) const;
     ReplicaState* by_id(int id);
     Policy policy_;
     CacheAwareOptions cache_aware_;
@@ -176,6 +196,12 @@ class Router {
     size_t next_ = 0;  // round-robin / least-load tie rotation
     int next_id_ = 0;
     std::map<std::string, uint64_t> decisions_;
+    struct Queued {
+        int id;
+        double chars;
+    };
+    std::unordered_map<uint64_t, Queued> queued_;  // by ticket: prefills not yet done
+    uint64_t next_ticket_ = 1;
 };
 
 }  // namespace peregrine::router

@@ -122,7 +122,7 @@ TEST(Router, LeastLoadPicksFewestOutstandingAndSkipsEjected) {
     const Decision second = r.pick("", "");
     EXPECT_NE(first.replica, second.replica);
     const Decision third = r.pick("", "");
-    r.finish(second.id, false);
+    r.finish(second, false);
     EXPECT_EQ(r.pick("", "").replica, second.replica);  // the only one with room
     r.set_healthy(first.id, false);
     for (int i = 0; i < 5; ++i) EXPECT_NE(r.pick("", "").replica, first.replica);
@@ -131,13 +131,17 @@ TEST(Router, LeastLoadPicksFewestOutstandingAndSkipsEjected) {
 
 TEST(Router, CacheAwareFollowsThePrefixUntilLoadIsImbalanced) {
     Router r(Policy::CacheAware, {"http://a:1", "http://b:1"});
-    const std::string system = text_of('s', 20);  // a shared system prompt
+    const std::string system = text_of('s', 20);  // a long prefix, then short user texts
     const Decision d0 = r.pick(system + "user one", "");
     EXPECT_STREQ(d0.reason, "least_load");  // nothing known yet
+    EXPECT_EQ(d0.prefill_chars, static_cast<double>(system.size() + 8));
+    r.first_token(d0);
     for (int i = 0; i < 10; ++i) {
         const Decision d = r.pick(system + "user " + std::to_string(i), "");
         EXPECT_EQ(d.replica, d0.replica);
         EXPECT_STREQ(d.reason, "prefix");
+        EXPECT_EQ(d.prefill_chars, 6.0);  // only the text after the held chunks
+        r.first_token(d);                 // each then decodes
     }
     // The prefix's replica takes requests until it has 33 more outstanding than the other
     // (SGLang's bound: difference > 32 and more than 1.5 x): then one goes by load.
@@ -145,52 +149,106 @@ TEST(Router, CacheAwareFollowsThePrefixUntilLoadIsImbalanced) {
     Decision d;
     do {
         d = r.pick(system + "more", "");
+        r.first_token(d);
         ++picks;
     } while (std::string(d.reason) == "prefix" && picks < 100);
     EXPECT_STREQ(d.reason, "imbalanced");
     EXPECT_NE(d.replica, d0.replica);
     EXPECT_EQ(picks, 34);  // 33 outstanding on d0's replica, then this one
-    // A prompt matched on under 30% of its chunks goes by load.
+    // A prompt held only for a chunk that other text followed there (2 of 10 chunks: another
+    // conversation's) goes where it is cheapest: the idle replica.
     Router fresh(Policy::CacheAware, {"http://a:1", "http://b:1"});
-    fresh.pick(text_of('s', 2) + text_of('t', 2), "");
+    const Decision f0 = fresh.pick(text_of('s', 2) + text_of('t', 2), "");
     EXPECT_STREQ(fresh.pick(text_of('s', 2) + text_of('t', 2), "").reason, "prefix");
-    EXPECT_STREQ(fresh.pick(text_of('s', 2) + text_of('u', 8), "").reason, "least_load");  // 2 of 10 chunks
+    const Decision f2 = fresh.pick(text_of('s', 2) + text_of('u', 8), "");
+    EXPECT_STREQ(f2.reason, "least_load");
+    EXPECT_NE(f2.replica, f0.replica);
 }
 
 // A prefix every replica might hold (a shared system prompt) decides little: new users spread by
-// load; a user's own history, held by one replica, brings their next turn back to it.
+// queued prefill; a user's own history, held by one replica, brings their next turn back to it.
 TEST(Router, CacheAwareSpreadsNewUsersAndKeepsConversations) {
     Router r(Policy::CacheAware, {"http://a:1", "http://b:1"});
     const std::string system = text_of('s', 1);
-    std::vector<int> home(6);
+    std::vector<Decision> first(6);
     for (int u = 0; u < 6; ++u)  // first turns, all in flight at once
-        home[u] = r.pick(system + text_of(static_cast<char>('A' + u), 2), "").replica;
-    const auto on_first = std::count(home.begin(), home.end(), home[0]);
-    EXPECT_TRUE(on_first == 3 || on_first == 4) << on_first;  // spread, not all behind the system prompt
-    for (int u = 0; u < 6; ++u) r.finish(r.snapshot()[home[u]].id, false);
+        first[u] = r.pick(system + text_of(static_cast<char>('A' + u), 2), "");
+    const auto on_first =
+        std::count_if(first.begin(), first.end(), [&](const Decision& d) { return d.replica == first[0].replica; });
+    EXPECT_EQ(on_first, 3);  // spread, not all behind the system prompt
+    for (int u = 0; u < 6; ++u) r.finish(first[u], false);
+    EXPECT_EQ(r.snapshot()[0].queued_chars, 0.0);
+    EXPECT_EQ(r.snapshot()[1].prefilling, 0);
     for (int u = 0; u < 6; ++u) {  // second turns, in flight together: each history is on one replica
         const Decision d = r.pick(system + text_of(static_cast<char>('A' + u), 2) + text_of('x', 4), "");
         EXPECT_STREQ(d.reason, "prefix") << u;
-        EXPECT_EQ(d.replica, home[u]) << u;
+        EXPECT_EQ(d.replica, first[u].replica) << u;
     }
-    // With no weight on the prefix, the load alone decides.
+    // With no weight on the prefix, the cost alone decides: the held replica's queued prefill
+    // (the first turn, still waiting) outweighs what it holds.
     Router loads(Policy::CacheAware, {"http://a:1", "http://b:1"}, CacheAwareOptions{0, 32, 1.5});
-    const int first = loads.pick(system + text_of('A', 2), "").replica;
+    const int held = loads.pick(system + text_of('A', 2), "").replica;
     const Decision again = loads.pick(system + text_of('A', 2) + text_of('x', 4), "");
-    EXPECT_NE(again.replica, first);
+    EXPECT_NE(again.replica, held);
     EXPECT_STREQ(again.reason, "least_load");
 }
 
-// A conversation no replica holds more of than the others goes where the index holds the
-// fewest keys, even against the load's choice: the replicas' cache footprints stay even.
+// Queued prefill, not the request count, is the load: a burst of prompts arriving together
+// spreads although one replica has just finished everything it had, and a conversation leaves
+// its replica only when the prefill queued there outweighs prefix_weight x its history.
+TEST(Router, CacheAwareWeighsQueuedPrefillAgainstTheHistory) {
+    Router r(Policy::CacheAware, {"http://a:1", "http://b:1"});
+    const std::string system = text_of('s', 1);
+    // Replica 1 decodes 4 requests; replica 0 is idle.
+    std::vector<Decision> busy;
+    for (int u = 0; u < 8; ++u) {
+        busy.push_back(r.pick(system + text_of(static_cast<char>('a' + u), 1), ""));
+        r.first_token(busy.back());
+    }
+    for (const Decision& d : busy)
+        if (d.replica == busy[0].replica) r.finish(d, false);
+    const int idle = busy[0].replica, decoding = 1 - idle;
+    EXPECT_EQ(r.snapshot()[decoding].outstanding, 4);
+    // Four new conversations at once: a request count sends them all to the idle replica; the
+    // queued prefill of the first ones sends the later ones to the decoding replica.
+    std::vector<int> where;
+    for (int u = 0; u < 4; ++u) where.push_back(r.pick(system + text_of(static_cast<char>('K' + u), 4), "").replica);
+    EXPECT_EQ(where[0], idle);
+    EXPECT_EQ(std::count(where.begin(), where.end(), decoding), 2);
+    EXPECT_GT(r.snapshot()[idle].queued_chars, 0.0);
+
+    // A conversation held on one replica stays there while the prefill queued ahead of it costs
+    // less than what it holds saves at prefix_weight 2, and leaves beyond.
+    Router c(Policy::CacheAware, {"http://a:1", "http://b:1"});
+    const Decision home = c.pick(text_of('h', 8), "");
+    c.finish(home, false);
+    const int away = 1 - home.replica;
+    c.pick(text_of('q', 15), "", away);  // 960 characters queued at home (the other excluded)
+    // Home: 960 queued + 64 new - (2 - 1) x 512 held = 512; away: all 576. Stays.
+    const Decision turn1 = c.pick(text_of('h', 8) + text_of('y', 1), "");
+    EXPECT_EQ(turn1.replica, home.replica);
+    EXPECT_STREQ(turn1.reason, "prefix");
+    c.pick(text_of('r', 3), "", away);  // 192 more
+    // Home: 960 + 64 (turn 1, waiting too) + 192 queued + 64 new - 576 held = 704; away: 640.
+    const Decision turn2 = c.pick(text_of('h', 8) + text_of('y', 1) + text_of('w', 1), "");
+    EXPECT_EQ(turn2.replica, away);
+    EXPECT_STREQ(turn2.reason, "least_load");
+    EXPECT_EQ(turn2.prefill_chars, 640.0);
+    EXPECT_EQ(c.snapshot()[home.replica].queued_chars, 960.0 + 64 + 192);
+}
+
+// A conversation no replica holds more of than the others goes, among the replicas about as
+// cheap, where the index holds the fewest keys, even against the request count: the replicas'
+// cache footprints stay even.
 TEST(Router, CacheAwarePlacesNewConversationsOnTheSmallestCache) {
     Router r(Policy::CacheAware, {"http://a:1", "http://b:1"});
     const std::string system = text_of('s', 1);
     const Decision big = r.pick(system + text_of('A', 8), "");  // 9 keys
-    r.finish(big.id, false);
-    const Decision small = r.pick(system + text_of('B', 2), "");  // 3 keys, left outstanding
+    r.finish(big, false);
+    const Decision small = r.pick(system + text_of('B', 2), "");  // 3 keys, left decoding
     EXPECT_NE(small.replica, big.replica);
-    // The small one has 1 outstanding, the big one none: the load would pick the big one.
+    r.first_token(small);
+    // The small one decodes 1 request, the big one none: the count would pick the big one.
     const Decision next = r.pick(system + text_of('C', 2), "");
     EXPECT_EQ(next.replica, small.replica);
     EXPECT_STREQ(next.reason, "smallest_cache");
@@ -246,7 +304,7 @@ TEST(Router, DnsChangesKeepStateOfKnownReplicas) {
     int outstanding = 0;
     for (const auto& s : snap) outstanding += s.outstanding;
     EXPECT_EQ(outstanding, 1);
-    r.finish(d.id, false);  // by id, though its index moved
+    r.finish(d, false);  // by its id, though its index moved
     for (const auto& s : r.snapshot()) EXPECT_EQ(s.outstanding, 0);
     EXPECT_THROW(policy_from_name("random"), Error);
 }
