@@ -42,12 +42,17 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$logs/san"
 cmake --build "$BUILD_DIR" -j "$JOBS" --target peregrine peregrine_tests
 echo "ci-sanitize: build took $((SECONDS - start)) s"
 
-# Sanitized code runs several times slower: give timeouts room (the server tests' own
-# per-test 180 s limit is set in CMakeLists.txt).
+# Sanitized code runs several times slower: give timeouts room (the server tests' own limit,
+# 180 s or 540 s in a sanitized build, is set in CMakeLists.txt).
 start=$SECONDS
 status=0
+# The two schema-corpus random walks over the 128K-token Llama 3 vocabulary are left to the
+# Release run: under the sanitizers they took 295 s and 161 s of the 1,295 s ctest (session 18);
+# their small-vocabulary twins, GrammarTokenMask.ExactOnLlama3Vocabulary and fuzz_grammar keep the
+# grammar code under ASan + UBSan.
 # shellcheck disable=SC2086
-(cd "$BUILD_DIR" && ctest --output-on-failure -j "$JOBS" --timeout 1200 ${CTEST_ARGS:-}) || status=$?
+(cd "$BUILD_DIR" && ctest --output-on-failure -j "$JOBS" --timeout 1200 \
+    -E '^GrammarSchemaCorpus\.RandomWalks(EndWithinTheBudget)?OnLlama3Vocabulary$' ${CTEST_ARGS:-}) || status=$?
 echo "ci-sanitize: ctest took $((SECONDS - start)) s"
 
 reports=("$logs"/*)
