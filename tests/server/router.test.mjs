@@ -146,6 +146,9 @@ describe('router', async () => {
         assert.deepEqual(moved.sort(), [0, 6], `one replica took the shared prefix: ${moved}`);
         const metrics = (await http(`${r.url}/metrics`, { method: 'GET' })).text;
         assert.match(metrics, /routing_decisions_total\{reason="prefix"\} 5/);
+        // Every answer came back: no prefill is left queued at any replica.
+        assert.equal([...metrics.matchAll(/^peregrine_router:prefilling\{[^}]*\} 0$/gm)].length, 2, metrics);
+        assert.equal([...metrics.matchAll(/^peregrine_router:queued_prefill_chars\{[^}]*\} 0$/gm)].length, 2);
         for (let i = 0; i < 4; i++)
             await client(r.url).completions.create({ model: 'stories260K', prompt: `short ${i}`, max_tokens: 2,
                                                      prompt_cache_key: 'conv-1' });
