@@ -8,6 +8,8 @@
 #                                    (auto: 1024 sequences / 8192 tokens on a GPU of >= 70 GiB)
 #   CONCURRENCY="256 64"            the concurrencies (default 256), ROUNDS (default 2),
 #   SHAPE                           bench/models folder (default llama-3.2-1b)
+#   WARMUP                          requests sent (at the run's concurrency, another seed) to each fresh
+#                                   server before the measured run (default 0: the run meets a cold server)
 set -uo pipefail
 source scripts/device-lib.sh
 unpack_bundle .device sv
@@ -23,6 +25,10 @@ for round in $(seq "${ROUNDS:-2}"); do
             env "${envs[@]}" "$pg/peregrine" serve --port 0 --model "$m1" --load-format dummy "${extra[@]}" > "$logs/serve-$mode.log" 2>&1 &
             pid=$!
             url=$(wait_ready "$logs/serve-$mode.log")
+            if [[ ${WARMUP:-0} -gt 0 ]]; then
+                timeout 200 "$pg/peregrine" bench serve --url "$url" --quiet --num-requests "$WARMUP" --concurrency "$conc" \
+                    --input-len 128 --output-len 128 --seed $((round * 1000 + conc * 3 + ${#mode} + 500)) > /dev/null 2>&1
+            fi
             timeout 200 "$pg/peregrine" bench serve --url "$url" --quiet --num-requests 2048 --concurrency "$conc" \
                 --input-len 128 --output-len 128 --seed $((round * 1000 + conc * 3 + ${#mode})) \
                 --json "$logs/$mode-$conc-$round.json" > /dev/null 2>&1

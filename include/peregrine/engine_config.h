@@ -91,9 +91,12 @@ struct EngineConfig {
     // --- the scheduler
     // Sequences and tokens in one step at most; 0 = by the device (apply_device_defaults): on a
     // GPU of >= 70 GiB 1024 and 8192 (as vLLM; the 8B shape's offline throughput on an H100 is
-    // capped at 256 sequences), else 256 and 2048.
+    // capped at 256 sequences), the tokens then scaled up for a smaller model
+    // (apply_model_defaults), else 256 and 2048.
     int max_num_seqs = 0;
     int max_num_batched_tokens = 0;
+    // Set by apply_device_defaults when it chose max_num_batched_tokens for a big GPU.
+    bool step_tokens_by_device = false;
     // With device sampling, queue step N+1 before step N's tokens come back.
     bool async_scheduling = true;
     // Seed of the requests that give none: request k (in submission order) draws from a seed
@@ -129,6 +132,11 @@ struct EngineConfig {
     // Fills max_num_seqs / max_num_batched_tokens left at 0 for a device of `device_bytes` of
     // memory of its own (0: the CPU, whose memory is the host's).
     void apply_device_defaults(size_t device_bytes);
+    // After apply_device_defaults, once the model is known: where the step's token budget is the
+    // big GPU's default, a model whose layers hold fewer product weights per GPU than the 8B's
+    // (~7e9) gets proportionally more tokens a step (a power of two, at most 32768), so that a
+    // full step costs about what 8192 tokens cost the 8B. `layer_weights` counts this rank's.
+    void apply_model_defaults(int64_t layer_weights);
 };
 
 // The GPU index `device` names: "cuda" 0, "cuda:K" K; -1 for anything else.

@@ -96,7 +96,8 @@ void add_engine_options(CLI::App* cmd, EngineConfig& o) {
     cmd->add_flag_callback(
         "--no-prefix-caching", [&o] { o.prefix_caching = false; }, "Do not reuse KV blocks across requests");
     cmd->add_option("--max-num-batched-tokens", o.max_num_batched_tokens,
-                    "Token budget of one step (default: 8192 on a GPU of >= 70 GiB, else 2048)")
+                    "Token budget of one step (default: on a GPU of >= 70 GiB 8192 for an 8B, up to 32768 for smaller "
+                    "models, else 2048)")
         ->check(CLI::PositiveNumber);
     cmd->add_option("--max-num-seqs", o.max_num_seqs,
                     "Sequences in one step at most (default: 1024 on a GPU of >= 70 GiB, else 256)")

@@ -154,6 +154,14 @@ void Worker::load_model() {
     const ModelParallel par = place_.connect ? place_.connect(*backend_) : ModelParallel{};
     own_model_ = create_model(*loaded_, *backend_, par);  // places the weights
     model_ = own_model_.get();
+    {  // the step's token budget by this rank's share of the layers' product weights
+        const ModelConfig& c = loaded_->config;  // the rank's shard (heads, intermediate)
+        const int64_t h = c.hidden_size;
+        const int64_t per_layer = h * (2 * int64_t{c.q_dim()} + 2 * int64_t{c.kv_dim()}) + 3 * h * c.intermediate_size;
+        // Layers per stage rounded up, the same on every rank (their workspaces share the budget).
+        const int stages = std::max(1, place_.pp.stages);
+        config_.apply_model_defaults(per_layer * ((c.num_layers + stages - 1) / stages));
+    }
     if (!place_.verbose) return;
     const double seconds = seconds_since(t0);
     char rate[64] = "";

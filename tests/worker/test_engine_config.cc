@@ -1,6 +1,6 @@
 // EngineConfig's device defaults (issue #25, defect 8): a GPU of >= 70 GiB gets vLLM's larger
-// step (1024 sequences, 8192 tokens); smaller GPUs and the CPU keep 256 / 2048; values given on
-// the command line are never replaced.
+// step (1024 sequences, 8192 tokens, more tokens for a small model: issue #26); smaller GPUs and
+// the CPU keep 256 / 2048; values given on the command line are never replaced.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -41,6 +41,35 @@ TEST(EngineConfigDefaults, GivenValuesStay) {
     c.max_num_batched_tokens = 0;
     c.apply_device_defaults(141 * kGiB);
     EXPECT_EQ(c.max_num_batched_tokens, 8192);
+}
+
+// The big GPU's token budget grows for models with fewer product weights a GPU: the 8B (~6.98e9
+// in its 32 layers) keeps 8192, the 1B (~0.97e9) gets 32768 (the cap), a 3B-sized 2.8e9 16384;
+// a given budget, a small GPU and the CPU are left alone.
+TEST(EngineConfigDefaults, SmallerModelsGetLargerStepsOnABigGpu) {
+    auto tokens = [](size_t device, int given, int64_t weights) {
+        EngineConfig c;
+        c.max_num_batched_tokens = given;
+        c.apply_device_defaults(device);
+        c.apply_model_defaults(weights);
+        return c.max_num_batched_tokens;
+    };
+    const int64_t w8b = 32 * (4096LL * (2 * 4096 + 2 * 1024) + 3LL * 4096 * 14336);
+    const int64_t w1b = 16 * (2048LL * (2 * 2048 + 2 * 512) + 3LL * 2048 * 8192);
+    EXPECT_EQ(tokens(80 * kGiB, 0, w8b), 8192);
+    EXPECT_EQ(tokens(80 * kGiB, 0, w1b), 32768);
+    EXPECT_EQ(tokens(141 * kGiB, 0, 2'800'000'000), 16384);
+    EXPECT_EQ(tokens(80 * kGiB, 0, 100'000), 32768);
+    EXPECT_EQ(tokens(80 * kGiB, 0, 70'000'000'000), 8192);
+    EXPECT_EQ(tokens(80 * kGiB, 512, w1b), 512);
+    EXPECT_EQ(tokens(24 * kGiB, 0, w1b), 2048);
+    EXPECT_EQ(tokens(0, 0, w1b), 2048);
+    // Applied once: a second model figure does not move it again.
+    EngineConfig c;
+    c.apply_device_defaults(80 * kGiB);
+    c.apply_model_defaults(w1b);
+    c.apply_model_defaults(w8b);
+    EXPECT_EQ(c.max_num_batched_tokens, 32768);
 }
 
 TEST(EngineConfigDefaults, ACpuWorkerRunsTheCpuDefaults) {
