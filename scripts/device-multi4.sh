@@ -74,14 +74,18 @@ if [[ $steps == *dp* ]]; then
         "$pg/peregrine" serve --port 0 --model "$m1" --load-format dummy --data-parallel-size $dp > $logs/serve$dp.log 2>&1 & pid=$!
         url=$(wait_ready $logs/serve$dp.log)
         # Concurrency 256 (the issue's figure), then 256 a replica (scaling); the first run warms up.
-        for c in 256 256 $((256 * dp)); do
-            seed=$((seed + 1))
+        # One replica also at 128: what each replica of DP 2 at 256 carries (DP 2's ceiling).
+        cs="256 256 $((256 * dp))"
+        (( dp == 1 )) && cs="256 256 256 128 128"
+        run=0
+        for c in $cs; do
+            seed=$((seed + 1)) run=$((run + 1))
             c0=$(awk '{print $14+$15}' /proc/$pid/stat)
             timeout 200 "$pg/peregrine" bench serve --url "$url" --quiet --seed $seed --num-requests $((8 * c)) \
                 --concurrency $c --client-threads ${CLIENT_THREADS:-8} --input-len 128 --output-len 128 \
                 > $logs/dp$dp-$seed.txt 2>&1
             c1=$(awk '{print $14+$15}' /proc/$pid/stat)
-            (( seed % 3 != 1 )) && echo "DP $dp concurrency $c: $(grep -E 'Output token throughput' $logs/dp$dp-$seed.txt | tr -s ' ') $(grep -E 'Median TTFT' $logs/dp$dp-$seed.txt | tr -s ' ') $(grep -E 'Failed requests' $logs/dp$dp-$seed.txt | tr -s ' ') front process CPU $(( (c1 - c0) / 100 )) s in $(grep -E 'Benchmark duration' $logs/dp$dp-$seed.txt | grep -oE '[0-9.]+$') s"
+            (( run > 1 )) && echo "DP $dp concurrency $c: $(grep -E 'Output token throughput' $logs/dp$dp-$seed.txt | tr -s ' ') $(grep -E 'Median TTFT' $logs/dp$dp-$seed.txt | tr -s ' ') $(grep -E 'Failed requests' $logs/dp$dp-$seed.txt | tr -s ' ') front process CPU $(( (c1 - c0) / 100 )) s in $(grep -E 'Benchmark duration' $logs/dp$dp-$seed.txt | grep -oE '[0-9.]+$') s"
         done
         kill $pid; wait $pid 2>/dev/null
     done
