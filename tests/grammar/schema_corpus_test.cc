@@ -10,6 +10,7 @@
 #include "grammar/json_schema.h"
 #include "grammar_test_util.h"
 #include "hf_vocab.h"
+#include "support/sanitized.h"
 
 namespace peregrine::grammar {
 namespace {
@@ -56,7 +57,7 @@ void walk_corpus(const std::shared_ptr<const VocabIndex>& vocab, int walks, int 
 }
 
 TEST(GrammarSchemaCorpus, RandomWalksOnSmallVocabulary) {
-    walk_corpus(std::make_shared<const VocabIndex>(testing::stories_vocab()), 4, 40);
+    walk_corpus(std::make_shared<const VocabIndex>(testing::stories_vocab()), full_or_sanitized(4, 1), 40);
 }
 
 TEST(GrammarSchemaCorpus, RandomWalksOnLlama3Vocabulary) {
@@ -112,7 +113,7 @@ void budget_walks(const std::shared_ptr<const VocabIndex>& vocab, int walks, int
 }
 
 TEST(GrammarSchemaCorpus, RandomWalksEndWithinTheBudgetOnSmallVocabulary) {
-    budget_walks(std::make_shared<const VocabIndex>(testing::stories_vocab()), 2, 120);
+    budget_walks(std::make_shared<const VocabIndex>(testing::stories_vocab()), full_or_sanitized(2, 1), 120);
 }
 
 TEST(GrammarSchemaCorpus, RandomWalksEndWithinTheBudgetOnLlama3Vocabulary) {

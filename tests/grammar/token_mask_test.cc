@@ -7,6 +7,7 @@
 #include "grammar/regex.h"
 #include "grammar_test_util.h"
 #include "hf_vocab.h"
+#include "support/sanitized.h"
 
 namespace peregrine::grammar {
 namespace {
@@ -118,7 +119,7 @@ TEST(GrammarTokenMask, RandomWalksProduceSchemaValidJson) {
         "required": ["query"]})");
     auto tg = tokenized(compile_json_schema(schema), v);
     std::mt19937 rng(7);
-    for (int i = 0; i < 20; ++i) {
+    for (int i = 0; i < full_or_sanitized(20, 5); ++i) {
         std::string text = testing::random_walk(tg, rng, 20);
         nlohmann::ordered_json j;
         ASSERT_NO_THROW(j = nlohmann::ordered_json::parse(text)) << text;

@@ -55,7 +55,9 @@ describe('structured output', () => {
             String(schema.$schema ?? '').includes('draft-04');
         const failures = [];
         let valid = 0;
-        for (const temperature of [0, 1]) {
+        // Under the sanitizers (PG_SANITIZED=1: 197 s for this file) T=1 only; the Release run walks both.
+        const temperatures = process.env.PG_SANITIZED === '1' ? [1] : [0, 1];
+        for (const temperature of temperatures) {
             await pool(corpus, 6, async (entry, i) => {
                 const r = await client.chat.completions.create({
                     model: 'stories260K', messages, temperature, seed: i, max_tokens: 480,
@@ -80,10 +82,10 @@ describe('structured output', () => {
                     valid++;
             });
         }
-        console.log(`json_schema corpus: ${valid} of ${corpus.length * 2} answers (greedy and T=1) end by ` +
-                    `themselves within max_tokens and validate (ajv)`);
+        console.log(`json_schema corpus: ${valid} of ${corpus.length * temperatures.length} answers ` +
+                    `(T=${temperatures.join(', ')}) end by themselves within max_tokens and validate (ajv)`);
         assert.deepEqual(failures, []);
-        assert.equal(valid, corpus.length * 2);
+        assert.equal(valid, corpus.length * temperatures.length);
     });
 
     test('json_object, guided_regex / guided_choice / guided_grammar, structured_outputs, streaming', async () => {
