@@ -88,6 +88,16 @@ void profile_step(Model& model, Backend& backend, int tokens, int seqs, int bloc
     model.forward(b, cache, logits);
 }
 
+// The weights of the products (q, k, v, o, gate, up, down) in one pipeline stage's layers of `c`
+// (a rank's shard: its heads and intermediate rows), the layers per stage rounded up so every
+// rank gets the same figure: what a prefill token costs the rank, for the step's token budget.
+int64_t stage_product_weights(const ModelConfig& c, int stages) {
+    const int64_t h = c.hidden_size;
+    const int64_t per_layer = h * (2 * int64_t{c.q_dim()} + 2 * int64_t{c.kv_dim()}) + 3 * h * c.intermediate_size;
+    stages = std::max(1, stages);
+    return per_layer * ((c.num_layers + stages - 1) / stages);
+}
+
 }  // namespace
 
 bool worker_uses_cuda(const EngineConfig& c) {
@@ -154,14 +164,7 @@ void Worker::load_model() {
     const ModelParallel par = place_.connect ? place_.connect(*backend_) : ModelParallel{};
     own_model_ = create_model(*loaded_, *backend_, par);  // places the weights
     model_ = own_model_.get();
-    {  // the step's token budget by this rank's share of the layers' product weights
-        const ModelConfig& c = loaded_->config;  // the rank's shard (heads, intermediate)
-        const int64_t h = c.hidden_size;
-        const int64_t per_layer = h * (2 * int64_t{c.q_dim()} + 2 * int64_t{c.kv_dim()}) + 3 * h * c.intermediate_size;
-        // Layers per stage rounded up, the same on every rank (their workspaces share the budget).
-        const int stages = std::max(1, place_.pp.stages);
-        config_.apply_model_defaults(per_layer * ((c.num_layers + stages - 1) / stages));
-    }
+    config_.apply_model_defaults(stage_product_weights(loaded_->config, place_.pp.stages));
     if (!place_.verbose) return;
     const double seconds = seconds_since(t0);
     char rate[64] = "";

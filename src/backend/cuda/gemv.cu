@@ -338,6 +338,13 @@ __device__ __forceinline__ float int_x_dot(const Chunk& w, const XBlock& x) {
         return u4_dot(w, x);
 }
 
+// Normed products whose chunks hold more than one 8-element piece of x (FP8, the int8 layouts) sum
+// x^2 a piece at a time, each piece from 0, then add the pieces in each thread's chunk order (both
+// kernels, so they give the same bits; the persistent kernel stages x a piece a thread and keeps
+// the pieces' sums in shared memory after x). Others add x^2 as one chain over a thread's chunks.
+template <int W, bool NORM>
+constexpr bool kPieceSums = NORM&& WeightChunk<W>::kPieces > 1 && !kIntX<W>;
+
 // One CTA per R output rows (silu: R == 2, rows i and m/2 + i). Each thread takes 16-byte
 // chunks c = threadIdx.x + 128 j of every row and keeps D chunks per row in flight (a group),
 // loading the next group while it multiplies the current one; the four warps' partial sums
@@ -415,17 +422,15 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
                 for (int j = 0; j < N; ++j) {
                     float xf[8];  // x loads are plain: x was written by the kernel just before
                     if constexpr (NORM) {
-                        // x^2 as the persistent kernel sums it: with P > 1 a piece at a time
-                        // from 0, then added.
-                        float v[8], g[8];
+                        float v[8], g[8];  // x^2 by kPieceSums
                         load_normed_chunk(a, j, x8, v, g);
-                        float s = P > 1 ? 0.0f : ss[j];
+                        float s = kPieceSums<W, NORM> ? 0.0f : ss[j];
 #pragma unroll
                         for (int e = 0; e < 8; ++e) {
                             s = fmaf(v[e], v[e], s);
                             xf[e] = v[e] * g[e];
                         }
-                        ss[j] = P > 1 ? ss[j] + s : s;
+                        ss[j] = kPieceSums<W, NORM> ? ss[j] + s : s;
                     } else {
                         unpack8(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) +
                                                                static_cast<int64_t>(j) * k)[x8],
@@ -563,7 +568,6 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
     // piece's x^2 is its own sum from 0 (piece_ss, after x), and once all are written each thread
     // adds those of its weight chunks' pieces in gemv_kernel's order (staging P pieces a thread,
     // by weight chunk, cost the 8B's FP8 decode 2.6% on an H100).
-    constexpr bool kPieceSums = NORM && P > 1 && !kIntX<W>;
     float* piece_ss = reinterpret_cast<float*>(x_smem) + static_cast<int64_t>(N) * k;  // [N][xchunks]
     for (int c = threadIdx.x; !kIntX<W> && c < xchunks; c += kThreads) {
 #pragma unroll
@@ -571,10 +575,10 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
             if constexpr (NORM) {
                 float v[8], g[8];
                 load_normed_chunk(a, j, c, v, g);
-                float s = kPieceSums ? 0.0f : ss[j];
+                float s = kPieceSums<W, NORM> ? 0.0f : ss[j];
 #pragma unroll
                 for (int e = 0; e < 8; ++e) s = fmaf(v[e], v[e], s);
-                if constexpr (kPieceSums)
+                if constexpr (kPieceSums<W, NORM>)
                     piece_ss[static_cast<int64_t>(j) * xchunks + c] = s;
                 else
                     ss[j] = s;
@@ -587,7 +591,7 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
             }
         }
     }
-    if constexpr (kPieceSums) {
+    if constexpr (kPieceSums<W, NORM>) {
         __syncthreads();
         for (int wc = threadIdx.x; wc < chunks; wc += kThreads)
 #pragma unroll
@@ -757,11 +761,10 @@ int resident_ctas(size_t smem) {
 
 template <int N, int R, int D, int EPI, bool NORM, int W>
 void launch_persistent(const Args& a, cudaStream_t stream) {
-    // x (XBlocks, f32 normed or bf16), then with P > 1 and a norm the pieces' sums of x^2.
-    constexpr bool kPieceSums = NORM && WeightChunk<W>::kPieces > 1 && !kIntX<W>;
+    // x (XBlocks, f32 normed or bf16), then the pieces' sums of x^2 (kPieceSums).
     const size_t smem = kIntX<W> ? static_cast<size_t>(N) * (a.k / 32) * sizeof(XBlock)
                                  : static_cast<size_t>(N) * a.k * (NORM ? 4 : 2) +
-                                       (kPieceSums ? static_cast<size_t>(N) * (a.k / 8) * 4 : 0);
+                                       (kPieceSums<W, NORM> ? static_cast<size_t>(N) * (a.k / 8) * 4 : 0);
     const int per_sm = resident_ctas<N, R, D, EPI, NORM, W>(smem);
     // Every CTA the same number of units, whole row blocks (the last CTA fewer): a CTA with one
     // more unit than the rest would set the kernel's end.
