@@ -131,6 +131,10 @@ class DeviceServices {
     // Drops every recording made by run_step: the buffers they read or write (workspace, KV
     // cache) are about to move.
     virtual void forget_steps() {}
+    // The warm-up before the first request has ended (Worker::warm_up): work a device may do
+    // once per new shape to pick its fastest form (timing candidates, which waits for the
+    // device) is worth it only there, not inside a request's time to first token.
+    virtual void end_warm_up() {}
 };
 
 }  // namespace peregrine

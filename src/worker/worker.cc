@@ -307,6 +307,7 @@ void Worker::warm_up() {
     if (steps > 0 && place_.verbose)
         std::fprintf(stderr, "  ran %d decode steps to record their graphs (%.2fs)\n", steps, seconds_since(t0));
     backend_->synchronize();
+    backend_->end_warm_up();
 }
 
 const LoadedModel& Worker::loaded() const {

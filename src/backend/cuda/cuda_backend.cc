@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <tuple>
 
@@ -834,10 +835,18 @@ bool CudaBackend::lt_matmul(const void* w, const void* x, bool fp8, int64_t n, i
                  dtype_name(out_dtype));
         }
         g->algo = results[0].algo;
-        // Decode-sized products (the shapes CUDA graphs replay) are timed once on the real
-        // operands and the fastest candidate kept: the heuristic's first pick for a skinny
-        // product is often not the fastest (split-K choices especially).
-        if (n <= 256 && found > 1) {
+        // Decode-sized products (the shapes CUDA graphs replay, all met in the warm-up) are timed
+        // once on the real operands and the fastest candidate kept: the heuristic's first pick
+        // for a skinny product is often not the fastest (split-K choices especially). A shape
+        // first met later (a mixed step's token count) is not: timing 8 candidates waits for the
+        // device inside that step, ~ms a shape, which a cold server's first requests paid.
+        static const bool tune_always = env_equals("PEREGRINE_GEMM_TUNE", "always");
+        static const bool log_new = env_equals("PEREGRINE_GEMM_LOG", "1");
+        if (log_new && warm_up_over_)
+            std::fprintf(stderr, "gemm: new shape n=%lld m=%lld k=%lld%s after the warm-up\n",
+                         static_cast<long long>(n), static_cast<long long>(m), static_cast<long long>(k),
+                         fp8 ? " fp8" : "");
+        if (n <= 256 && found > 1 && (!warm_up_over_ || tune_always)) {
             cudaEvent_t e0, e1;
             PG_CUDA_CHECK(cudaEventCreate(&e0));
             PG_CUDA_CHECK(cudaEventCreate(&e1));

@@ -92,6 +92,7 @@ class CudaBackend final : public Backend {
     int step_bucket(int num_seqs) const override;
     void run_step(int key, const std::function<void()>& ops) override;
     void forget_steps() override { clear_graphs(); }
+    void end_warm_up() override { warm_up_over_ = true; }
 
     // ---- blocks (backend.h) ---------------------------------------------------------------------
     bool supports_weight_dtype(DType t) const override;
@@ -291,6 +292,9 @@ class CudaBackend final : public Backend {
     size_t lt_workspace_bytes_ = 0;
     // cuBLASLt plans by (n, m, k, out dtype | fp8 | outer-vector flags, ldd).
     std::map<std::tuple<int64_t, int64_t, int64_t, int, int64_t>, std::unique_ptr<Gemm>> gemms_;
+    // After the warm-up a new skinny shape takes the heuristic's first pick instead of timing the
+    // candidates (a device wait inside a step); PEREGRINE_GEMM_TUNE=always times them then too.
+    bool warm_up_over_ = false;
 
     // Weights placed on the device, by host address (tied embeddings are placed once).
     std::unordered_map<const void*, Tensor> placed_;
