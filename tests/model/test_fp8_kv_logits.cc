@@ -118,5 +118,27 @@ TEST(Fp8KvLogits, TrainedModelAgreesOnSampledStories) {
     EXPECT_LE(kl_sum / static_cast<double>(rows), 0.02);
 }
 
+// The same figure on the trained fixture (64-wide heads, the width of Llama 3.2 1B's; trained on
+// text: tests/data/README.md) over its 8 held-out passages (2,048 positions), teacher-forced in
+// chunks of 16 through the f32 and the FP8 cache. Measured (2-core AMD EPYC, AVX2): argmax
+// agreement 0.9771 (47 differ, at reference top-two gaps up to 0.61), mean KL 2.74e-3: below the
+// issue's 99%, and exactly what transformers gives with the same E4M3 round trip of its keys and
+// values (scripts/fp8-reference.py: 0.9771, 2.74e-3; keys alone 0.9780, values alone 0.9912). So
+// the cache is the format's, and its 3-bit mantissa on keys is what this model feels (the random
+// fixtures above hide it behind their near-ties). The bounds hold that level.
+TEST(Fp8KvLogits, TextTrainedModelAgreesOnHeldOutText) {
+    TestModel m(data_dir() + "/text-trained");
+    auto run = [&](DType cache) {
+        return [&m, cache](const std::vector<int32_t>& ids) {
+            m.backend->set_kv_cache_dtype(cache);
+            return m.all_logits(ids, 16);
+        };
+    };
+    const HeldOutAgreement h = text_trained_agreement(run(DType::F32), run(DType::F8_E4M3), m.vocab());
+    ASSERT_EQ(h.positions, 2048u);
+    EXPECT_GE(h.agree, 0.97);
+    EXPECT_LE(h.mean_kl, 3.5e-3);
+}
+
 }  // namespace
 }  // namespace peregrine::testing

