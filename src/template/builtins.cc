@@ -20,12 +20,6 @@ using MethodFn = Value (*)(Interpreter&, const Value&, CallArgs&);
 
 // --- argument helpers ------------------------------------------------------------------------------
 
-bool is_intlike(const Value& v) {
-    return v.is_int() || v.is_bool();
-}
-int64_t int_of(const Value& v) {
-    return v.is_bool() ? int64_t{v.as_bool()} : v.as_int();
-}
 // <cctype> on bytes of UTF-8 text: only ASCII counts (and no negative char reaches the C library).
 bool ascii_digit(char c) {
     return c >= '0' && c <= '9';

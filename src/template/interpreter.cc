@@ -10,12 +10,6 @@ namespace peregrine::jinja {
 
 namespace {
 
-bool is_intlike(const Value& v) {
-    return v.is_int() || v.is_bool();
-}
-int64_t int_of(const Value& v) {
-    return v.is_bool() ? int64_t{v.as_bool()} : v.as_int();
-}
 bool is_numeric(const Value& v) {
     return v.is_number() || v.is_bool();
 }

@@ -160,4 +160,12 @@ nlohmann::ordered_json value_to_json(const Value& v, int max_depth = 256);
 // (a template can build self-referencing lists).
 inline constexpr int kMaxValueDepth = 256;
 
+// Python's ints include bools (True + 1 == 2): the operands integer arithmetic accepts.
+inline bool is_intlike(const Value& v) {
+    return v.is_int() || v.is_bool();
+}
+inline int64_t int_of(const Value& v) {
+    return v.is_bool() ? int64_t{v.as_bool()} : v.as_int();
+}
+
 }  // namespace peregrine::jinja
