@@ -29,17 +29,13 @@ from transformers.models.llama import modeling_llama
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def e4m3_round_trip(x):
-    """x [..., d]: per-row scale over the last dim, as core/kv_fp8.h."""
-    amax = x.abs().amax(dim=-1, keepdim=True)
-    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax)).to(torch.bfloat16).float()
-    return (x / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * scale
-
-
-def e4m3_rows(x):
-    """x [..., d]: one f32 factor per row (amax / 448), as the FP8 weights and activations."""
+def e4m3_rows(x, bf16_scale=False):
+    """x [..., d]: the E4M3 round trip with one factor per row, amax / 448 (bf16_scale: rounded
+    to bf16, as core/kv_fp8.h's cache scales; else f32, as the FP8 weights and activations)."""
     amax = x.abs().amax(dim=-1, keepdim=True)
     f = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    if bf16_scale:
+        f = f.to(torch.bfloat16).float()
     return (x / f).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * f
 
 
@@ -53,9 +49,9 @@ def main():
 
     def patched(module, query, key, value, *args, **kwargs):  # key / value: [batch, kv heads, seq, d]
         if mode["k"]:
-            key = e4m3_round_trip(key)
+            key = e4m3_rows(key, bf16_scale=True)
         if mode["v"]:
-            value = e4m3_round_trip(value)
+            value = e4m3_rows(value, bf16_scale=True)
         return eager(module, query, key, value, *args, **kwargs)
 
     modeling_llama.eager_attention_forward = patched

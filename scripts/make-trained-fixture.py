@@ -30,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKDIR = os.path.join(ROOT, "models", "stories260K")
 BOS, EOS = 1, 2
 SEQ, BATCH = 256, 128
+PEAK_LR = 3e-3
 
 
 def encode(tok, path):
@@ -59,7 +60,7 @@ def main():
                       eos_token_id=EOS, hidden_act="silu")
     dev = "cuda"
     model = LlamaForCausalLM(cfg).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    opt = torch.optim.AdamW(model.parameters(), lr=PEAK_LR, betas=(0.9, 0.95), weight_decay=0.1)
     data = train_ids.to(dev)
     gen = torch.Generator(device=dev).manual_seed(0)
 
@@ -77,12 +78,11 @@ def main():
             total = int(100 * seconds / (time.time() - start))
         if total is not None and step >= total:
             break
-        peak = 3e-3
         if step < warm:
-            lr = peak * (step + 1) / warm
+            lr = PEAK_LR * (step + 1) / warm
         else:
             frac = min(1.0, (step - warm) / max(1, (total or 10**9) - warm))
-            lr = peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+            lr = PEAK_LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = lr
         x = batch()

@@ -187,7 +187,8 @@ inline Decisive decisive(const std::vector<float>& ref, const std::vector<float>
 // among the flips. Each function returns the logits of every position of the ids it is given.
 struct HeldOutAgreement {
     size_t positions = 0, mismatches = 0;
-    double agree = 0, mean_kl = 0, worst_flip_gap = 0;
+    double mean_kl = 0, worst_flip_gap = 0;
+    double agree() const { return 1.0 - static_cast<double>(mismatches) / static_cast<double>(positions); }
 };
 inline HeldOutAgreement text_trained_agreement(
     const std::function<std::vector<float>(const std::vector<int32_t>&)>& ref,
@@ -204,12 +205,11 @@ inline HeldOutAgreement text_trained_agreement(
         h.mismatches += s.argmax_mismatches;
         kl_sum += s.mean_kl * static_cast<double>(ids.size());
     }
-    h.agree = 1.0 - static_cast<double>(h.mismatches) / static_cast<double>(h.positions);
     h.mean_kl = kl_sum / static_cast<double>(h.positions);
     std::printf(
         "text-trained held-out: %zu positions, argmax agreement %.4f (%zu differ, reference top-two gap <= %.3g), mean "
         "KL %.3g\n",
-        h.positions, h.agree, h.mismatches, h.worst_flip_gap, h.mean_kl);
+        h.positions, h.agree(), h.mismatches, h.worst_flip_gap, h.mean_kl);
     return h;
 }
 

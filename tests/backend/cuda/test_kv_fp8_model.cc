@@ -79,7 +79,7 @@ TEST(GpuFp8Kv, TextTrainedModelAgreesOnHeldOutText) {
         const HeldOutAgreement h = text_trained_agreement(
             [&](const std::vector<int32_t>& ids) { return bf16.all_logits(ids, chunk); },
             [&](const std::vector<int32_t>& ids) { return fp8.all_logits(ids, chunk); }, bf16.vocab());
-        EXPECT_GE(h.agree, 0.965) << "chunk " << chunk;
+        EXPECT_GE(h.agree(), 0.965) << "chunk " << chunk;
         EXPECT_LE(h.mean_kl, 4e-3) << "chunk " << chunk;
     }
 }
