@@ -3,22 +3,24 @@
 # carried by the device tool): the stripped binaries and the non-system shared libraries they
 # load (the GPU machine has the CUDA toolkit, not Debian's -dev libraries).
 # usage: scripts/pack-device.sh [BUILD_DIR]   (default: build; PG_DEVICE_DIR: where the bundle goes,
-#        default .device, which must be ignored by git like .device/ is)
+#        default .device, which must be ignored by git like .device/ is; PG_BINS: the binaries,
+#        default "peregrine peregrine_cuda_tests": one of them alone where both pass the 64 MiB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 stage=$(mktemp -d)
 dest=${PG_DEVICE_DIR:-.device}
 mkdir -p "$stage/pg/lib" "$dest"
-for bin in peregrine peregrine_cuda_tests; do
+bins=(${PG_BINS:-peregrine peregrine_cuda_tests})
+for bin in "${bins[@]}"; do
     [[ -x $build/$bin ]] || { echo "missing $build/$bin: build it first" >&2; exit 1; }
     strip -o "$stage/pg/$bin" "$build/$bin"
 done
 # Libraries outside glibc/libstdc++ and outside CUDA (those come from the GPU machine).
-ldd "$build/peregrine" "$build/peregrine_cuda_tests" | awk '/=> \//{print $3}' | sort -u |
+(cd "$build" && ldd "${bins[@]}") | awk '/=> \//{print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*|libcuda|libcublas[^/]*|libcudart)\.so' |
     while read -r lib; do strip -o "$stage/pg/lib/$(basename "$lib")" "$lib" 2>/dev/null || cp "$lib" "$stage/pg/lib/"; done
-XZ_OPT="-9 -T2" tar -C "$stage" -cJf "$dest/bundle.tar.xz" pg  # -9: the 64 MiB the device tool carries
+XZ_OPT="-9e -T1" tar -C "$stage" -cJf "$dest/bundle.tar.xz" pg  # -9: the 64 MiB the device tool carries
 rm -rf "$stage"
 ex=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$ex")"; grep -qx "/.device/" "$ex" 2>/dev/null || echo "/.device/" >> "$ex"
 ls -l "$dest/bundle.tar.xz"

@@ -138,9 +138,17 @@ struct GemvWeight {
 };
 
 // Skinny product for decode: out[n, m] = x[n, k] . w[m, k]^T, bf16 (or e4m3) in, f32 accumulate,
-// out f32 (out_f32) or bf16. n <= kMaxGemvRows, k a multiple of 8, x and w 16-byte aligned.
+// out f32 (out_f32) or bf16. n <= kMaxGemvRows (GGUF layouts: max_gguf_gemv_rows()), k a
+// multiple of 8, x and w 16-byte aligned.
 constexpr int kMaxGemvRows = 4;
-bool gemv_supported(int n, int k, const void* x, const void* w);
+// GGUF-layout weights take these products up to more rows, in slices of kMaxGemvRows rows, each
+// reading the weight once more: below this many rows that costs less than the larger products'
+// path (the matrix dequantized to bf16 for cuBLASLt, every step). PEREGRINE_GGUF_GEMV_MAX_ROWS
+// overrides it (kMaxGemvRows: no slices).
+int max_gguf_gemv_rows();
+// Whether the products below take n rows of x (at most max_rows, kMaxGemvRows or for a GGUF
+// layout max_gguf_gemv_rows()) with this k and these operands.
+bool gemv_supported(int n, int k, const void* x, const void* w, int max_rows = kMaxGemvRows);
 void gemv(const bf16_t* x, GemvWeight w, void* out, bool out_f32, int n, int m, int k, cudaStream_t stream);
 // gemv with gate | up fused: w_gate_up [m, k] holds gate rows then up rows (m even);
 // out [n, m/2] bf16 = silu(x . gate^T) * (x . up^T), computed in f32.

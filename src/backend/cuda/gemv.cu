@@ -800,7 +800,7 @@ int fp8_persistent_depth() {
 
 template <int N, int R, int D, int EPI, bool NORM, int W>
 void launch_persistent_scaled(const Args& a, cudaStream_t stream) {
-    if constexpr (W != kF8) {
+    if constexpr (W != kF8 || N > 1) {  // the depth knob at n = 1 only (fewer instantiations)
         launch_persistent<N, R, D, EPI, NORM, W>(a, stream);
     } else {
         switch (fp8_persistent_depth()) {
@@ -823,11 +823,11 @@ void launch_persistent_scaled(const Args& a, cudaStream_t stream) {
 // streamed, each thread keeping about 8 chunks in flight: R rows x D chunks by the row's chunks.
 template <int N, int EPI, bool NORM, int W>
 bool launch_persistent_gguf(const Args& a, cudaStream_t stream) {
-    if constexpr (N != 1 || !(NORM || EPI == kAdd) || W <= kF8) {
+    if constexpr (!(NORM || EPI == kAdd) || W <= kF8) {
         return false;
     } else {
         const int k = a.k, chunks = k / (8 * WeightChunk<W>::kPieces);
-        if (!gguf_persistent() || g_rows > 0 || static_cast<size_t>(k) * (NORM ? 4 : 2) > kMaxStagedX) return false;
+        if (!gguf_persistent() || g_rows > 0 || static_cast<size_t>(N) * k * (NORM ? 4 : 2) > kMaxStagedX) return false;
         if (chunks <= kThreads)
             launch_persistent<N, 8, 1, EPI, NORM, W>(a, stream);
         else if (chunks <= 2 * kThreads)
@@ -838,15 +838,34 @@ bool launch_persistent_gguf(const Args& a, cudaStream_t stream) {
     }
 }
 
+// bf16 / FP8 products of 2-4 rows in the persistent kernel (x staged once a CTA; one short CTA
+// per row pair re-reads all n rows of x, for a normed product in f32 with the norm weight: the
+// 8B's gate|up at n = 4 read ~1.1 GB of x from L2 for 235 MB of weights). H200, decode tok/s,
+// n = 1 only / normed products too / normed and add products: 8B bf16 batch 2 365.9 / 421.7 /
+// 477.8, batch 4 545.6 / 664.7 / 667.1; 8B FP8 batch 4 414.7 / 640.0 / 638.5; 1B batch 4
+// 3,140.9 / (same: k < 4096) / 2,992.6. Default: the normed products (the add products at n > 1
+// were timed but their tests have not run on a GPU yet). PEREGRINE_GEMV_PERSISTENT_ROWS = one |
+// norm | auto (normed, and add products of >= 4096 rows: the 8B's "all", the 1B's "norm") | all.
+int dense_persistent_rows() {
+    static const int v = [] {
+        const char* e = std::getenv("PEREGRINE_GEMV_PERSISTENT_ROWS");
+        const std::string s = e ? e : "";
+        return s == "one" ? 0 : s == "auto" ? 3 : s == "all" ? 2 : 1;
+    }();
+    return v;
+}
+
 template <int N, int EPI, bool NORM, int W>
 bool launch_persistent_by_k(const Args& a, cudaStream_t stream) {
     if constexpr (W > kF8) {
         return launch_persistent_gguf<N, EPI, NORM, W>(a, stream);
-    } else if constexpr (N != 1 || !(NORM || EPI == kAdd)) {
+    } else if constexpr (!(NORM || EPI == kAdd)) {
         return false;
     } else {
         const int k = a.k;
-        if (g_rows > 0 || (NORM && k < 4096) || static_cast<size_t>(k) * (NORM ? 4 : 2) > kMaxStagedX) return false;
+        const int rows_mode = dense_persistent_rows();
+        if (N > 1 && (rows_mode == 0 || (!NORM && (rows_mode == 1 || (rows_mode == 3 && a.m < 4096))))) return false;
+        if (g_rows > 0 || (NORM && k < 4096) || static_cast<size_t>(N) * k * (NORM ? 4 : 2) > kMaxStagedX) return false;
         if constexpr (!NORM) {
             if (k <= 2048) {
                 launch_persistent_scaled<N, 2, 2, EPI, NORM, W>(a, stream);
@@ -927,13 +946,26 @@ void dispatch(const Args& a, GemvWeight::Kind kind, int n, cudaStream_t stream) 
     }
 }
 
+// Products of more than kMaxGemvRows rows (GGUF layouts) in slices of kMaxGemvRows rows of x and
+// out (x_row / out_row: bytes a row), each a launch that reads the whole weight.
+template <int EPI, bool NORM>
+void dispatch_rows(const Args& a, GemvWeight::Kind kind, int n, size_t x_row, size_t out_row, cudaStream_t stream) {
+    for (int r0 = 0; r0 < n; r0 += kMaxGemvRows) {
+        Args s = a;
+        s.x = static_cast<const char*>(a.x) + static_cast<size_t>(r0) * x_row;
+        s.out = static_cast<char*>(a.out) + static_cast<size_t>(r0) * out_row;
+        dispatch<EPI, NORM>(s, kind, std::min(kMaxGemvRows, n - r0), stream);
+    }
+}
+
 Args make_args(const void* x, const float* norm, float eps, GemvWeight w, void* out, bool out_f32, int m, int k) {
     return Args{x, norm, eps, w.data, w.scale, w.factors, out, out_f32, m, k};
 }
 
 void check_args(const char* what, int n, int k, const void* x, GemvWeight w) {
-    if (!gemv_supported(n, k, x, w.data) || k % w.k_multiple() != 0 ||
-        (w.kind == GemvWeight::kF8 && w.scale == nullptr) || (w.kind > GemvWeight::kF8 && w.factors == nullptr))
+    if (!gemv_supported(n, k, x, w.data, w.kind > GemvWeight::kF8 ? max_gguf_gemv_rows() : kMaxGemvRows) ||
+        k % w.k_multiple() != 0 || (w.kind == GemvWeight::kF8 && w.scale == nullptr) ||
+        (w.kind > GemvWeight::kF8 && w.factors == nullptr))
         fail(what, ": unsupported shape n ", n, " k ", k, " or misaligned operands");
 }
 
@@ -948,15 +980,27 @@ void set_gguf_gemv_persistent(int mode) {
     g_gguf_persistent = mode;
 }
 
-bool gemv_supported(int n, int k, const void* x, const void* w) {
-    return n >= 1 && n <= kMaxGemvRows && k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+// H200, 8B Q4_K_M decode tok/s, slices / dequantized matrix (docs/PERFORMANCE.md, 2026-11-28):
+// 5 rows 513.3 / 330.8, 8 rows 820.7 / 528.8, 12 rows 631.5 / 784.0, 16 rows 841.8 / 1,041.5.
+int max_gguf_gemv_rows() {
+    static const int v = [] {
+        const char* e = std::getenv("PEREGRINE_GGUF_GEMV_MAX_ROWS");
+        const int r = e ? std::atoi(e) : 8;
+        return r < kMaxGemvRows ? kMaxGemvRows : r;
+    }();
+    return v;
+}
+
+bool gemv_supported(int n, int k, const void* x, const void* w, int max_rows) {
+    return n >= 1 && n <= max_rows && k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
            reinterpret_cast<uintptr_t>(w) % 16 == 0;
 }
 
 void gemv(const bf16_t* x, GemvWeight w, void* out, bool out_f32, int n, int m, int k, cudaStream_t stream) {
     if (m <= 0 || n <= 0) return;
     check_args("gemv", n, k, x, w);
-    dispatch<kPlain, false>(make_args(x, nullptr, 0.0f, w, out, out_f32, m, k), w.kind, n, stream);
+    dispatch_rows<kPlain, false>(make_args(x, nullptr, 0.0f, w, out, out_f32, m, k), w.kind, n, size_t{2} * k,
+                                 size_t{out_f32 ? 4u : 2u} * m, stream);
     check_launch("gemv");
 }
 
@@ -964,7 +1008,8 @@ void gemv_silu(const bf16_t* x, GemvWeight w_gate_up, bf16_t* out, int n, int m,
     if (m <= 0 || n <= 0) return;
     check_args("gemv_silu", n, k, x, w_gate_up);
     if (m % 2 != 0) fail("gemv_silu: ", m, " rows is not gate | up");
-    dispatch<kSilu, false>(make_args(x, nullptr, 0.0f, w_gate_up, out, false, m, k), w_gate_up.kind, n, stream);
+    dispatch_rows<kSilu, false>(make_args(x, nullptr, 0.0f, w_gate_up, out, false, m, k), w_gate_up.kind, n,
+                                size_t{2} * k, size_t{2} * (m / 2), stream);
     check_launch("gemv_silu");
 }
 
@@ -973,7 +1018,8 @@ void gemv_norm(const float* x, const float* norm, float eps, GemvWeight w, void*
     if (m <= 0 || n <= 0) return;
     check_args("gemv_norm", n, k, x, w);
     check_args("gemv_norm", n, k, norm, w);
-    dispatch<kPlain, true>(make_args(x, norm, eps, w, out, out_f32, m, k), w.kind, n, stream);
+    dispatch_rows<kPlain, true>(make_args(x, norm, eps, w, out, out_f32, m, k), w.kind, n, size_t{4} * k,
+                                size_t{out_f32 ? 4u : 2u} * m, stream);
     check_launch("gemv_norm");
 }
 
@@ -983,14 +1029,16 @@ void gemv_norm_silu(const float* x, const float* norm, float eps, GemvWeight w_g
     check_args("gemv_norm_silu", n, k, x, w_gate_up);
     check_args("gemv_norm_silu", n, k, norm, w_gate_up);
     if (m % 2 != 0) fail("gemv_norm_silu: ", m, " rows is not gate | up");
-    dispatch<kSilu, true>(make_args(x, norm, eps, w_gate_up, out, false, m, k), w_gate_up.kind, n, stream);
+    dispatch_rows<kSilu, true>(make_args(x, norm, eps, w_gate_up, out, false, m, k), w_gate_up.kind, n, size_t{4} * k,
+                               size_t{2} * (m / 2), stream);
     check_launch("gemv_norm_silu");
 }
 
 void gemv_add(const bf16_t* x, GemvWeight w, float* out, int n, int m, int k, cudaStream_t stream) {
     if (m <= 0 || n <= 0) return;
     check_args("gemv_add", n, k, x, w);
-    dispatch<kAdd, false>(make_args(x, nullptr, 0.0f, w, out, true, m, k), w.kind, n, stream);
+    dispatch_rows<kAdd, false>(make_args(x, nullptr, 0.0f, w, out, true, m, k), w.kind, n, size_t{2} * k, size_t{4} * m,
+                               stream);
     check_launch("gemv_add");
 }
 

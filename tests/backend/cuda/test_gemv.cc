@@ -216,7 +216,8 @@ std::vector<double> int8_blocks(const std::vector<float>& x) {
 
 // Every decode-product entry point (plain f32 / bf16 out, silu, norm, norm + silu, add) against
 // a double-precision reference on the same bf16 values. At n = 1 the add and (k >= 4096) normed
-// products take the persistent kernel: shapes with one, several or partial row blocks per CTA,
+// products take the persistent kernel (GGUF layouts: at every n; past kMaxGemvRows in slices):
+// shapes with one, several or partial row blocks per CTA,
 // one or several weight groups per row block, and a normed x too large to stage (k = 32768).
 // Then bitwise against the one-block-per-CTA kernel (set_gemv_config 2x1), which sums in the
 // same order. With fp8 the weights are e4m3 codes with a factor per row (quantized on the host as
@@ -233,9 +234,11 @@ void check_every_entry_point(bool fp8, DType gguf = DType::F32, DType layout_of_
     const float eps = 1e-5f;
     const bool quant = gguf != DType::F32;
     for (auto [m, k] : {std::pair{3072, 2048}, std::pair{1030, 64}, std::pair{1030, 4096}, std::pair{130, 14336},
-                        std::pair{8, 32768}}) {
+                        std::pair{8, 32768}, std::pair{4100, 4096}}) {
         if (quant && k % dtype_block_size(gguf) != 0) continue;
-        for (int n = 1; n <= 4; ++n) {
+        if (quant && m == 4100) continue;  // bf16 / FP8 at n > 1 with >= 4096 rows (PERSISTENT_ROWS=auto)
+        // GGUF layouts also past kMaxGemvRows: slices of 4 rows (6 = 4 + 2, 8 = 4 + 4).
+        for (int n : quant ? std::vector<int>{1, 2, 3, 4, 6, 8} : std::vector<int>{1, 2, 3, 4}) {
             const std::vector<float> x =
                 cuda_test::round_bf16(cuda_test::random_floats(static_cast<size_t>(n) * k, rng));
             const std::vector<float> xr =
@@ -409,8 +412,8 @@ TEST(CudaGemv, Fp8WeightsEveryEntryPointMatchesReference) {
 
 TEST(CudaGemv, GgufLayoutsEveryEntryPointMatchesReference) {
     PG_SKIP_WITHOUT_CUDA();
-    // Both launch policies of the GGUF layouts: short CTAs, and the persistent kernel (n = 1
-    // normed and add products; PEREGRINE_GGUF_GEMV=persistent).
+    // Both launch policies of the GGUF layouts: short CTAs, and the persistent kernel (normed and
+    // add products; PEREGRINE_GGUF_GEMV=persistent).
     for (int persistent : {0, 1}) {
         SCOPED_TRACE(persistent ? "persistent" : "blocks");
         cuda::set_gguf_gemv_persistent(persistent);
