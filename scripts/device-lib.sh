@@ -13,6 +13,29 @@ model_dir() {
     echo "$d"
 }
 
+# bench_model SPEC: sets bench_args, the `--model ...` arguments of a `bench` run for SPEC: a GGUF
+# path; SHAPE (a bench/models folder: random bf16 weights, `--load-format dummy`), SHAPE:fp8 (the
+# same, `--quantization fp8`); or llama3.1-8b / llama3.2-1b:TYPE (q4_k_m, q8_0, ...): the random
+# GGUF of scripts/make_random_gguf.py (Llama 3 vocabulary), written to /tmp/g once per machine.
+bench_model() {
+    local spec=$1
+    if [[ $spec == *.gguf ]]; then
+        bench_args=(--model "$spec")
+    elif [[ $spec != *:* || $spec == *:fp8 ]]; then
+        bench_args=(--model "$(model_dir "${spec%%:*}")" --load-format dummy)
+        [[ $spec == *:fp8 ]] && bench_args+=(--quantization fp8)
+    else
+        local f=/tmp/g/${spec%%:*}-${spec##*:}.gguf
+        if [[ ! -f $f ]]; then
+            mkdir -p /tmp/g /tmp/tok
+            [[ -d /tmp/tok/tokenizers/llama3 ]] || tar -C /tmp/tok -xJf tests/data/tokenizers.tar.xz tokenizers/llama3
+            python3 scripts/make_random_gguf.py /tmp/tok/tokenizers/llama3/tokenizer.json "$f" --shape "${spec%%:*}" \
+                --dtype "${spec##*:}" --reuse-random | tail -1 >&2
+        fi
+        bench_args=(--model "$f")
+    fi
+}
+
 # wait_ready LOG -> the URL once LOG has `serve`'s or `router`'s ready line (lines relayed from
 # data-parallel replicas skipped); nothing after 300 s.
 wait_ready() {

@@ -20,7 +20,7 @@ done
 (cd "$build" && ldd "${bins[@]}") | awk '/=> \//{print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*|libcuda|libcublas[^/]*|libcudart)\.so' |
     while read -r lib; do strip -o "$stage/pg/lib/$(basename "$lib")" "$lib" 2>/dev/null || cp "$lib" "$stage/pg/lib/"; done
-XZ_OPT="-9e -T1" tar -C "$stage" -cJf "$dest/bundle.tar.xz" pg  # -9: the 64 MiB the device tool carries
+XZ_OPT="-9 -T2" tar -C "$stage" -cJf "$dest/bundle.tar.xz" pg  # -9: the 64 MiB the device tool carries
 rm -rf "$stage"
 ex=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$ex")"; grep -qx "/.device/" "$ex" 2>/dev/null || echo "/.device/" >> "$ex"
 ls -l "$dest/bundle.tar.xz"

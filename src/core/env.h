@@ -13,4 +13,10 @@ inline bool env_equals(const char* name, std::string_view value) {
     return v != nullptr && value == v;
 }
 
+// Environment variable `name` as an int, or `fallback` where it is unset.
+inline int env_int(const char* name, int fallback) {
+    const char* v = std::getenv(name);
+    return v != nullptr ? std::atoi(v) : fallback;
+}
+
 }  // namespace peregrine

@@ -249,8 +249,6 @@ class CudaBackend final : public Backend {
     void cublas_matmul(const Tensor& x, const Tensor& w, const Tensor& out, float beta = 0.0f,
                        const Tensor& tune_out = Tensor());
     // Whether products of this x and w run through our decode kernel (and so may fuse epilogues).
-    // Rows of x the decode products take for this weight (more for the GGUF layouts).
-    static int gemv_max_rows(const Tensor& w);
     bool use_gemv(const Tensor& x, const Tensor& w) const;
     // The same for a product whose x is the f32 residual stream normalised by `norm_weight`.
     bool use_gemv_norm(const Tensor& x, const Tensor& norm_weight, const Tensor& w) const;

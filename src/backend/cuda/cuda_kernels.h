@@ -138,16 +138,15 @@ struct GemvWeight {
 };
 
 // Skinny product for decode: out[n, m] = x[n, k] . w[m, k]^T, bf16 (or e4m3) in, f32 accumulate,
-// out f32 (out_f32) or bf16. n <= kMaxGemvRows (GGUF layouts: max_gguf_gemv_rows()), k a
-// multiple of 8, x and w 16-byte aligned.
+// out f32 (out_f32) or bf16. n <= max_gemv_rows(w.kind), k a multiple of 8, x and w 16-byte
+// aligned.
 constexpr int kMaxGemvRows = 4;
-// GGUF-layout weights take these products up to more rows, in slices of kMaxGemvRows rows, each
-// reading the weight once more: below this many rows that costs less than the larger products'
-// path (the matrix dequantized to bf16 for cuBLASLt, every step). PEREGRINE_GGUF_GEMV_MAX_ROWS
-// overrides it (kMaxGemvRows: no slices).
-int max_gguf_gemv_rows();
-// Whether the products below take n rows of x (at most max_rows, kMaxGemvRows or for a GGUF
-// layout max_gguf_gemv_rows()) with this k and these operands.
+// The most rows of x the products below take for a weight of this kind: kMaxGemvRows, and for
+// the GGUF layouts more, in slices of kMaxGemvRows rows, each reading the weight once more: below
+// this many rows that costs less than the larger products' path (the matrix dequantized to bf16
+// for cuBLASLt, every step). PEREGRINE_GGUF_GEMV_MAX_ROWS overrides it (4: no slices).
+int max_gemv_rows(GemvWeight::Kind kind);
+// Whether the products below take n rows of x (at most max_rows) with this k and these operands.
 bool gemv_supported(int n, int k, const void* x, const void* w, int max_rows = kMaxGemvRows);
 void gemv(const bf16_t* x, GemvWeight w, void* out, bool out_f32, int n, int m, int k, cudaStream_t stream);
 // gemv with gate | up fused: w_gate_up [m, k] holds gate rows then up rows (m even);

@@ -790,11 +790,9 @@ void launch_persistent(const Args& a, cudaStream_t stream) {
 // The persistent kernel's depth for FP8, a factor on bf16's: PEREGRINE_FP8_PERSISTENT_DEPTH =
 // half | same | double (measurement knob; default below).
 int fp8_persistent_depth() {
-    static const int v = [] {
-        const char* e = std::getenv("PEREGRINE_FP8_PERSISTENT_DEPTH");
-        const std::string s = e ? e : "";
-        return s == "half" ? 0 : s == "double" ? 2 : 1;
-    }();
+    static const int v = env_equals("PEREGRINE_FP8_PERSISTENT_DEPTH", "half")     ? 0
+                         : env_equals("PEREGRINE_FP8_PERSISTENT_DEPTH", "double") ? 2
+                                                                                  : 1;
     return v;
 }
 
@@ -846,13 +844,12 @@ bool launch_persistent_gguf(const Args& a, cudaStream_t stream) {
 // 3,140.9 / (same: k < 4096) / 2,992.6. Default: the normed products (the add products at n > 1
 // were timed but their tests have not run on a GPU yet). PEREGRINE_GEMV_PERSISTENT_ROWS = one |
 // norm | auto (normed, and add products of >= 4096 rows: the 8B's "all", the 1B's "norm") | all.
-int dense_persistent_rows() {
-    static const int v = [] {
-        const char* e = std::getenv("PEREGRINE_GEMV_PERSISTENT_ROWS");
-        const std::string s = e ? e : "";
-        return s == "one" ? 0 : s == "auto" ? 3 : s == "all" ? 2 : 1;
-    }();
-    return v;
+// Whether such a product (normed or not, m rows) may take it.
+bool persistent_past_one_row(bool norm, int m) {
+    static const bool one = env_equals("PEREGRINE_GEMV_PERSISTENT_ROWS", "one");
+    static const bool all = env_equals("PEREGRINE_GEMV_PERSISTENT_ROWS", "all");
+    static const bool automatic = env_equals("PEREGRINE_GEMV_PERSISTENT_ROWS", "auto");
+    return !one && (norm || all || (automatic && m >= 4096));
 }
 
 template <int N, int EPI, bool NORM, int W>
@@ -863,8 +860,7 @@ bool launch_persistent_by_k(const Args& a, cudaStream_t stream) {
         return false;
     } else {
         const int k = a.k;
-        const int rows_mode = dense_persistent_rows();
-        if (N > 1 && (rows_mode == 0 || (!NORM && (rows_mode == 1 || (rows_mode == 3 && a.m < 4096))))) return false;
+        if (N > 1 && !persistent_past_one_row(NORM, a.m)) return false;
         if (g_rows > 0 || (NORM && k < 4096) || static_cast<size_t>(N) * k * (NORM ? 4 : 2) > kMaxStagedX) return false;
         if constexpr (!NORM) {
             if (k <= 2048) {
@@ -947,9 +943,11 @@ void dispatch(const Args& a, GemvWeight::Kind kind, int n, cudaStream_t stream) 
 }
 
 // Products of more than kMaxGemvRows rows (GGUF layouts) in slices of kMaxGemvRows rows of x and
-// out (x_row / out_row: bytes a row), each a launch that reads the whole weight.
+// out, each a launch that reads the whole weight.
 template <int EPI, bool NORM>
-void dispatch_rows(const Args& a, GemvWeight::Kind kind, int n, size_t x_row, size_t out_row, cudaStream_t stream) {
+void dispatch_rows(const Args& a, GemvWeight::Kind kind, int n, cudaStream_t stream) {
+    const size_t x_row = static_cast<size_t>(a.k) * (NORM ? 4 : 2);  // f32 residual, else bf16
+    const size_t out_row = EPI == kSilu ? size_t{2} * (a.m / 2) : static_cast<size_t>(a.m) * (a.out_f32 ? 4 : 2);
     for (int r0 = 0; r0 < n; r0 += kMaxGemvRows) {
         Args s = a;
         s.x = static_cast<const char*>(a.x) + static_cast<size_t>(r0) * x_row;
@@ -963,9 +961,8 @@ Args make_args(const void* x, const float* norm, float eps, GemvWeight w, void* 
 }
 
 void check_args(const char* what, int n, int k, const void* x, GemvWeight w) {
-    if (!gemv_supported(n, k, x, w.data, w.kind > GemvWeight::kF8 ? max_gguf_gemv_rows() : kMaxGemvRows) ||
-        k % w.k_multiple() != 0 || (w.kind == GemvWeight::kF8 && w.scale == nullptr) ||
-        (w.kind > GemvWeight::kF8 && w.factors == nullptr))
+    if (!gemv_supported(n, k, x, w.data, max_gemv_rows(w.kind)) || k % w.k_multiple() != 0 ||
+        (w.kind == GemvWeight::kF8 && w.scale == nullptr) || (w.kind > GemvWeight::kF8 && w.factors == nullptr))
         fail(what, ": unsupported shape n ", n, " k ", k, " or misaligned operands");
 }
 
@@ -982,13 +979,9 @@ void set_gguf_gemv_persistent(int mode) {
 
 // H200, 8B Q4_K_M decode tok/s, slices / dequantized matrix (docs/PERFORMANCE.md, 2026-11-28):
 // 5 rows 513.3 / 330.8, 8 rows 820.7 / 528.8, 12 rows 631.5 / 784.0, 16 rows 841.8 / 1,041.5.
-int max_gguf_gemv_rows() {
-    static const int v = [] {
-        const char* e = std::getenv("PEREGRINE_GGUF_GEMV_MAX_ROWS");
-        const int r = e ? std::atoi(e) : 8;
-        return r < kMaxGemvRows ? kMaxGemvRows : r;
-    }();
-    return v;
+int max_gemv_rows(GemvWeight::Kind kind) {
+    static const int gguf = std::max(kMaxGemvRows, env_int("PEREGRINE_GGUF_GEMV_MAX_ROWS", 8));
+    return kind > GemvWeight::kF8 ? gguf : kMaxGemvRows;
 }
 
 bool gemv_supported(int n, int k, const void* x, const void* w, int max_rows) {
@@ -999,8 +992,7 @@ bool gemv_supported(int n, int k, const void* x, const void* w, int max_rows) {
 void gemv(const bf16_t* x, GemvWeight w, void* out, bool out_f32, int n, int m, int k, cudaStream_t stream) {
     if (m <= 0 || n <= 0) return;
     check_args("gemv", n, k, x, w);
-    dispatch_rows<kPlain, false>(make_args(x, nullptr, 0.0f, w, out, out_f32, m, k), w.kind, n, size_t{2} * k,
-                                 size_t{out_f32 ? 4u : 2u} * m, stream);
+    dispatch_rows<kPlain, false>(make_args(x, nullptr, 0.0f, w, out, out_f32, m, k), w.kind, n, stream);
     check_launch("gemv");
 }
 
@@ -1008,8 +1000,7 @@ void gemv_silu(const bf16_t* x, GemvWeight w_gate_up, bf16_t* out, int n, int m,
     if (m <= 0 || n <= 0) return;
     check_args("gemv_silu", n, k, x, w_gate_up);
     if (m % 2 != 0) fail("gemv_silu: ", m, " rows is not gate | up");
-    dispatch_rows<kSilu, false>(make_args(x, nullptr, 0.0f, w_gate_up, out, false, m, k), w_gate_up.kind, n,
-                                size_t{2} * k, size_t{2} * (m / 2), stream);
+    dispatch_rows<kSilu, false>(make_args(x, nullptr, 0.0f, w_gate_up, out, false, m, k), w_gate_up.kind, n, stream);
     check_launch("gemv_silu");
 }
 
@@ -1018,8 +1009,7 @@ void gemv_norm(const float* x, const float* norm, float eps, GemvWeight w, void*
     if (m <= 0 || n <= 0) return;
     check_args("gemv_norm", n, k, x, w);
     check_args("gemv_norm", n, k, norm, w);
-    dispatch_rows<kPlain, true>(make_args(x, norm, eps, w, out, out_f32, m, k), w.kind, n, size_t{4} * k,
-                                size_t{out_f32 ? 4u : 2u} * m, stream);
+    dispatch_rows<kPlain, true>(make_args(x, norm, eps, w, out, out_f32, m, k), w.kind, n, stream);
     check_launch("gemv_norm");
 }
 
@@ -1029,16 +1019,14 @@ void gemv_norm_silu(const float* x, const float* norm, float eps, GemvWeight w_g
     check_args("gemv_norm_silu", n, k, x, w_gate_up);
     check_args("gemv_norm_silu", n, k, norm, w_gate_up);
     if (m % 2 != 0) fail("gemv_norm_silu: ", m, " rows is not gate | up");
-    dispatch_rows<kSilu, true>(make_args(x, norm, eps, w_gate_up, out, false, m, k), w_gate_up.kind, n, size_t{4} * k,
-                               size_t{2} * (m / 2), stream);
+    dispatch_rows<kSilu, true>(make_args(x, norm, eps, w_gate_up, out, false, m, k), w_gate_up.kind, n, stream);
     check_launch("gemv_norm_silu");
 }
 
 void gemv_add(const bf16_t* x, GemvWeight w, float* out, int n, int m, int k, cudaStream_t stream) {
     if (m <= 0 || n <= 0) return;
     check_args("gemv_add", n, k, x, w);
-    dispatch_rows<kAdd, false>(make_args(x, nullptr, 0.0f, w, out, true, m, k), w.kind, n, size_t{2} * k, size_t{4} * m,
-                               stream);
+    dispatch_rows<kAdd, false>(make_args(x, nullptr, 0.0f, w, out, true, m, k), w.kind, n, stream);
     check_launch("gemv_add");
 }
 
