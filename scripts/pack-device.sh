@@ -3,8 +3,10 @@
 # carried by the device tool): the stripped binaries and the non-system shared libraries they
 # load (the GPU machine has the CUDA toolkit, not Debian's -dev libraries).
 # usage: scripts/pack-device.sh [BUILD_DIR]   (default: build; PG_DEVICE_DIR: where the bundle goes,
-#        default .device, which must be ignored by git like .device/ is; PG_BINS: the binaries,
-#        default "peregrine peregrine_cuda_tests": one of them alone where both pass the 64 MiB)
+#        default .device, added to git's info/exclude; PG_BINS: the binaries,
+#        default "peregrine peregrine_cuda_tests": one of them alone where both pass the 64 MiB
+#        the device tool carries with the tracked files, e.g. PG_BINS=peregrine_cuda_tests
+#        PG_DEVICE_DIR=.device-tests, then PG_BINS=peregrine, each call carrying its folder)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -22,5 +24,8 @@ done
     while read -r lib; do strip -o "$stage/pg/lib/$(basename "$lib")" "$lib" 2>/dev/null || cp "$lib" "$stage/pg/lib/"; done
 XZ_OPT="-9 -T2" tar -C "$stage" -cJf "$dest/bundle.tar.xz" pg  # -9: the 64 MiB the device tool carries
 rm -rf "$stage"
-ex=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$ex")"; grep -qx "/.device/" "$ex" 2>/dev/null || echo "/.device/" >> "$ex"
+# The bundle's folder must be ignored, or the device tool carries it with every call.
+ex=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$ex")"
+ignored="/${dest#./}/"
+[[ $dest == /* ]] || grep -qx "$ignored" "$ex" 2>/dev/null || echo "$ignored" >> "$ex"
 ls -l "$dest/bundle.tar.xz"

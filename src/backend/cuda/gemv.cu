@@ -839,17 +839,16 @@ bool launch_persistent_gguf(const Args& a, cudaStream_t stream) {
 // bf16 / FP8 products of 2-4 rows in the persistent kernel (x staged once a CTA; one short CTA
 // per row pair re-reads all n rows of x, for a normed product in f32 with the norm weight: the
 // 8B's gate|up at n = 4 read ~1.1 GB of x from L2 for 235 MB of weights). H200, decode tok/s,
-// n = 1 only / normed products too / normed and add products: 8B bf16 batch 2 365.9 / 421.7 /
-// 477.8, batch 4 545.6 / 664.7 / 667.1; 8B FP8 batch 4 414.7 / 640.0 / 638.5; 1B batch 4
-// 3,140.9 / (same: k < 4096) / 2,992.6. Default: the normed products (the add products at n > 1
-// were timed but their tests have not run on a GPU yet). PEREGRINE_GEMV_PERSISTENT_ROWS = one |
-// norm | auto (normed, and add products of >= 4096 rows: the 8B's "all", the 1B's "norm") | all.
-// Whether such a product (normed or not, m rows) may take it.
+// n = 1 only / normed products too / normed and add products of >= 4096 rows (2026-11-28, one
+// call): 8B bf16 batch 2 366.7 / 426.8 / 487.5, batch 4 545.6 / 682.4 / 688.7; 1B batch 4 3,134.7
+// / 3,133.9 / 3,133.3 (its normed products have k = 2048; add products of every size, "all",
+// cost it 4.7%: 2,992.6). PEREGRINE_GEMV_PERSISTENT_ROWS = one | norm | auto (the default: normed
+// products, and add products of >= 4096 rows) | all. Whether such a product (m rows) may take it.
 bool persistent_past_one_row(bool norm, int m) {
     static const bool one = env_equals("PEREGRINE_GEMV_PERSISTENT_ROWS", "one");
+    static const bool norm_only = env_equals("PEREGRINE_GEMV_PERSISTENT_ROWS", "norm");
     static const bool all = env_equals("PEREGRINE_GEMV_PERSISTENT_ROWS", "all");
-    static const bool automatic = env_equals("PEREGRINE_GEMV_PERSISTENT_ROWS", "auto");
-    return !one && (norm || all || (automatic && m >= 4096));
+    return !one && (norm || all || (!norm_only && m >= 4096));
 }
 
 template <int N, int EPI, bool NORM, int W>
@@ -984,6 +983,14 @@ int max_gemv_rows(GemvWeight::Kind kind) {
     return kind > GemvWeight::kF8 ? gguf : kMaxGemvRows;
 }
 
+// H200, decode tok/s, our products / cuBLASLt's at n = 2, 3, 4 (2026-11-28, one call): 8B bf16
+// 486.5 / 460.1, 515.3 / 660.8, 685.5 / 878.2; 8B FP8 533.8 / 420.4, 479.0 / 702.4, 637.9 /
+// 937.3; 1B bf16 n = 2 2,114.9 / 1,935.9, n = 4 3,130.3 / 3,845.1.
+int gemv_rows_chosen(GemvWeight::Kind kind) {
+    static const int plain = std::clamp(env_int("PEREGRINE_GEMV_MAX_ROWS", 2), 1, kMaxGemvRows);
+    return kind > GemvWeight::kF8 ? max_gemv_rows(kind) : plain;
+}
+
 bool gemv_supported(int n, int k, const void* x, const void* w, int max_rows) {
     return n >= 1 && n <= max_rows && k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
            reinterpret_cast<uintptr_t>(w) % 16 == 0;
@@ -1031,27 +1038,38 @@ void gemv_add(const bf16_t* x, GemvWeight w, float* out, int n, int m, int k, cu
 }
 
 namespace {
-// One thread per 16-byte chunk of codes: its values, unpacked as the decode kernel does, written
-// as bf16 (8 a piece, 16-byte stores).
+// One thread per 16-byte chunk of codes: its values, unpacked as the decode kernel does, as bf16.
+// Chunk i's values are 16-byte pieces i*P .. i*P+P-1 of out (rows are whole chunks, back to
+// back), so a CTA's are one contiguous span: staged in shared memory and stored coalesced (a
+// thread storing its own P pieces wrote at a 16*P-byte stride across the warp; H200, 8B Q4_K_M
+// decode at batch 16 / 32 / 64, every step dequantizing: 1,044.8 / 2,069.4 / 4,081.6 -> 1,515.0 /
+// 2,985.1 / 5,860.1 tok/s).
+constexpr int kDequantThreads = 256;
 template <int W>
-__global__ void dequantize_kernel(const Args a, bf16_t* out) {
+__global__ void __launch_bounds__(kDequantThreads) dequantize_kernel(const Args a, bf16_t* out) {
     using WC = WeightChunk<W>;
     constexpr int P = WC::kPieces;
+    __shared__ uint4 stage[kDequantThreads * P];
     const int chunks = a.k / (8 * P);
-    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= static_cast<int64_t>(a.m) * chunks) return;
-    const int row = static_cast<int>(i / chunks), c = static_cast<int>(i % chunks);
-    const auto chunk = WC::load(a, row, c);
+    const int64_t total = static_cast<int64_t>(a.m) * chunks;
+    const int64_t first = static_cast<int64_t>(blockIdx.x) * kDequantThreads;
+    if (const int64_t i = first + threadIdx.x; i < total) {
+        const auto chunk = WC::load(a, static_cast<int>(i / chunks), static_cast<int>(i % chunks));
 #pragma unroll
-    for (int p = 0; p < P; ++p) {
-        float f[8];
-        WC::unpack(chunk, p, f);
-        uint4 v;
-        uint32_t* w = &v.x;
+        for (int p = 0; p < P; ++p) {
+            float f[8];
+            WC::unpack(chunk, p, f);
+            uint4 v;
+            uint32_t* w = &v.x;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) w[e] = to_bf16(f[2 * e]) | static_cast<uint32_t>(to_bf16(f[2 * e + 1])) << 16;
-        reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * a.k)[c * P + p] = v;
+            for (int e = 0; e < 4; ++e) w[e] = to_bf16(f[2 * e]) | static_cast<uint32_t>(to_bf16(f[2 * e + 1])) << 16;
+            stage[threadIdx.x * P + p] = v;
+        }
     }
+    __syncthreads();
+    const int pieces = static_cast<int>(std::min<int64_t>(kDequantThreads, total - first)) * P;
+    uint4* dst = reinterpret_cast<uint4*>(out) + first * P;
+    for (int j = threadIdx.x; j < pieces; j += kDequantThreads) dst[j] = stage[j];
 }
 
 // One CTA per token: row ids[i] (or the feed's draw) of a GGUF-layout table in f32, zeros for an
@@ -1118,7 +1136,9 @@ void dequantize_weight(GemvWeight w, bf16_t* out, int m, int k, cudaStream_t str
     with_gguf_kind("dequantize_weight", w, k, [&](auto kind) {
         constexpr int W = decltype(kind)::value;
         const int64_t threads = static_cast<int64_t>(m) * (k / (8 * WeightChunk<W>::kPieces));  // one a chunk
-        dequantize_kernel<W><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(a, out);
+        dequantize_kernel<W>
+            <<<static_cast<unsigned>((threads + kDequantThreads - 1) / kDequantThreads), kDequantThreads, 0, stream>>>(
+                a, out);
     });
     check_launch("dequantize_weight");
 }
