@@ -9,8 +9,15 @@
 #          under each GGUF_GEMV policy (default "blocks persistent") and Q6K layout (default int8), then llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 2 on the same files
 #   batched offline throughput (256 x 128 in / 128 out) and prefill (64 x 512 in, 8192-token
 #          steps) of each GGUF kept quantized and with --dequantize-gguf, same call
+#   curve  decode tok/s over all sequences at BATCHES (default "1 2 4 8 16 32"), 128 in / 128
+#          out: ours (`bench latency --batch-size B`, best of 2) beside llama-batched-bench
+#          (-npp 128 -ntg 128 -npl B,..., -ngl 99 -fa 1: its S_TG t/s column) on the same files
 # BUNDLE_DIR holds bundle.tar.xz (scripts/pack-device.sh) and llamacpp-src.tar.xz (a `git
-# archive` of llama.cpp). One line per result; logs come back as $OUT/gguf-logs.tar.xz.
+# archive` of llama.cpp; PEER_DIR: another carried folder holding it). Where the two pass the
+# 64 MiB the device tool carries, a first call carries PEER_DIR alone and runs "prep" (the
+# build and the GGUFs go on detached), and a second on the still-warm machine (within its idle
+# release) carries the bundle and runs the rest. One line per result; logs come back as
+# $OUT/gguf-logs.tar.xz.
 # usage: scripts/device-gguf.sh BUNDLE_DIR [STEPS]   (default "prep tests bench"; LLAMACPP=0: no peer; SHAPES="llama3.1-8b
 #        llama3.2-1b", TYPES="q4_k_m q8_0")
 set -uo pipefail
@@ -19,7 +26,7 @@ steps=${2:-"prep tests bench"}
 t_start=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t_start )) s] $*"; }
 source scripts/device-lib.sh
-OUT= unpack_bundle "$dir" gguf
+if [[ -f $dir/bundle.tar.xz ]]; then OUT= unpack_bundle "$dir" gguf; else logs=/tmp/gguf/gguf; mkdir -p $logs; fi  # absent: "prep" alone
 out=${OUT:-/tmp}
 trap 'tar -C /tmp/gguf -cJf "$out/gguf-logs.tar.xz" gguf' EXIT
 export PG_TEST_DATA_DIR=$PWD/tests/data PG_MODELS_DIR=$PWD/models PEREGRINE_MODELS=$PWD/models
@@ -29,7 +36,7 @@ types=${TYPES:-"q4_k_m q8_0"}
 
 if [[ $steps == *prep* && ! -f /tmp/lcg/started ]]; then
     mkdir -p /tmp/lcg /tmp/tok && touch /tmp/lcg/started
-    [[ ${LLAMACPP:-1} == 1 ]] && start_llamacpp_build "$dir/llamacpp-src.tar.xz" /tmp/lcg
+    [[ ${LLAMACPP:-1} == 1 ]] && start_llamacpp_build "${PEER_DIR:-$dir}/llamacpp-src.tar.xz" /tmp/lcg
     tar -C /tmp/tok -xJf tests/data/tokenizers.tar.xz tokenizers/llama3
     cat > /tmp/lcg/gguf.sh <<EOS
 cd $PWD
@@ -88,5 +95,23 @@ if [[ $steps == *batched* ]]; then
             --output-len 1 --max-num-batched-tokens 8192 > $logs/pre-$s-$t-$mode.log 2>&1
         stamp "prefill $s $t $mode: rc $? $(grep -E '^throughput \(best' $logs/pre-$s-$t-$mode.log)"
     done; done; done
+fi
+if [[ $steps == *curve* ]]; then
+    while [[ ! -f /tmp/lcg/gguf-done ]]; do sleep 3; done
+    batches=${BATCHES:-"1 2 4 8 16 32"}
+    for s in $shapes; do for t in $types; do for b in $batches; do
+        timeout 200 "$pg/peregrine" bench latency --model /tmp/lcg/$s-$t.gguf --batch-size $b --input-len 128 \
+            --output-len 128 --iters 2 > $logs/curve-$s-$t-$b.log 2>&1
+        stamp "ours $s $t b$b: rc $? $(grep -E '^latency \(best' $logs/curve-$s-$t-$b.log | grep -oE 'decode [0-9.]+ tok/s')"
+    done; done; done
+    while [[ ${LLAMACPP:-1} == 1 && ! -f /tmp/lcg/rc ]] && (( $(date +%s) - t_start < ${DEADLINE:-570} )); do sleep 5; done
+    bb=/tmp/lcg/llama.cpp/build/bin/llama-batched-bench
+    max=$(tr ' ' '\n' <<< "$batches" | sort -n | tail -1)
+    [[ -x $bb ]] && for s in $shapes; do for t in $types; do
+        timeout 300 $bb -m /tmp/lcg/$s-$t.gguf -ngl 99 -fa -c $(( max * 256 + 256 )) -b 2048 -ub 512 -npp 128 -ntg 128 \
+            -npl "$(tr ' ' ',' <<< "$batches")" > $logs/lcb-$s-$t.log 2>&1
+        stamp "llama-batched-bench $s $t: rc $? (S_TG t/s: decode over all sequences)"
+        grep -E '^\|' $logs/lcb-$s-$t.log
+    done; done
 fi
 stamp done

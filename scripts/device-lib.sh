@@ -59,7 +59,7 @@ unpack_bundle() {
 }
 
 # start_llamacpp_build SRC_TAR DIR: unpacks llama.cpp (a `git archive` tarball) into DIR and
-# builds llama-bench there with CUDA for sm_90, detached (setsid: the build outlives this call,
+# builds llama-bench and llama-batched-bench there with CUDA for sm_90, detached (setsid: the build outlives this call,
 # so a later call on the same warm machine finds it), nice 19, all but two cores. DIR/rc holds
 # its exit status once done; logs in DIR/cmake.log and DIR/build.log.
 start_llamacpp_build() {
@@ -68,7 +68,7 @@ start_llamacpp_build() {
     cat > "$d/build.sh" <<EOS
 cd $d/llama.cpp && nice -n 19 cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > $d/cmake.log 2>&1 &&
-    nice -n 19 cmake --build build -j $(( $(nproc) - 2 )) --target llama-bench > $d/build.log 2>&1
+    nice -n 19 cmake --build build -j $(( $(nproc) - 2 )) --target llama-bench llama-batched-bench > $d/build.log 2>&1
 echo \$? > $d/rc
 EOS
     setsid nohup bash "$d/build.sh" > /dev/null 2>&1 < /dev/null &
