@@ -618,7 +618,7 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, c
         cuda::gemm_invariant(bf(x), bf(w), out.data, out.dtype == DType::F32, static_cast<int>(n), static_cast<int>(m),
                              static_cast<int>(k), stream_);
     } else if (options_.gemv && cuda::gemv_supported(static_cast<int>(n), static_cast<int>(k), x.data, w.data,
-                                                     cuda::gemv_rows_chosen(gemv_weight(w).kind))) {
+                                                     cuda::gemv_rows_chosen(gemv_kind(w.dtype)))) {
         // Batch-1..2 decode (GGUF layouts: to max_gemv_rows): our weight-streaming kernel
         // beats cuBLASLt's skinny tiles (cuda::gemv_rows_chosen).
         cuda::gemv(bf(x), gemv_weight(w), out.data, out.dtype == DType::F32, static_cast<int>(n), static_cast<int>(m),
@@ -636,7 +636,7 @@ bool CudaBackend::use_gemv(const Tensor& x, const Tensor& w) const {
     // Batch-invariant mode keeps every product on one kernel for all n.
     return options_.gemv && !options_.batch_invariant && x.dtype == DType::BF16 && is_product_weight(w) &&
            cuda::gemv_supported(static_cast<int>(x.rows()), static_cast<int>(x.cols()), x.data, w.data,
-                                cuda::gemv_rows_chosen(gemv_weight(w).kind));
+                                cuda::gemv_rows_chosen(gemv_kind(w.dtype)));
 }
 
 void CudaBackend::matmul_silu(const Tensor& x, const Tensor& w_gate_up, const Tensor& out, const Tensor& scratch) {
@@ -657,7 +657,7 @@ bool CudaBackend::use_gemv_norm(const Tensor& x, const Tensor& norm_weight, cons
            norm_weight.dtype == DType::F32 && norm_weight.numel() == x.cols() &&
            reinterpret_cast<uintptr_t>(norm_weight.data) % 16 == 0 &&
            cuda::gemv_supported(static_cast<int>(x.rows()), static_cast<int>(x.cols()), x.data, w.data,
-                                cuda::gemv_rows_chosen(gemv_weight(w).kind));
+                                cuda::gemv_rows_chosen(gemv_kind(w.dtype)));
 }
 
 void CudaBackend::norm_matmul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w,

@@ -18,14 +18,28 @@ namespace peregrine {
 cuda::GemvWeight gguf_gemv_weight(const Tensor& w, int64_t first_row) {
     PG_CHECK(dtype_is_gpu_layout(w.dtype) && w.ndim == 2, "not a GGUF device-layout matrix: ", w.shape_str());
     PG_CHECK(first_row >= 0 && first_row <= w.rows(), "row ", first_row, " of ", w.shape_str());
-    const auto kind = w.dtype == DType::GQ8_32   ? cuda::GemvWeight::kI8B32
-                      : w.dtype == DType::GQ8_16 ? cuda::GemvWeight::kI8B16
-                      : w.dtype == DType::GQ6_32 ? cuda::GemvWeight::kU6
-                                                 : cuda::GemvWeight::kU4;
+    const auto kind = gemv_kind(w.dtype);
     const size_t code_bytes = gpu_code_bytes(w.dtype, w.cols()), factor_bytes = gpu_factor_bytes(w.dtype, w.cols());
     const char* codes = w.ptr<char>();
     return cuda::GemvWeight(kind, codes + first_row * code_bytes,
                             codes + w.rows() * code_bytes + first_row * factor_bytes);
+}
+
+cuda::GemvWeight::Kind gemv_kind(DType dtype) {
+    switch (dtype) {
+        case DType::F8_E4M3:
+            return cuda::GemvWeight::kF8;
+        case DType::GQ8_32:
+            return cuda::GemvWeight::kI8B32;
+        case DType::GQ8_16:
+            return cuda::GemvWeight::kI8B16;
+        case DType::GQ6_32:
+            return cuda::GemvWeight::kU6;
+        case DType::GQ4_32:
+            return cuda::GemvWeight::kU4;
+        default:
+            return cuda::GemvWeight::kBf16;
+    }
 }
 
 bool CudaBackend::keeps_gguf(const std::vector<Tensor>& parts) const {
