@@ -25,6 +25,12 @@ dir=$1
 steps=${2:-"prep tests bench"}
 t_start=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t_start )) s] $*"; }
+# Waits for the detached llama.cpp build of "prep" (LLAMACPP=0: no peer) until DEADLINE seconds
+# since this call's start (default 570), then says how it ended.
+wait_peer_build() {
+    while [[ ${LLAMACPP:-1} == 1 && ! -f /tmp/lcg/rc ]] && (( $(date +%s) - t_start < ${DEADLINE:-570} )); do sleep 5; done
+    stamp "llama.cpp build rc $(cat /tmp/lcg/rc 2>/dev/null || echo 'not done'; tail -1 /tmp/lcg/build.log 2>/dev/null)"
+}
 source scripts/device-lib.sh
 if [[ -f $dir/bundle.tar.xz ]]; then OUT= unpack_bundle "$dir" gguf; else logs=/tmp/gguf/gguf; mkdir -p $logs; fi  # absent: "prep" alone
 out=${OUT:-/tmp}
@@ -74,8 +80,7 @@ if [[ $steps == *bench* ]]; then
     done; done; done; done
     # DEADLINE (seconds since the start, default 570): stop waiting for the peer's build there.
     # LLAMACPP=0: no peer build or run (ours only, e.g. a second call on the same day).
-    while [[ ${LLAMACPP:-1} == 1 && ! -f /tmp/lcg/rc ]] && (( $(date +%s) - t_start < ${DEADLINE:-570} )); do sleep 5; done
-    stamp "llama.cpp build rc $(cat /tmp/lcg/rc 2>/dev/null || echo 'not done'; tail -1 /tmp/lcg/build.log)"
+    wait_peer_build
     lb=/tmp/lcg/llama.cpp/build/bin/llama-bench
     [[ -x $lb ]] && for s in $shapes; do for t in $types; do
         timeout 200 $lb -m /tmp/lcg/$s-$t.gguf -ngl 99 -fa 1 -p 512 -n 128 -r ${LC_REPS:-2} -o md > $logs/lc-$s-$t.md 2> $logs/lc-$s-$t.err
@@ -104,7 +109,7 @@ if [[ $steps == *curve* ]]; then
             --output-len 128 --iters 2 > $logs/curve-$s-$t-$b.log 2>&1
         stamp "ours $s $t b$b: rc $? $(grep -E '^latency \(best' $logs/curve-$s-$t-$b.log | grep -oE 'decode [0-9.]+ tok/s')"
     done; done; done
-    while [[ ${LLAMACPP:-1} == 1 && ! -f /tmp/lcg/rc ]] && (( $(date +%s) - t_start < ${DEADLINE:-570} )); do sleep 5; done
+    wait_peer_build
     bb=/tmp/lcg/llama.cpp/build/bin/llama-batched-bench
     max=$(tr ' ' '\n' <<< "$batches" | sort -n | tail -1)
     [[ -x $bb ]] && for s in $shapes; do for t in $types; do

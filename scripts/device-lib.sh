@@ -59,9 +59,9 @@ unpack_bundle() {
 }
 
 # start_llamacpp_build SRC_TAR DIR: unpacks llama.cpp (a `git archive` tarball) into DIR and
-# builds llama-bench and llama-batched-bench there with CUDA for sm_90, detached (setsid: the build outlives this call,
-# so a later call on the same warm machine finds it), nice 19, all but two cores. DIR/rc holds
-# its exit status once done; logs in DIR/cmake.log and DIR/build.log.
+# builds llama-bench and llama-batched-bench there with CUDA for sm_90, detached (setsid: the
+# build outlives this call, so a later call on the same warm machine finds it), nice 19, all but
+# two cores. DIR/rc holds its exit status once done; logs in DIR/cmake.log and DIR/build.log.
 start_llamacpp_build() {
     local d=$2
     mkdir -p "$d" && tar -C "$d" -xJf "$1"

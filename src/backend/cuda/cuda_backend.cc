@@ -617,8 +617,7 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, c
         // One k order per element whatever n is (tensor cores, no split-K across CTAs).
         cuda::gemm_invariant(bf(x), bf(w), out.data, out.dtype == DType::F32, static_cast<int>(n), static_cast<int>(m),
                              static_cast<int>(k), stream_);
-    } else if (options_.gemv && cuda::gemv_supported(static_cast<int>(n), static_cast<int>(k), x.data, w.data,
-                                                     cuda::gemv_rows_chosen(gemv_kind(w.dtype)))) {
+    } else if (use_gemv(x, w)) {
         // Batch-1..2 decode (GGUF layouts: to max_gemv_rows): our weight-streaming kernel
         // beats cuBLASLt's skinny tiles (cuda::gemv_rows_chosen).
         cuda::gemv(bf(x), gemv_weight(w), out.data, out.dtype == DType::F32, static_cast<int>(n), static_cast<int>(m),

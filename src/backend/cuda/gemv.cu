@@ -845,10 +845,12 @@ bool launch_persistent_gguf(const Args& a, cudaStream_t stream) {
 // cost it 4.7%: 2,992.6). PEREGRINE_GEMV_PERSISTENT_ROWS = one | norm | auto (the default: normed
 // products, and add products of >= 4096 rows) | all. Whether such a product (m rows) may take it.
 bool persistent_past_one_row(bool norm, int m) {
-    static const bool one = env_equals("PEREGRINE_GEMV_PERSISTENT_ROWS", "one");
-    static const bool norm_only = env_equals("PEREGRINE_GEMV_PERSISTENT_ROWS", "norm");
-    static const bool all = env_equals("PEREGRINE_GEMV_PERSISTENT_ROWS", "all");
-    return !one && (norm || all || (!norm_only && m >= 4096));
+    enum Mode { kOne, kNorm, kAuto, kAll };
+    static const Mode mode = env_equals("PEREGRINE_GEMV_PERSISTENT_ROWS", "one")    ? kOne
+                             : env_equals("PEREGRINE_GEMV_PERSISTENT_ROWS", "norm") ? kNorm
+                             : env_equals("PEREGRINE_GEMV_PERSISTENT_ROWS", "all")  ? kAll
+                                                                                    : kAuto;
+    return mode != kOne && (norm || mode == kAll || (mode == kAuto && m >= 4096));
 }
 
 template <int N, int EPI, bool NORM, int W>
