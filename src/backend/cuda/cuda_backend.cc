@@ -618,7 +618,7 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, c
         cuda::gemm_invariant(bf(x), bf(w), out.data, out.dtype == DType::F32, static_cast<int>(n), static_cast<int>(m),
                              static_cast<int>(k), stream_);
     } else if (use_gemv(x, w)) {
-        // Batch-1..2 decode (GGUF layouts: to max_gemv_rows): our weight-streaming kernel
+        // Batch-1..2 decode (GGUF layouts: to 4 rows): our weight-streaming kernel
         // beats cuBLASLt's skinny tiles (cuda::gemv_rows_chosen).
         cuda::gemv(bf(x), gemv_weight(w), out.data, out.dtype == DType::F32, static_cast<int>(n), static_cast<int>(m),
                    static_cast<int>(k), stream_);

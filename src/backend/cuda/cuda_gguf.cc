@@ -1,6 +1,7 @@
 // GGUF layer matrices on the GPU: repacked at placement into the device layouts of
 // core/gpu_quant.h (16-byte chunks of codes, f16 factors per block), read by the decode
-// products in registers; larger products dequantize the matrix to bf16 for cuBLASLt.
+// products in registers; products of up to 64 rows by gguf_gemm (tensor cores, the codes
+// unpacked in registers), larger ones dequantize the matrix to bf16 for cuBLASLt.
 #include "backend/cuda/cuda_gguf.h"
 
 #include <cuda_runtime.h>
@@ -9,6 +10,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gguf_gemm.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/gpu_quant.h"
@@ -109,8 +111,26 @@ Tensor CudaBackend::place_layer_matrix(const std::vector<Tensor>& parts, bool pr
     return parts.size() == 1 ? place_weight(parts[0], true) : place_stacked(parts, true);
 }
 
+namespace {
+// PEREGRINE_GGUF_GEMM=0: every GGUF product past the decode kernels dequantizes (for comparisons).
+bool gguf_gemm_enabled() {
+    static const bool on = !env_equals("PEREGRINE_GGUF_GEMM", "0");
+    return on;
+}
+}  // namespace
+
 void CudaBackend::gguf_matmul(const Tensor& x, const Tensor& w, const Tensor& out, float beta, const Tensor& tune) {
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
+    PG_CHECK(out.dtype == DType::F32 || out.dtype == DType::BF16, "GGUF product into ", dtype_name(out.dtype));
+    // Its f32 partial sums live in the dequantize buffer, which this path leaves unused.
+    const size_t partial_elems = static_cast<size_t>(gguf_scratch_.numel()) / 2;
+    const cuda::GemvWeight gw = gguf_gemv_weight(w);
+    if (gguf_gemm_enabled() && cuda::gguf_gemm_supported(gw, static_cast<int>(n), static_cast<int>(m),
+                                                         static_cast<int>(k), x.data, partial_elems)) {
+        cuda::gguf_gemm(x.ptr<cuda::bf16_t>(), gw, out.data, out.dtype == DType::F32, beta, static_cast<int>(n),
+                        static_cast<int>(m), static_cast<int>(k), gguf_scratch_.ptr<float>(), partial_elems, stream_);
+        return;
+    }
     // Rows a pass: all of them, or as many whole rows as the buffer holds (a multiple of 128,
     // keeping cuBLASLt's tiles whole), each pass filling its column band of out (ld m).
     int64_t per = gguf_scratch_.numel() / k;

@@ -142,14 +142,15 @@ struct GemvWeight {
 // aligned.
 constexpr int kMaxGemvRows = 4;
 // The most rows of x the products below take for a weight of this kind: kMaxGemvRows, and for
-// the GGUF layouts more, in slices of kMaxGemvRows rows, each reading the weight once more: below
-// this many rows that costs less than the larger products' path (the matrix dequantized to bf16
-// for cuBLASLt, every step). PEREGRINE_GGUF_GEMV_MAX_ROWS overrides it (4: no slices).
+// the GGUF layouts 8, past kMaxGemvRows in slices of kMaxGemvRows rows, each reading the weight
+// once more.
 int max_gemv_rows(GemvWeight::Kind kind);
 // The most rows the backend hands these products for a weight of this kind (more go to
-// cuBLASLt): max_gemv_rows for the GGUF layouts; 2 for bf16 and FP8, whose products of 3-4 rows
-// cuBLASLt's GEMMs run faster (H200, 8B bf16 decode at batch 4: 878.2 vs 685.5 tok/s).
-// PEREGRINE_GEMV_MAX_ROWS (1..kMaxGemvRows) overrides it.
+// cuBLASLt, or for the GGUF layouts to gguf_gemm): 2 for bf16 and FP8, whose products of 3-4 rows
+// cuBLASLt's GEMMs run faster (H200, 8B bf16 decode at batch 4: 878.2 vs 685.5 tok/s),
+// PEREGRINE_GEMV_MAX_ROWS (1..kMaxGemvRows) overriding it; 4 for the GGUF layouts, whose
+// products of 5-8 rows gguf_gemm runs faster than slices, PEREGRINE_GGUF_GEMV_MAX_ROWS (1..8)
+// overriding it.
 int gemv_rows_chosen(GemvWeight::Kind kind);
 // Whether the products below take n rows of x (at most max_rows) with this k and these operands.
 bool gemv_supported(int n, int k, const void* x, const void* w, int max_rows = kMaxGemvRows);

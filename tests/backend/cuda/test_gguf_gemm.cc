@@ -1,0 +1,130 @@
+// gguf_gemm (tensor-core products of up to 64 rows with GGUF device-layout weights) against a
+// double-precision product of the layout's values rounded to bf16 (what dequantize_weight feeds
+// cuBLASLt), every layout, row and token tails, split and unsplit k, f32 / bf16 out, beta 0 / 1.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/cuda_gguf.h"
+#include "backend/cuda/gguf_gemm.h"
+#include "core/gpu_quant.h"
+#include "core/half.h"
+#include "support/cuda_test_util.h"
+
+namespace peregrine {
+namespace {
+
+using cuda_test::DeviceBuffer;
+
+struct Case {
+    DType type, layout;
+};
+
+// out = x . w^T over the layout's values rounded to bf16; bound[i]: sum of |terms| of element i.
+void reference(const std::vector<uint8_t>& codes, DType layout, int m, int k, const std::vector<uint16_t>& x, int n,
+               std::vector<double>& out, std::vector<double>& bound) {
+    std::vector<float> w(static_cast<size_t>(k));
+    out.assign(static_cast<size_t>(n) * m, 0.0);
+    bound.assign(out.size(), 0.0);
+    for (int r = 0; r < m; ++r) {
+        for (int c = 0; c < k; ++c) w[c] = bf16_to_f32(f32_to_bf16(gpu_layout_value(layout, codes.data(), m, k, r, c)));
+        for (int t = 0; t < n; ++t) {
+            double s = 0, a = 0;
+            for (int c = 0; c < k; ++c) {
+                const double p = static_cast<double>(w[c]) * bf16_to_f32(x[static_cast<size_t>(t) * k + c]);
+                s += p;
+                a += std::fabs(p);
+            }
+            out[static_cast<size_t>(t) * m + r] = s;
+            bound[static_cast<size_t>(t) * m + r] = a;
+        }
+    }
+}
+
+TEST(CudaGgufGemm, MatchesReferenceEveryLayout) {
+    PG_SKIP_WITHOUT_CUDA();
+    std::mt19937 rng(31);
+    const Case cases[] = {{DType::Q8_0, DType::GQ8_32},
+                          {DType::Q4_0, DType::GQ4_32},
+                          {DType::Q4_K, DType::GQ4_32},
+                          {DType::Q6_K, DType::GQ8_16},
+                          {DType::Q6_K, DType::GQ6_32}};
+    // (m, k): a row tail and k split over many CTAs; many row blocks; the smallest k.
+    const std::pair<int, int> shapes[] = {{130, 4096}, {1030, 1024}, {257, 256}};
+    DeviceBuffer<float> partials(size_t{1} << 22);
+    for (const Case& cs : cases) {
+        for (auto [m, k] : shapes) {
+            const std::vector<uint8_t> blocks = cuda_test::random_gguf_blocks(cs.type, m, k, rng);
+            const Tensor src(const_cast<uint8_t*>(blocks.data()), cs.type, {m, k});
+            const size_t cb = gpu_code_bytes(cs.layout, k), fb = gpu_factor_bytes(cs.layout, k);
+            std::vector<uint8_t> codes(static_cast<size_t>(m) * (cb + fb));
+            repack_rows(src, 0, m, codes.data(), codes.data() + static_cast<size_t>(m) * cb, cs.layout);
+            DeviceBuffer<uint8_t> dcodes(codes);
+            const cuda::GemvWeight w = gguf_gemv_weight(Tensor(dcodes.get(), cs.layout, {m, k}, Device::CUDA));
+            for (int n : {1, 9, 16, 33, 64}) {
+                SCOPED_TRACE(::testing::Message() << dtype_name(cs.type) << " as " << dtype_name(cs.layout) << " n "
+                                                  << n << " m " << m << " k " << k);
+                const std::vector<uint16_t> x =
+                    cuda_test::to_bf16(cuda_test::random_floats(static_cast<size_t>(n) * k, rng));
+                std::vector<double> want, bound;
+                reference(codes, cs.layout, m, k, x, n, want, bound);
+                DeviceBuffer<uint16_t> dx(x);
+                const size_t count = static_cast<size_t>(n) * m;
+                // f32 out, beta 0, at two splits of k (1 and 8 CTAs an SM aimed at).
+                std::vector<std::vector<float>> runs;
+                for (int ctas : {1, 8, 8}) {
+                    cuda::set_gguf_gemm_ctas_per_sm(ctas);
+                    DeviceBuffer<float> out(count);
+                    out.fill_bytes(0xff);  // NaN: an element never written fails
+                    cuda::gguf_gemm(dx.get(), w, out.get(), true, 0.0f, n, m, k, partials.get(), partials.size(),
+                                    nullptr);
+                    runs.push_back(out.download());
+                }
+                cuda::set_gguf_gemm_ctas_per_sm(0);
+                EXPECT_TRUE(runs[1] == runs[2]) << "the same launch gave different bits";
+                for (const auto& got : runs) {
+                    int bad = 0;
+                    for (size_t i = 0; i < count; ++i) bad += !(std::fabs(got[i] - want[i]) <= 1e-4 * bound[i] + 1e-30);
+                    EXPECT_EQ(bad, 0);
+                }
+                // beta 1 into f32, and bf16 out over a bf16 start.
+                std::vector<float> start = cuda_test::random_floats(count, rng);
+                DeviceBuffer<float> acc(start);
+                cuda::gguf_gemm(dx.get(), w, acc.get(), true, 1.0f, n, m, k, partials.get(), partials.size(), nullptr);
+                const std::vector<float> got_acc = acc.download();
+                const std::vector<uint16_t> start16 = cuda_test::to_bf16(start);
+                DeviceBuffer<uint16_t> b16(start16);
+                cuda::gguf_gemm(dx.get(), w, b16.get(), false, 1.0f, n, m, k, partials.get(), partials.size(), nullptr);
+                const std::vector<uint16_t> got16 = b16.download();
+                int bad_acc = 0, bad16 = 0;
+                for (size_t i = 0; i < count; ++i) {
+                    const double a = start[i] + want[i];
+                    bad_acc += !(std::fabs(got_acc[i] - a) <= 1e-4 * bound[i] + 1e-6 * std::fabs(start[i]));
+                    const double b = bf16_to_f32(start16[i]) + want[i];
+                    // bf16 rounding: half a unit in the last place (2^-8 relative) and the sum's error.
+                    bad16 += !(std::fabs(bf16_to_f32(got16[i]) - b) <= std::fabs(b) / 256 + 1e-4 * bound[i] + 1e-30);
+                }
+                EXPECT_EQ(bad_acc, 0) << "beta 1, f32";
+                EXPECT_EQ(bad16, 0) << "beta 1, bf16";
+            }
+        }
+    }
+}
+
+TEST(CudaGgufGemm, RefusesWhatItCannotTake) {
+    const cuda::GemvWeight bf16(static_cast<const cuda::bf16_t*>(nullptr));
+    const cuda::GemvWeight q4(cuda::GemvWeight::kU4, reinterpret_cast<const void*>(256),
+                              reinterpret_cast<const void*>(512));
+    const void* x = reinterpret_cast<const void*>(4096);
+    EXPECT_TRUE(cuda::gguf_gemm_supported(q4, 64, 100, 256, x, 6400));
+    EXPECT_FALSE(cuda::gguf_gemm_supported(bf16, 16, 100, 256, x, 6400));   // not a GGUF layout
+    EXPECT_FALSE(cuda::gguf_gemm_supported(q4, 65, 100, 256, x, 1 << 20));  // too many rows
+    EXPECT_FALSE(cuda::gguf_gemm_supported(q4, 16, 100, 192, x, 1 << 20));  // k not whole blocks
+    EXPECT_FALSE(cuda::gguf_gemm_supported(q4, 16, 100, 256, static_cast<const char*>(x) + 2, 1 << 20));
+    EXPECT_FALSE(cuda::gguf_gemm_supported(q4, 64, 100, 256, x, 6399));  // partials do not fit
+}
+
+}  // namespace
+}  // namespace peregrine
