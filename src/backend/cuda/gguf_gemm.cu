@@ -2,18 +2,21 @@
 //
 // The weight is the MMA's A operand (16 weight rows x 16 values of k), x its B operand (16
 // values x 8 tokens), so a warp's accumulators are 16 weight rows x 8 tokens a tile. A CTA of 4
-// warps takes 128 weight rows (2 tiles a warp) and a range of k in blocks of 128 values. In a
-// block, lane (g, q) of a warp (lane = 4 g + q) reads values [32 q, 32 q + 32) of rows g and g + 8
-// of each tile: one or two 16-byte chunks of codes, so a lane quad reads 64 contiguous bytes of a
-// row. The sum over k does not depend on the order of k, only on A and B pairing the same
-// values, so the MMA's k slots {2q, 2q+1, 8+2q, 9+2q} of each step take values {4s .. 4s+3} of the
-// lane's own 32 (step s = 0..7): a lane builds its A fragments from the values it unpacked, with
-// no exchange between lanes, and reads the matching 4 values of x for each token from shared
-// memory. Values are unpacked with the decode kernels' WeightChunk and rounded to bf16 as
-// dequantize_weight rounds them.
+// warps takes 128 weight rows (2 tiles a warp) and a range of k in blocks of 128 values, each
+// block's codes and factors of those rows and x's block brought into a shared-memory stage by
+// cp.async (several stages in flight). In a block, lane (g, q) of a warp (lane = 4 g + q) reads
+// values [32 q, 32 q + 32) of rows g and g + 8 of each tile (one or two 16-byte chunks of codes).
+// The sum over k does not depend on the order of k, only on A and B pairing the same values, so
+// the MMA's k slots {2q, 2q+1, 8+2q, 9+2q} of each step take values {4s .. 4s+3} of the lane's
+// own 32 (step s = 0..7): a lane builds its A fragments from the values it unpacked, with no
+// exchange between lanes, and reads the matching 4 values of x for each token. Values are
+// unpacked with the decode kernels' WeightChunk and rounded to bf16 as dequantize_weight rounds
+// them. H200 figures and where the time goes: docs/PERFORMANCE.md, "GGUF products of 5-64 rows
+// on tensor cores".
 #include "backend/cuda/gguf_gemm.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/pdl.cuh"
@@ -46,91 +49,186 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// 8-byte async copy global -> shared (src_bytes 0: zeros, no read).
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// A block of k (128 values) of a row as the GGUF device layouts store it: up to three segments
+// (codes; the 6-bit layout's high bits; the block factors), each copied into its own region of a
+// pipeline stage ([128 rows][bytes] a region), and a lane's chunks read back from there.
+// Row r's codes start at w + r * row_bytes(k); its factors at factors + r * factor bytes a row.
+template <int W>
+struct Staged;
+template <>
+struct Staged<kU4> {  // 32 4-bit codes a chunk, an f16 (scale, min) pair a chunk
+    static constexpr int kSegs = 2;
+    __host__ __device__ static constexpr int bytes(int seg) { return seg == 0 ? 64 : 16; }
+    __device__ static const char* src(const Args& a, int seg, int64_t row, int kb) {
+        return seg == 0 ? static_cast<const char*>(a.w) + row * (a.k / 2) + kb * 64
+                        : static_cast<const char*>(a.w_factors) + row * (a.k / 8) + kb * 16;
+    }
+    // Chunk j of lane quad position q (j = 0: C is 1) of a row whose segments start at seg[].
+    __device__ static QuantChunk chunk(const char* const (&seg)[kSegs], int q, int) {
+        return {*reinterpret_cast<const uint4*>(seg[0] + 16 * q), reinterpret_cast<const uint32_t*>(seg[1])[q]};
+    }
+};
+template <>
+struct Staged<kU6> {  // 16 low-nibble bytes + 8 high-bit bytes a chunk of 32, two f16 scales
+    static constexpr int kSegs = 3;
+    __host__ __device__ static constexpr int bytes(int seg) { return seg == 0 ? 64 : seg == 1 ? 32 : 16; }
+    __device__ static const char* src(const Args& a, int seg, int64_t row, int kb) {
+        const char* r = static_cast<const char*>(a.w) + row * (3 * a.k / 4);
+        return seg == 0   ? r + kb * 64
+               : seg == 1 ? r + a.k / 2 + kb * 32
+                          : static_cast<const char*>(a.w_factors) + row * (a.k / 8) + kb * 16;
+    }
+    __device__ static Q6Chunk chunk(const char* const (&seg)[kSegs], int q, int) {
+        return {*reinterpret_cast<const uint4*>(seg[0] + 16 * q), *reinterpret_cast<const uint2*>(seg[1] + 8 * q),
+                reinterpret_cast<const uint32_t*>(seg[2])[q]};
+    }
+};
+template <int B>
+struct StagedI8 {  // 16 int8 codes a chunk, an f16 factor per B values
+    static constexpr int kSegs = 2;
+    __host__ __device__ static constexpr int bytes(int seg) { return seg == 0 ? 128 : 256 / B; }
+    __device__ static const char* src(const Args& a, int seg, int64_t row, int kb) {
+        return seg == 0 ? static_cast<const char*>(a.w) + row * a.k + kb * 128
+                        : static_cast<const char*>(a.w_factors) + row * (2 * a.k / B) + kb * (256 / B);
+    }
+    // Chunk 2q + j of the block: values 32q + 16j .. + 15, factor (32q + 16j) / B.
+    __device__ static QuantChunk chunk(const char* const (&seg)[kSegs], int q, int j) {
+        return {*reinterpret_cast<const uint4*>(seg[0] + 32 * q + 16 * j),
+                reinterpret_cast<const uint16_t*>(seg[1])[(32 * q + 16 * j) / B]};
+    }
+};
+template <>
+struct Staged<kI8B32> : StagedI8<32> {};
+template <>
+struct Staged<kI8B16> : StagedI8<16> {};
+
+template <int W>
+constexpr int kRowBlockBytes = [] {
+    int b = 0;
+    for (int s = 0; s < Staged<W>::kSegs; ++s) b += Staged<W>::bytes(s);
+    return b;
+}();
+// A pipeline stage: the CTA's 128 rows' block of weight (kRowsPerCta * kRowBlockBytes) then x's
+// block for 8 NT tokens (16-byte units, x_slot order).
+template <int W, int NT>
+constexpr int kStageBytes = kRowsPerCta* kRowBlockBytes<W> + NT * 8 * kBlockK * 2;
+// Stages in flight: as many as fit ~112 KB (two CTAs an SM), 2 to 6.
+template <int W, int NT>
+constexpr int kStages = std::clamp((112 << 10) / kStageBytes<W, NT>, 2, 6);
+
 // NT 8-token tiles (n <= 8 NT). Grid: (row blocks of 128, splits of k); blocks_per_split blocks
 // of k a CTA. One split: out gets the epilogue (beta, dtype) here; several: partials [split][n][m].
+// Blocks of weight and x stream through kStages shared-memory stages by cp.async, so a CTA keeps
+// kStages - 1 blocks (~10-35 KB) in flight while it multiplies one.
 template <int W, int NT>
 __global__ void __launch_bounds__(kThreads)
     gguf_gemm_kernel(const Args a, int n, int blocks_per_split, float beta, float* __restrict__ partials) {
     using WC = WeightChunk<W>;
-    using Chunk = typename WC::Chunk;
+    using SB = Staged<W>;
     constexpr int P = WC::kPieces;  // 8-value pieces a chunk
-    constexpr int C = 4 / P;        // chunks of a row a lane reads a block (32 values)
-    __shared__ __align__(16) uint4 xs[2][NT * 8][kUnits];
+    constexpr int S = kStages<W, NT>;
+    extern __shared__ __align__(16) char smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
     const int m = a.m, k = a.k;
-    const int row0 = static_cast<int>(blockIdx.x) * kRowsPerCta + warp * 16 * kTiles;
+    const int cta_row0 = static_cast<int>(blockIdx.x) * kRowsPerCta;
     const int kb0 = static_cast<int>(blockIdx.y) * blocks_per_split;
     const int kb1 = min(kb0 + blocks_per_split, k / kBlockK);
+    auto stage_at = [&](int s) { return smem + s * kStageBytes<W, NT>; };
 
-    // Chunks of rows row0 + 16 t + 8 h + g (zeros past m) holding values [32 q, 32 q + 32) of block kb.
-    auto load_w = [&](int kb, Chunk(&c)[kTiles][2][C]) {
-        const int first = (kb * kBlockK + 32 * q) / (8 * P);
+    // Block kb of the CTA's rows (zeros past m) into stage s: each segment's rows in 16-byte
+    // units (8-byte ones for segments of 8 bytes a row), consecutive threads along a row.
+    auto stage_w = [&](int kb, int s) {
+        char* region = stage_at(s);
 #pragma unroll
-        for (int t = 0; t < kTiles; ++t)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = row0 + 16 * t + 8 * h + g;
-#pragma unroll
-                for (int j = 0; j < C; ++j) c[t][h][j] = row < m ? WC::load(a, row, first + j) : Chunk{};
+        for (int seg = 0; seg < SB::kSegs; ++seg) {
+            const int bytes = SB::bytes(seg), unit = bytes >= 16 ? 16 : 8, per_row = bytes / unit;
+            for (int i = threadIdx.x; i < kRowsPerCta * per_row; i += kThreads) {
+                const int r = i / per_row, u = i % per_row, row = cta_row0 + r;
+                const bool in = row < m;
+                const char* src = SB::src(a, seg, in ? row : 0, kb) + u * unit;
+                const uint32_t dst = smem_addr(region + r * bytes + u * unit);
+                if (unit == 16)
+                    cp_async16(dst, src, in ? 16 : 0);
+                else
+                    cp_async8(dst, src, in ? 8 : 0);
             }
+            region += kRowsPerCta * bytes;
+        }
     };
-    // Block kb of x into buffer `buf` (tokens past n as zeros), one cp.async group.
-    auto stage_x = [&](int kb, int buf) {
+    // Block kb of x (tokens past n as zeros) into stage s.
+    auto stage_x = [&](int kb, int s) {
         const auto* x = static_cast<const bf16_t*>(a.x);
+        const uint32_t base = smem_addr(stage_at(s) + kRowsPerCta * kRowBlockBytes<W>);
         for (int i = threadIdx.x; i < NT * 8 * kUnits; i += kThreads) {
             const int t = i / kUnits, u = i % kUnits;
             const bool in = t < n;
             const bf16_t* src = in ? x + static_cast<int64_t>(t) * k + kb * kBlockK + 8 * u : x;
-            cp_async16(smem_addr(&xs[buf][t][x_slot(t, u)]), src, in ? 16 : 0);
+            cp_async16(base + 16 * (t * kUnits + x_slot(t, u)), src, in ? 16 : 0);
         }
-        cp_async_commit();
     };
 
     float acc[kTiles][NT][4] = {};
-    // The first block's weights load while the kernel before finishes (weights are constant
-    // during a step); x and every write wait for it.
+    // The first stages' weights load while the kernel before finishes (weights are constant
+    // during a step); x and every write wait for it. Group s holds stage s's x (group 0 also
+    // every early weight block), so waiting for group s finds stage s whole.
     pdl_launch_dependents();
-    Chunk next[kTiles][2][C];
-    if (kb0 < kb1) load_w(kb0, next);
+    for (int s = 0; s < S - 1; ++s)
+        if (kb0 + s < kb1) stage_w(kb0 + s, s);
     pdl_wait();
-    if (kb0 < kb1) stage_x(kb0, 0);
+    for (int s = 0; s < S - 1; ++s) {
+        if (kb0 + s < kb1) stage_x(kb0 + s, s);
+        cp_async_commit();
+    }
     for (int kb = kb0; kb < kb1; ++kb) {
-        const int buf = (kb - kb0) & 1;
-        Chunk cur[kTiles][2][C];
-#pragma unroll
-        for (int t = 0; t < kTiles; ++t)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int j = 0; j < C; ++j) cur[t][h][j] = next[t][h][j];
-        if (kb + 1 < kb1) {
-            load_w(kb + 1, next);
-            stage_x(kb + 1, buf ^ 1);
-            cp_async_wait_group<1>();
-        } else {
-            cp_async_wait_group<0>();
+        const int i = kb - kb0, s = i % S;
+        cp_async_wait_group<S - 2>();
+        __syncthreads();  // stage s is whole for every thread; stage (i - 1) % S is free
+        if (kb + S - 1 < kb1) {
+            stage_w(kb + S - 1, (i + S - 1) % S);
+            stage_x(kb + S - 1, (i + S - 1) % S);
         }
-        __syncthreads();  // every thread's copies of block kb have landed
+        cp_async_commit();  // one group an iteration, empty or not, keeps the counting uniform
+        const char* wst = stage_at(s);
+        const uint4* xst = reinterpret_cast<const uint4*>(wst + kRowsPerCta * kRowBlockBytes<W>);
+        // Segment starts of row r (of the CTA's 128) in this stage.
+        auto segs = [&](int r, const char*(&seg)[SB::kSegs]) {
+            const char* region = wst;
+#pragma unroll
+            for (int sg = 0; sg < SB::kSegs; ++sg) {
+                seg[sg] = region + r * SB::bytes(sg);
+                region += kRowsPerCta * SB::bytes(sg);
+            }
+        };
 #pragma unroll
         for (int pp = 0; pp < 4; ++pp) {  // the lane's values 8 pp .. 8 pp + 7: two MMA steps
             uint32_t frag[kTiles][2][4];  // [tile][step][A fragment]
 #pragma unroll
             for (int t = 0; t < kTiles; ++t) {
-                float lo[8], hi[8];  // rows g and g + 8
-                WC::unpack(cur[t][0][pp / P], pp % P, lo);
-                WC::unpack(cur[t][1][pp / P], pp % P, hi);
+                const int r = warp * 16 * kTiles + 16 * t + g;  // rows r and r + 8 of the CTA's
+                const char* lo_seg[SB::kSegs];
+                const char* hi_seg[SB::kSegs];
+                segs(r, lo_seg);
+                segs(r + 8, hi_seg);
+                float lo[8], hi[8];
+                WC::unpack(SB::chunk(lo_seg, q, pp / P), pp % P, lo);
+                WC::unpack(SB::chunk(hi_seg, q, pp / P), pp % P, hi);
 #pragma unroll
-                for (int s = 0; s < 2; ++s) {
-                    frag[t][s][0] = pack_bf16(lo[4 * s], lo[4 * s + 1]);
-                    frag[t][s][1] = pack_bf16(hi[4 * s], hi[4 * s + 1]);
-                    frag[t][s][2] = pack_bf16(lo[4 * s + 2], lo[4 * s + 3]);
-                    frag[t][s][3] = pack_bf16(hi[4 * s + 2], hi[4 * s + 3]);
+                for (int st = 0; st < 2; ++st) {
+                    frag[t][st][0] = pack_bf16(lo[4 * st], lo[4 * st + 1]);
+                    frag[t][st][1] = pack_bf16(hi[4 * st], hi[4 * st + 1]);
+                    frag[t][st][2] = pack_bf16(lo[4 * st + 2], lo[4 * st + 3]);
+                    frag[t][st][3] = pack_bf16(hi[4 * st + 2], hi[4 * st + 3]);
                 }
             }
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 const int tok = 8 * j + g;
-                const uint4 b = xs[buf][tok][x_slot(tok, 4 * q + pp)];  // x values 8 pp .. 8 pp + 7
+                const uint4 b = xst[tok * kUnits + x_slot(tok, 4 * q + pp)];  // x values 8 pp .. 8 pp + 7
 #pragma unroll
                 for (int t = 0; t < kTiles; ++t) {
                     mma_bf16_16816(acc[t][j], frag[t][0], b.x, b.y);
@@ -138,9 +236,10 @@ __global__ void __launch_bounds__(kThreads)
                 }
             }
         }
-        __syncthreads();  // buffer `buf` is refilled by the next iteration's stage_x
     }
+    cp_async_wait_all();
     // acc[t][j] = rows (g, g, g + 8, g + 8) of tile t x tokens (2q, 2q + 1, 2q, 2q + 1) of tile j.
+    const int row0 = cta_row0 + warp * 16 * kTiles;
     const bool split = gridDim.y > 1;
     float* part = partials + static_cast<int64_t>(blockIdx.y) * n * m;
 #pragma unroll
@@ -184,20 +283,34 @@ __global__ void gguf_gemm_finish(const float* __restrict__ partials, int splits,
     }
 }
 
+template <int W, int NT>
+void launch_nt(const Args& a, int n, dim3 grid, int blocks_per_split, float beta, float* partials,
+               cudaStream_t stream) {
+    constexpr int smem = kStages<W, NT> * kStageBytes<W, NT>;
+    static std::atomic<uint64_t> sized{0};  // devices this kernel may take `smem` on (past 48 KB: opt-in)
+    int device = 0;
+    PG_CUDA_CHECK(cudaGetDevice(&device));
+    if (!(sized.load() >> device & 1)) {
+        PG_CUDA_CHECK(cudaFuncSetAttribute(gguf_gemm_kernel<W, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        sized.fetch_or(uint64_t{1} << device);
+    }
+    launch_pdl(gguf_gemm_kernel<W, NT>, grid, dim3(kThreads), smem, stream, a, n, blocks_per_split, beta, partials);
+}
+
 template <int W>
 void launch_kind(const Args& a, int n, dim3 grid, int blocks_per_split, float beta, float* partials,
                  cudaStream_t stream) {
     if (n <= 16)
-        launch_pdl(gguf_gemm_kernel<W, 2>, grid, dim3(kThreads), 0, stream, a, n, blocks_per_split, beta, partials);
+        launch_nt<W, 2>(a, n, grid, blocks_per_split, beta, partials, stream);
     else if (n <= 32)
-        launch_pdl(gguf_gemm_kernel<W, 4>, grid, dim3(kThreads), 0, stream, a, n, blocks_per_split, beta, partials);
+        launch_nt<W, 4>(a, n, grid, blocks_per_split, beta, partials, stream);
     else
-        launch_pdl(gguf_gemm_kernel<W, 8>, grid, dim3(kThreads), 0, stream, a, n, blocks_per_split, beta, partials);
+        launch_nt<W, 8>(a, n, grid, blocks_per_split, beta, partials, stream);
 }
 
 int ctas_per_sm() {
     if (g_ctas_per_sm > 0) return g_ctas_per_sm;
-    static const int env = std::max(1, env_int("PEREGRINE_GGUF_GEMM_CTAS", 3));
+    static const int env = std::max(1, env_int("PEREGRINE_GGUF_GEMM_CTAS", 2));
     return env;
 }
 

@@ -117,8 +117,9 @@ TEST(CudaFp8, FusedQuantizersMatchTwoSteps) {
     PG_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
-// The backend's matmul / matmul_add with an f8_e4m3 weight: n <= 4 reads the codes in the decode
-// kernel (x stays bf16), larger n quantizes x per token, runs cuBLASLt's FP8 GEMM and applies both
+// The backend's matmul / matmul_add with an f8_e4m3 weight: n <= gemv_rows_chosen (2 unless
+// PEREGRINE_GEMV_MAX_ROWS says otherwise) reads the codes in the decode kernel (x stays bf16),
+// larger n quantizes x per token, runs cuBLASLt's FP8 GEMM and applies both
 // factor vectors after. Each against a double product of exactly those operands.
 // Both GEMM routes: outer-vector factors in cuBLASLt, and unit factors + scale_fp8_product.
 void check_backend_products(bool outer_vectors) {
@@ -137,10 +138,11 @@ void check_backend_products(bool outer_vectors) {
         b.upload(wscale.data(), dscale);
         Tensor wt = dcodes;
         wt.scale = dscale.ptr<float>();
-        for (int n : {1, 3, 4, 5, 64, 300}) {
+        const int gemv_rows = cuda::gemv_rows_chosen(cuda::GemvWeight::kF8);
+        for (int n : {1, 2, 3, 4, 5, 64, 300}) {
             std::vector<float> x = cuda_test::round_bf16(cuda_test::random_floats(static_cast<size_t>(n) * k, rng));
             std::vector<float> xs = x;  // what the product multiplies: x itself, or its e4m3 codes decoded
-            if (n > cuda::kMaxGemvRows) {
+            if (n > gemv_rows) {
                 std::vector<float> sx;
                 const std::vector<uint8_t> xq = cuda_test::quantize_e4m3(x, n, k, sx);
                 for (int64_t i = 0; i < static_cast<int64_t>(n) * k; ++i) xs[i] = f8e4m3_to_f32(xq[i]) * sx[i / k];
@@ -172,7 +174,7 @@ void check_backend_products(bool outer_vectors) {
             const std::string where = std::string(outer_vectors ? "outer " : "pass ") + "m " + std::to_string(m) +
                                       " k " + std::to_string(k) + " n " + std::to_string(n);
             // The GEMM path rounds its unscaled product to bf16 before the factors (relative 2^-9).
-            const double tol = n > cuda::kMaxGemvRows ? 4e-3 : 1e-5;
+            const double tol = n > gemv_rows ? 4e-3 : 1e-5;
             EXPECT_LT(cuda_test::rel_error(got, ref), tol) << where;
             EXPECT_LT(cuda_test::rel_error(cuda_test::from_bf16(got_b), ref), 8e-3) << where;
             EXPECT_LT(cuda_test::rel_error(got_res, want_res), tol) << where;
