@@ -64,7 +64,14 @@ unpack_bundle() {
 # two cores. DIR/rc holds its exit status once done; logs in DIR/cmake.log and DIR/build.log.
 start_llamacpp_build() {
     local d=$2
-    mkdir -p "$d" && tar -C "$d" -xJf "$1"
+    # The archive's files under llama.cpp/ (git archive --prefix=llama.cpp/) or at its top.
+    local first
+    first=$(tar -tJf "$1" 2>/dev/null | head -1)  # (status unread: pipefail and SIGPIPE)
+    if [[ $first == llama.cpp/* ]]; then
+        mkdir -p "$d" && tar -C "$d" -xJf "$1"
+    else
+        mkdir -p "$d/llama.cpp" && tar -C "$d/llama.cpp" -xJf "$1"
+    fi
     cat > "$d/build.sh" <<EOS
 cd $d/llama.cpp && nice -n 19 cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > $d/cmake.log 2>&1 &&
