@@ -123,6 +123,17 @@ constexpr int kStageBytes = kRowsPerCta* kRowBlockBytes<W> + NT * 8 * kBlockK * 
 template <int W, int NT>
 constexpr int kStages = std::clamp((112 << 10) / kStageBytes<W, NT>, 2, 6);
 
+// out[i] = v (beta 0) or beta * out[i] + v, out f32 or bf16 (rounded to nearest even).
+__device__ __forceinline__ void store_out(void* out, bool out_f32, int64_t i, float v, float beta) {
+    if (out_f32) {
+        float* o = static_cast<float*>(out) + i;
+        *o = beta != 0.0f ? beta * *o + v : v;
+    } else {
+        auto* o = static_cast<__nv_bfloat16*>(out) + i;
+        *o = __float2bfloat16_rn(beta != 0.0f ? beta * __bfloat162float(*o) + v : v);
+    }
+}
+
 // NT 8-token tiles (n <= 8 NT). Grid: (row blocks of 128, splits of k); blocks_per_split blocks
 // of k a CTA. One split: out gets the epilogue (beta, dtype) here; several: partials [split][n][m].
 // Blocks of weight and x stream through kStages shared-memory stages by cp.async, so a CTA keeps
@@ -253,16 +264,10 @@ __global__ void __launch_bounds__(kThreads, 2)
                 const int row = row0 + 16 * t + g + 8 * (e >> 1), tok = 8 * j + 2 * q + (e & 1);
                 if (row >= m || tok >= n) continue;
                 const int64_t i = static_cast<int64_t>(tok) * m + row;
-                if (split) {
+                if (split)
                     part[i] = acc[t][j][e];
-                } else if (a.out_f32) {
-                    float* o = static_cast<float*>(a.out) + i;
-                    *o = beta != 0.0f ? beta * *o + acc[t][j][e] : acc[t][j][e];
-                } else {
-                    auto* o = static_cast<__nv_bfloat16*>(a.out) + i;
-                    const float v = beta != 0.0f ? beta * __bfloat162float(*o) + acc[t][j][e] : acc[t][j][e];
-                    *o = __float2bfloat16_rn(v);
-                }
+                else
+                    store_out(a.out, a.out_f32, i, acc[t][j][e], beta);
             }
 }
 
@@ -275,13 +280,7 @@ __global__ void gguf_gemm_finish(const float* __restrict__ partials, int splits,
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         float s = partials[i];
         for (int p = 1; p < splits; ++p) s += partials[p * count + i];
-        if (out_f32) {
-            float* o = static_cast<float*>(out) + i;
-            *o = beta != 0.0f ? beta * *o + s : s;
-        } else {
-            auto* o = static_cast<__nv_bfloat16*>(out) + i;
-            *o = __float2bfloat16_rn(beta != 0.0f ? beta * __bfloat162float(*o) + s : s);
-        }
+        store_out(out, out_f32, i, s, beta);
     }
 }
 
