@@ -192,7 +192,9 @@ describe('overload: --max-num-seqs 4 --max-queued-sequences 8', () => {
             const admitted = [rest(s, { ...long, max_tokens: 240, n: 4 }), rest(s, { ...long, max_tokens: 240, n: 4, stream: true })];
             const full = await R.waitFor(async () => {
                 const h = await R.health(s.url);
-                return h.requests_in_flight >= 2 && h.running >= 4 && h;
+                // Both requests are counted in flight before the engine has queued the second's
+                // sequences: wait for those too (CI saw waiting 0 with running 4 in between).
+                return h.requests_in_flight >= 2 && h.running >= 4 && h.waiting >= 4 && h;
             }, 5000);
             assert.ok(full, JSON.stringify(await R.health(s.url)));
             assertRefused(await restNow(s, { prompt, max_tokens: 2 }), 429, 'too_many_sequences_queued');
