@@ -24,6 +24,15 @@ for round in $(seq ${ROUNDS:-2}); do
     python3 -c "
 import json; j=json.load(open('$L/$policy-$round.json'))
 print('%-11s round $round: hit rate %.3f (hits %d / queries %d), mean TTFT %.2f ms (turn 1 %.2f, later %.2f), p99 TTFT %.2f ms, completed %d failed %d' % ('$policy', j['prefix_cache_hit_rate'] or 0, j['prefix_cache_hits'], j['prefix_cache_queries'], j['mean_ttft_ms'], j['mean_ttft_ms_first_turn'] or 0, j['mean_ttft_ms_later_turns'] or 0, j['p99_ttft_ms'], j['completed'], j['failed']))"
+    # The replicas' own view (arrival at the replica to its first token): queue + prefill.
+    for u in $u1 $u2; do curl -s $u/metrics; done | python3 -c "
+import re, sys
+t = {}
+for l in sys.stdin:
+    m = re.match(r'peregrine:(time_to_first_token|request_queue_time|request_prefill_time)_seconds_(sum|count)\{[^}]*\} (\S+)', l)
+    if m: t[m[1], m[2]] = t.get((m[1], m[2]), 0) + float(m[3])
+print('  replicas: ' + ', '.join('%s %.2f ms' % (k.replace('request_', '').replace('_time', ''), 1e3 * t[k, 'sum'] / t[k, 'count'])
+      for k in ('time_to_first_token', 'request_queue_time', 'request_prefill_time') if t.get((k, 'count'))))"
     curl -s $ur/metrics | grep -E '^peregrine_router:(routing_decisions_total|prefix_index_(replica|capacity)_keys|requests_total)' \
       | sed 's/^peregrine_router://' | tr '\n' ' ' | sed 's/^/  router: /; s/$/\n/'
     kill $pr $p1 $p2; wait $pr $p1 $p2 2>/dev/null

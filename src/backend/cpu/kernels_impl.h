@@ -35,6 +35,12 @@ inline VF vfma(VF a, VF b, VF c) {
 inline VF vmul(VF a, VF b) {
     return _mm512_mul_ps(a, b);
 }
+inline VF vadd(VF a, VF b) {
+    return _mm512_add_ps(a, b);
+}
+inline VF vsub(VF a, VF b) {
+    return _mm512_sub_ps(a, b);
+}
 inline float vsum(VF a) {
     const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
     const __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
@@ -71,6 +77,12 @@ inline VF vfma(VF a, VF b, VF c) {
 }
 inline VF vmul(VF a, VF b) {
     return _mm256_mul_ps(a, b);
+}
+inline VF vadd(VF a, VF b) {
+    return _mm256_add_ps(a, b);
+}
+inline VF vsub(VF a, VF b) {
+    return _mm256_sub_ps(a, b);
 }
 inline float vsum(VF a) {
     const __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -548,8 +560,11 @@ constexpr void (*kMatmulBf16)(const MatmulArgs&, const uint16_t*, int64_t, int64
 
 }  // namespace
 
-// Attention with the head size known at compile time: 8-float vectors (GCC vector
-// extensions, 256-bit in both ISAs), K and V of each key read once for the whole GQA group.
+// Attention with the head size known at compile time, for one query token and the GQA group of
+// one kv head: scores of 8 keys at a time (8-float vectors, GCC vector extensions, 256-bit in
+// both ISAs), the softmax's exp in the ISA's width, then the weighted values. Every step's order
+// depends only on the key range, so a token's output is the same bits in prefill, in a chunk or
+// in a decode step.
 typedef float v8f __attribute__((vector_size(32)));
 
 inline v8f load8(const float* p) {
@@ -560,13 +575,88 @@ inline v8f load8(const float* p) {
 inline void store8(float* p, v8f v) {
     std::memcpy(p, &v, sizeof(v));
 }
-inline float hsum8(v8f v) {
-    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+// Calls f(j, slot) for the keys j = 0.. of positions [first, last] in order, slot being the
+// position's cache slot through the sequence's block table: a block's slots are consecutive, so
+// the division by the block size is paid once a block, not once a key.
+template <class F>
+inline void for_each_key(const AttentionArgs& a, F&& f) {
+    int pos = a.first;
+    while (pos <= a.last) {
+        const int block = pos / a.block_size;
+        const int end = std::min(a.last + 1, (block + 1) * a.block_size);
+        int64_t slot = static_cast<int64_t>(a.table[block]) * a.block_size + pos % a.block_size;
+        for (; pos < end; ++pos, ++slot) f(pos - a.first, slot);
+    }
 }
 
-// Cache slot of key position `pos` through the sequence's block table.
-inline int64_t cache_slot(const AttentionArgs& a, int pos) {
-    return static_cast<int64_t>(a.table[pos / a.block_size]) * a.block_size + pos % a.block_size;
+// Calls f(j0, slot, count) for the keys in runs of 8 (the last run may be shorter): keys j0 ..
+// j0 + count - 1 sit in cache slots slot[0 .. count - 1].
+template <class F>
+inline void for_each_8_keys(const AttentionArgs& a, F&& f) {
+    int64_t slot[8];
+    int filled = 0, j0 = 0;
+    for_each_key(a, [&](int, int64_t s) {
+        slot[filled++] = s;
+        if (filled == 8) {
+            f(j0, slot, 8);
+            j0 += 8;
+            filled = 0;
+        }
+    });
+    if (filled) f(j0, slot, filled);
+}
+
+// sc[j] = exp(sc[j] - mx) for j < n (vexp, about 2 ulp); returns their sum, added in float lanes
+// over runs of kSumRun vectors and the runs' sums in double (so long contexts keep the double
+// sum's accuracy). The order depends only on n: a query's result does not depend on its batch.
+inline double softmax_numerators(float* sc, int n, float mx) {
+    constexpr int kSumRun = 64;
+    const VF m = vset1(mx);
+    double sum = 0;
+    int j = 0;
+    while (j + kW <= n) {
+        VF acc = vzero();
+        for (int r = 0; r < kSumRun && j + kW <= n; ++r, j += kW) {
+            const VF e = vexp(vsub(vload(sc + j), m));
+            vstore(sc + j, e);
+            acc = vadd(acc, e);
+        }
+        sum += vsum(acc);
+    }
+    if (j < n) {  // the tail through the same vector code
+        float t[kW] = {};
+        std::memcpy(t, sc + j, (n - j) * sizeof(float));
+        vstore(t, vexp(vsub(vload(t), m)));
+        std::memcpy(sc + j, t, (n - j) * sizeof(float));
+        for (int i = 0; i < n - j; ++i) sum += t[i];
+    }
+    return sum;
+}
+
+// The sums of 8 vectors' lanes at once: lane i of the result is the sum of r[i].
+inline v8f hsum8x8(const v8f* r) {
+    const __m256 t0 = _mm256_hadd_ps(__m256(r[0]), __m256(r[1])), t1 = _mm256_hadd_ps(__m256(r[2]), __m256(r[3]));
+    const __m256 t2 = _mm256_hadd_ps(__m256(r[4]), __m256(r[5])), t3 = _mm256_hadd_ps(__m256(r[6]), __m256(r[7]));
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return v8f(_mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
+}
+
+inline float row_max(const float* x, int n) {
+    float m = -INFINITY;
+    int j = 0;
+#if defined(PG_KERNEL_AVX512)
+    __m512 v = _mm512_set1_ps(-INFINITY);
+    for (; j + kW <= n; j += kW) v = _mm512_max_ps(v, vload(x + j));
+    m = _mm512_reduce_max_ps(v);
+#else
+    __m256 v = _mm256_set1_ps(-INFINITY);
+    for (; j + kW <= n; j += kW) v = _mm256_max_ps(v, vload(x + j));
+    float t[kW];
+    vstore(t, v);
+    for (float e : t) m = std::max(m, e);
+#endif
+    for (; j < n; ++j) m = std::max(m, x[j]);
+    return m;
 }
 
 template <int D>
@@ -575,53 +665,67 @@ void attention_d(const AttentionArgs& a) {
     constexpr int kChunks = D / 8;
     const int n = a.last - a.first + 1;
     const int g_count = a.group;
-    float mx[64];
-    for (int g = 0; g < g_count; ++g) mx[g] = -INFINITY;
-    for (int j = 0; j < n; ++j) {
-        const int pos = a.first + j;
-        const int64_t slot = cache_slot(a, pos);
-        const float* k = a.k_cache + slot * a.kv_dim + a.head_offset;
-        v8f kv[kChunks];
-        for (int c = 0; c < kChunks; ++c) kv[c] = load8(k + 8 * c);
+    // Scores of 8 keys at a time: each key's 8 lanes of products (the same arithmetic for every
+    // key, padded or not), then the 8 keys' lane sums at once.
+    for_each_8_keys(a, [&](int j0, const int64_t* slot, int count) {
+        const float* key[8];
+        for (int i = 0; i < count; ++i) key[i] = a.k_cache + slot[i] * a.kv_dim + a.head_offset;
         for (int g = 0; g < g_count; ++g) {
-            const float* q = a.q + g * D;
-            v8f acc = load8(q) * kv[0];
-            for (int c = 1; c < kChunks; ++c) acc += load8(q + 8 * c) * kv[c];
-            const float sc = hsum8(acc) * a.scale;
-            a.scratch[g * n + j] = sc;
-            mx[g] = std::max(mx[g], sc);
+            v8f qv[kChunks];  // the head's query, held across the 8 keys
+            for (int c = 0; c < kChunks; ++c) qv[c] = load8(a.q + g * D + 8 * c);
+            v8f r[8];
+            for (int i = 0; i < 8; ++i) {
+                r[i] = v8f{};
+                if (i >= count) continue;
+                v8f acc = qv[0] * load8(key[i]);
+                for (int c = 1; c < kChunks; ++c) acc += qv[c] * load8(key[i] + 8 * c);
+                r[i] = acc;
+            }
+            const v8f sc = hsum8x8(r) * a.scale;
+            if (count == 8) {
+                store8(a.scratch + g * n + j0, sc);
+            } else {
+                float t[8];
+                store8(t, sc);
+                std::memcpy(a.scratch + g * n + j0, t, count * sizeof(float));
+            }
         }
-    }
+    });
     float inv[64];
     for (int g = 0; g < g_count; ++g) {
         float* sc = a.scratch + g * n;
-        double sum = 0;
-        for (int j = 0; j < n; ++j) {
-            sc[j] = std::exp(sc[j] - mx[g]);
-            sum += sc[j];
-        }
-        inv[g] = static_cast<float>(1.0 / sum);
+        inv[g] = static_cast<float>(1.0 / softmax_numerators(sc, n, row_max(sc, n)));
     }
-    // Heads of the group per pass over V: as many as keep the accumulators in registers.
-    constexpr int kHeads = kChunks >= 16 ? 1 : 16 / kChunks > 8 ? 8 : 16 / kChunks;
-    v8f acc[kHeads][kChunks];
+    // Weighted values: kSplit partial sums a head (key i of a run of 8 adds into partial i %
+    // kSplit), so narrow heads are not one chain of dependent FMAs; and as many heads a pass
+    // over V as keep all the partial sums in 16 registers.
+    constexpr int kSplit = kChunks == 1 ? 4 : kChunks == 2 ? 2 : 1;
+    constexpr int kHeads = kChunks * kSplit >= 16 ? 1 : 16 / (kChunks * kSplit) > 8 ? 8 : 16 / (kChunks * kSplit);
+    v8f acc[kSplit][kHeads][kChunks];
     for (int g0 = 0; g0 < g_count; g0 += kHeads) {
         const int gn = std::min(kHeads, g_count - g0);
-        for (int g = 0; g < gn; ++g)
-            for (int c = 0; c < kChunks; ++c) acc[g][c] = v8f{};
-        for (int j = 0; j < n; ++j) {
-            const int pos = a.first + j;
-            const int64_t slot = cache_slot(a, pos);
-            const float* v = a.v_cache + slot * a.kv_dim + a.head_offset;
-            v8f vv[kChunks];
-            for (int c = 0; c < kChunks; ++c) vv[c] = load8(v + 8 * c);
-            for (int g = 0; g < gn; ++g) {
-                const float p = a.scratch[(g0 + g) * n + j];
-                for (int c = 0; c < kChunks; ++c) acc[g][c] += p * vv[c];
+        for (auto& part : acc)
+            for (int g = 0; g < gn; ++g)
+                for (int c = 0; c < kChunks; ++c) part[g][c] = v8f{};
+        for_each_8_keys(a, [&](int j0, const int64_t* slot, int count) {
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; ++i) {
+                if (i >= count) break;
+                const float* v = a.v_cache + slot[i] * a.kv_dim + a.head_offset;
+                v8f vv[kChunks];
+                for (int c = 0; c < kChunks; ++c) vv[c] = load8(v + 8 * c);
+                for (int g = 0; g < gn; ++g) {
+                    const float p = a.scratch[(g0 + g) * n + j0 + i];
+                    for (int c = 0; c < kChunks; ++c) acc[i % kSplit][g][c] += p * vv[c];
+                }
             }
-        }
+        });
         for (int g = 0; g < gn; ++g)
-            for (int c = 0; c < kChunks; ++c) store8(a.out + (g0 + g) * D + 8 * c, acc[g][c] * inv[g0 + g]);
+            for (int c = 0; c < kChunks; ++c) {
+                v8f sum = acc[0][g][c];
+                for (int u = 1; u < kSplit; ++u) sum += acc[u][g][c];
+                store8(a.out + (g0 + g) * D + 8 * c, sum * inv[g0 + g]);
+            }
     }
 }
 
@@ -631,26 +735,13 @@ void attention_any(const AttentionArgs& a) {
     for (int g = 0; g < a.group; ++g) {
         const float* q = a.q + g * d;
         float* sc = a.scratch + g * n;
-        float mx = -INFINITY;
-        for (int j = 0; j < n; ++j) {
-            const int pos = a.first + j;
-            const int64_t slot = cache_slot(a, pos);
-            sc[j] = dot(q, a.k_cache + slot * a.kv_dim + a.head_offset, d) * a.scale;
-            mx = std::max(mx, sc[j]);
-        }
-        double sum = 0;
-        for (int j = 0; j < n; ++j) {
-            sc[j] = std::exp(sc[j] - mx);
-            sum += sc[j];
-        }
-        const float inv = static_cast<float>(1.0 / sum);
+        for_each_key(
+            a, [&](int j, int64_t slot) { sc[j] = dot(q, a.k_cache + slot * a.kv_dim + a.head_offset, d) * a.scale; });
+        const float inv = static_cast<float>(1.0 / softmax_numerators(sc, n, row_max(sc, n)));
         float* o = a.out + g * d;
         std::memset(o, 0, d * sizeof(float));
-        for (int j = 0; j < n; ++j) {
-            const int pos = a.first + j;
-            const int64_t slot = cache_slot(a, pos);
-            axpy(sc[j] * inv, a.v_cache + slot * a.kv_dim + a.head_offset, o, d);
-        }
+        for_each_key(
+            a, [&](int j, int64_t slot) { axpy(sc[j] * inv, a.v_cache + slot * a.kv_dim + a.head_offset, o, d); });
     }
 }
 
