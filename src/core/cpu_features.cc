@@ -39,6 +39,10 @@ CpuIsa cpu_isa() {
     return isa;
 }
 
+bool cpu_bf16_kernels() {
+    return cpu_isa() == CpuIsa::Avx512 && cpu_features().avx512_bf16;
+}
+
 const char* cpu_isa_name(CpuIsa isa) {
     switch (isa) {
         case CpuIsa::Avx512:

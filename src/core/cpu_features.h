@@ -21,4 +21,8 @@ const CpuFeatures& cpu_features();
 CpuIsa cpu_isa();
 const char* cpu_isa_name(CpuIsa isa);
 
+// Whether the kernels in use multiply bf16 pairs (vdpbf16ps: `--dtype bfloat16`): the AVX-512
+// set on a CPU with AVX512-BF16.
+bool cpu_bf16_kernels();
+
 }  // namespace peregrine

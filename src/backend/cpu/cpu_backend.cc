@@ -26,13 +26,12 @@ void check_f32(const Tensor& t, const char* what) {
 }  // namespace
 
 CpuPrecision cpu_precision_from_name(const std::string& name) {
-    const bool has_bf16 = cpu_isa() == CpuIsa::Avx512 && cpu_features().avx512_bf16;
     if (name == "float32") return CpuPrecision::Float32;
     // auto stays float32: bf16 inputs move logits by up to ~1e-2, which flips the argmax at
     // near-ties of the golden fixtures (qwen2-tiny has top-2 gaps of 5e-4). See docs/PERFORMANCE.md.
     if (name == "auto") return CpuPrecision::Float32;
     if (name == "bfloat16") {
-        if (!has_bf16) fail("--dtype bfloat16 needs a CPU with AVX512-BF16; use float32 or auto");
+        if (!cpu_bf16_kernels()) fail("--dtype bfloat16 needs a CPU with AVX512-BF16; use float32 or auto");
         return CpuPrecision::BFloat16;
     }
     fail("unknown dtype '", name, "' (auto, float32, bfloat16)");

@@ -606,12 +606,31 @@ inline void for_each_8_keys(const AttentionArgs& a, F&& f) {
     if (filled) f(j0, slot, filled);
 }
 
-// sc[j] = exp(sc[j] - mx) for j < n (vexp, about 2 ulp); returns their sum, added in float lanes
-// over runs of kSumRun vectors and the runs' sums in double (so long contexts keep the double
-// sum's accuracy). The order depends only on n: a query's result does not depend on its batch.
-inline double softmax_numerators(float* sc, int n, float mx) {
+inline float row_max(const float* x, int n) {
+    float m = -INFINITY;
+    int j = 0;
+#if defined(PG_KERNEL_AVX512)
+    __m512 v = _mm512_set1_ps(-INFINITY);
+    for (; j + kW <= n; j += kW) v = _mm512_max_ps(v, vload(x + j));
+    m = _mm512_reduce_max_ps(v);
+#else
+    __m256 v = _mm256_set1_ps(-INFINITY);
+    for (; j + kW <= n; j += kW) v = _mm256_max_ps(v, vload(x + j));
+    float t[kW];
+    vstore(t, v);
+    for (float e : t) m = std::max(m, e);
+#endif
+    for (; j < n; ++j) m = std::max(m, x[j]);
+    return m;
+}
+
+// sc[j] = exp(sc[j] - max of sc) for j < n (vexp, about 2 ulp); returns their sum, added in float
+// lanes over runs of kSumRun vectors and the runs' sums in double (so long contexts keep the
+// double sum's accuracy). The order depends only on n: a query's result does not depend on its
+// batch.
+inline double softmax_numerators(float* sc, int n) {
     constexpr int kSumRun = 64;
-    const VF m = vset1(mx);
+    const VF m = vset1(row_max(sc, n));
     double sum = 0;
     int j = 0;
     while (j + kW <= n) {
@@ -641,24 +660,6 @@ inline v8f hsum8x8(const v8f* r) {
     return v8f(_mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
 }
 
-inline float row_max(const float* x, int n) {
-    float m = -INFINITY;
-    int j = 0;
-#if defined(PG_KERNEL_AVX512)
-    __m512 v = _mm512_set1_ps(-INFINITY);
-    for (; j + kW <= n; j += kW) v = _mm512_max_ps(v, vload(x + j));
-    m = _mm512_reduce_max_ps(v);
-#else
-    __m256 v = _mm256_set1_ps(-INFINITY);
-    for (; j + kW <= n; j += kW) v = _mm256_max_ps(v, vload(x + j));
-    float t[kW];
-    vstore(t, v);
-    for (float e : t) m = std::max(m, e);
-#endif
-    for (; j < n; ++j) m = std::max(m, x[j]);
-    return m;
-}
-
 template <int D>
 void attention_d(const AttentionArgs& a) {
     static_assert(D % 8 == 0);
@@ -677,9 +678,8 @@ void attention_d(const AttentionArgs& a) {
             for (int i = 0; i < 8; ++i) {
                 r[i] = v8f{};
                 if (i >= count) continue;
-                v8f acc = qv[0] * load8(key[i]);
-                for (int c = 1; c < kChunks; ++c) acc += qv[c] * load8(key[i] + 8 * c);
-                r[i] = acc;
+                r[i] = qv[0] * load8(key[i]);
+                for (int c = 1; c < kChunks; ++c) r[i] += qv[c] * load8(key[i] + 8 * c);
             }
             const v8f sc = hsum8x8(r) * a.scale;
             if (count == 8) {
@@ -694,13 +694,13 @@ void attention_d(const AttentionArgs& a) {
     float inv[64];
     for (int g = 0; g < g_count; ++g) {
         float* sc = a.scratch + g * n;
-        inv[g] = static_cast<float>(1.0 / softmax_numerators(sc, n, row_max(sc, n)));
+        inv[g] = static_cast<float>(1.0 / softmax_numerators(sc, n));
     }
     // Weighted values: kSplit partial sums a head (key i of a run of 8 adds into partial i %
     // kSplit), so narrow heads are not one chain of dependent FMAs; and as many heads a pass
     // over V as keep all the partial sums in 16 registers.
     constexpr int kSplit = kChunks == 1 ? 4 : kChunks == 2 ? 2 : 1;
-    constexpr int kHeads = kChunks * kSplit >= 16 ? 1 : 16 / (kChunks * kSplit) > 8 ? 8 : 16 / (kChunks * kSplit);
+    constexpr int kHeads = std::clamp(16 / (kChunks * kSplit), 1, 8);
     v8f acc[kSplit][kHeads][kChunks];
     for (int g0 = 0; g0 < g_count; g0 += kHeads) {
         const int gn = std::min(kHeads, g_count - g0);
@@ -737,7 +737,7 @@ void attention_any(const AttentionArgs& a) {
         float* sc = a.scratch + g * n;
         for_each_key(
             a, [&](int j, int64_t slot) { sc[j] = dot(q, a.k_cache + slot * a.kv_dim + a.head_offset, d) * a.scale; });
-        const float inv = static_cast<float>(1.0 / softmax_numerators(sc, n, row_max(sc, n)));
+        const float inv = static_cast<float>(1.0 / softmax_numerators(sc, n));
         float* o = a.out + g * d;
         std::memset(o, 0, d * sizeof(float));
         for_each_key(
