@@ -5,9 +5,9 @@
 #      PyTorch (torch.distributed over NCCL: not our code), 2 and 4 ranks.
 #   2. Llama-3.1-8B shape: batch-1 decode TP 1 / 2 / 4; offline throughput (256 prompts) TP 1 / 2.
 #   3. Llama-3.1-70B shape: TP 4 batch-1 decode and offline throughput (256 prompts).
-#   4. 1B shape served at concurrency 256: one replica vs --data-parallel-size 2 and 4 (a GPU each,
-#      the router in front), with the client on CLIENT_THREADS threads (default 8) and the front
-#      process's CPU (the router, for N > 1).
+#   4. DP_SHAPE (default llama-3.2-1b; a bench/models folder) served at concurrency 256: one replica
+#      vs --data-parallel-size 2 and 4 (a GPU each, the router in front), with the client on
+#      CLIENT_THREADS threads (default 8) and the front process's CPU (the router, for N > 1).
 # usage: scripts/device-multi4.sh BUNDLE_DIR [STEPS]   (STEPS: a subset of "nccl 8b 70b dp")
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -67,7 +67,7 @@ if [[ $steps == *70b* ]] && (( ngpu >= 4 )); then
     thr 70b_offline256_tp4 "$m70" 4
 fi
 if [[ $steps == *dp* ]]; then
-    m1=$(model_dir llama-3.2-1b)
+    m1=$(model_dir ${DP_SHAPE:-llama-3.2-1b})
     seed=0
     for dp in 1 2 4; do
         (( dp > ngpu )) && continue
