@@ -689,13 +689,25 @@ bool persistent_past_one_row(bool norm, int m) {
     return mode != kOne && (norm || mode == kAll || (mode == kAuto && m >= 4096));
 }
 
+// Plain products with an f32 output of at most kMaxPlainPersistentRows rows: the o / down products
+// of a tensor-parallel rank (their sum and the residual add are the peer all-reduce's); a full LM
+// head has more rows (a vocabulary split as small would take it too). PEREGRINE_GEMV_PERSISTENT_PLAIN=0 | 1 (measurement knob, off: not yet timed at TP 2,
+// where o / down run on gemv_kernel while TP 1's fused add products are persistent; with it on,
+// CudaTensorParallel* and CudaGemv.* pass on an H200, 2026-11-28).
+constexpr int kMaxPlainPersistentRows = 16384;
+bool persistent_plain(const Args& a) {
+    static const bool on = env_equals("PEREGRINE_GEMV_PERSISTENT_PLAIN", "1");
+    return on && a.out_f32 && a.m <= kMaxPlainPersistentRows;
+}
+
 template <int N, int EPI, bool NORM, int W>
 bool launch_persistent_by_k(const Args& a, cudaStream_t stream) {
     if constexpr (W > kF8) {
         return launch_persistent_gguf<N, EPI, NORM, W>(a, stream);
-    } else if constexpr (!(NORM || EPI == kAdd)) {
+    } else if constexpr (EPI == kSilu && !NORM) {
         return false;
     } else {
+        if (EPI == kPlain && !NORM && !persistent_plain(a)) return false;
         const int k = a.k;
         if (N > 1 && !persistent_past_one_row(NORM, a.m)) return false;
         if (g_rows > 0 || (NORM && k < 4096) || static_cast<size_t>(N) * k * (NORM ? 4 : 2) > kMaxStagedX) return false;
