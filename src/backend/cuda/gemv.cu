@@ -691,9 +691,10 @@ bool persistent_past_one_row(bool norm, int m) {
 
 // Plain products with an f32 output of at most kMaxPlainPersistentRows rows: the o / down products
 // of a tensor-parallel rank (their sum and the residual add are the peer all-reduce's); a full LM
-// head has more rows (a vocabulary split as small would take it too). PEREGRINE_GEMV_PERSISTENT_PLAIN=0 | 1 (measurement knob, off: not yet timed at TP 2,
-// where o / down run on gemv_kernel while TP 1's fused add products are persistent; with it on,
-// CudaTensorParallel* and CudaGemv.* pass on an H200, 2026-11-28).
+// head has more rows (a vocabulary split as small would take it too).
+// PEREGRINE_GEMV_PERSISTENT_PLAIN=0 | 1: measurement knob, off. Not yet timed at TP 2, where o /
+// down run on gemv_kernel while TP 1's fused add products are persistent; with it on,
+// CudaTensorParallel* and CudaGemv.* pass on an H200 (2026-11-28).
 constexpr int kMaxPlainPersistentRows = 16384;
 bool persistent_plain(const Args& a) {
     static const bool on = env_equals("PEREGRINE_GEMV_PERSISTENT_PLAIN", "1");
