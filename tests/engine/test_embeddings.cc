@@ -1,6 +1,6 @@
 // Embeddings through the engine (Request::pooling) against sentence-transformers' vectors for
 // the fixture models (tests/data/embeddings, see tests/data/README.md): each case's folder is
-// built here in the build tree (the fixture model's files plus the case's modules.json and
+// built under the temporary folder (the fixture model's files plus the case's modules.json and
 // pooling config) and served by Engine::create with task embed, as `serve --task embed` does.
 #include <gtest/gtest.h>
 
@@ -37,10 +37,11 @@ void PrintTo(const Case& c, std::ostream* os) {
     *os << c.name;
 }
 
-// The fixture model's files with the case's sentence-transformers files laid over them, in the
-// build tree (copies: the repository holds the weights once).
+// The fixture model's files with the case's sentence-transformers files laid over them, under the
+// system's temporary folder, one folder a case (copies: the repository holds the weights once; not
+// the working directory, which is the source tree when the binary is run from there).
 std::string build_case_folder(const std::string& name, const std::string& model) {
-    const fs::path dir = fs::current_path() / "test-data" / "embeddings" / name;
+    const fs::path dir = fs::temp_directory_path() / "peregrine-test-embeddings" / name;
     fs::remove_all(dir);
     fs::create_directories(dir);
     for (const auto& e : fs::directory_iterator(fs::path(data_dir()) / model))
