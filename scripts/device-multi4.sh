@@ -67,11 +67,11 @@ if [[ $steps == *70b* ]] && (( ngpu >= 4 )); then
     thr 70b_offline256_tp4 "$m70" 4
 fi
 if [[ $steps == *dp* ]]; then
-    m1=$(model_dir ${DP_SHAPE:-llama-3.2-1b})
+    mdp=$(model_dir ${DP_SHAPE:-llama-3.2-1b})
     seed=0
     for dp in 1 2 4; do
         (( dp > ngpu )) && continue
-        "$pg/peregrine" serve --port 0 --model "$m1" --load-format dummy --data-parallel-size $dp > $logs/serve$dp.log 2>&1 & pid=$!
+        "$pg/peregrine" serve --port 0 --model "$mdp" --load-format dummy --data-parallel-size $dp > $logs/serve$dp.log 2>&1 & pid=$!
         url=$(wait_ready $logs/serve$dp.log)
         # Concurrency 256 (the issue's figure), then 256 a replica (scaling); the first run warms up.
         # One replica also at 128: what each replica of DP 2 at 256 carries (DP 2's ceiling).

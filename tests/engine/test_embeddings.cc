@@ -6,6 +6,10 @@
 
 #include <filesystem>
 #include <functional>
+#include <string>
+#include <system_error>
+
+#include <unistd.h>
 
 #include "engine/pooling.h"
 #include "model/sentence_transformers.h"
@@ -37,11 +41,24 @@ void PrintTo(const Case& c, std::ostream* os) {
     *os << c.name;
 }
 
-// The fixture model's files with the case's sentence-transformers files laid over them, under the
-// system's temporary folder, one folder a case (copies: the repository holds the weights once; not
-// the working directory, which is the source tree when the binary is run from there).
+// This process's scratch folder under the system's temporary folder, removed at exit: not the
+// working directory (the source tree when the binary is run from there), and one a process, since
+// ctest runs tests that share a case name as parallel processes.
+const fs::path& scratch_root() {
+    static const struct Root {
+        fs::path path = fs::temp_directory_path() / ("peregrine-test-embeddings-" + std::to_string(::getpid()));
+        ~Root() {
+            std::error_code ec;
+            fs::remove_all(path, ec);
+        }
+    } root;
+    return root.path;
+}
+
+// The fixture model's files with the case's sentence-transformers files laid over them (copies:
+// the repository holds the weights once).
 std::string build_case_folder(const std::string& name, const std::string& model) {
-    const fs::path dir = fs::temp_directory_path() / "peregrine-test-embeddings" / name;
+    const fs::path dir = scratch_root() / name;
     fs::remove_all(dir);
     fs::create_directories(dir);
     for (const auto& e : fs::directory_iterator(fs::path(data_dir()) / model))
