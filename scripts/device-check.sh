@@ -114,16 +114,18 @@ if want bench8b; then
 fi
 if want profile; then
     # Per-kernel time and DRAM bytes of eager decode steps (the graph holds the same kernels),
-    # after load, profiling and prefill. PG_PROFILE_MODEL picks the shape (default the 1B).
+    # after load, profiling and prefill. PG_PROFILE_MODEL picks the shape (default the 1B),
+    # PG_PROFILE_ARGS adds flags (e.g. "--quantization fp8"; the outputs get a tag from them).
     pm=${PG_PROFILE_MODEL:-llama-3.2-1b}
+    tag=$pm$(tr -c 'A-Za-z0-9\n' '_' <<< "${PG_PROFILE_ARGS:-}")
     m=$(model_dir "$pm")
     count=$([[ $pm == llama-3.2-1b ]] && echo 460 || echo 660)  # about 4 (1B) or 2 (8B) steps
     ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \
         --launch-skip 1500 --launch-count "$count" \
         "$pg/peregrine" bench latency --model "$m" --load-format dummy --warmup 0 --iters 1 --output-len 60 \
-        --enforce-eager > "$out/ncu-$pm.csv" 2> "$out/ncu-$pm.err"
-    python3 scripts/ncu-summary.py "$out/ncu-$pm.csv" "$([[ $pm == llama-3.2-1b ]] && echo 4 || echo 2)" |
-        tee "$out/ncu-summary-$pm.txt"
+        --enforce-eager ${PG_PROFILE_ARGS:-} > "$out/ncu-$tag.csv" 2> "$out/ncu-$tag.err"
+    python3 scripts/ncu-summary.py "$out/ncu-$tag.csv" "$([[ $pm == llama-3.2-1b ]] && echo 4 || echo 2)" |
+        tee "$out/ncu-summary-$tag.txt"
 fi
 if want serve; then
     m=$(model_dir llama-3.2-1b)

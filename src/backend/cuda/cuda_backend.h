@@ -40,6 +40,10 @@ struct CudaOptions {
     // a matrix larger than it (the 8B's 128k-row head: 1 GiB as bf16) is multiplied in row
     // chunks that fit, so the KV pool keeps the difference.
     int64_t gguf_scratch_elements = int64_t{128} << 20;
+    // GGUF products of more rows than this dequantize into that buffer for cuBLASLt; up to it
+    // they run on gguf_gemm (tensor cores, the codes unpacked in registers). -1: the default,
+    // or PEREGRINE_GGUF_GEMM_MAX_ROWS (0: every product past the decode kernels dequantizes).
+    int gguf_gemm_max_rows = -1;
 };
 
 // Whether a CUDA device is present (never throws).

@@ -1,7 +1,7 @@
 // GGUF layer matrices on the GPU: repacked at placement into the device layouts of
 // core/gpu_quant.h (16-byte chunks of codes, f16 factors per block), read by the decode
-// products in registers; products of up to 64 rows by gguf_gemm (tensor cores, the codes
-// unpacked in registers), larger ones dequantize the matrix to bf16 for cuBLASLt.
+// products in registers; larger products by gguf_gemm (tensor cores, the codes unpacked in
+// registers), or past CudaOptions::gguf_gemm_max_rows the matrix dequantized to bf16 for cuBLASLt.
 #include "backend/cuda/cuda_gguf.h"
 
 #include <cuda_runtime.h>
@@ -112,23 +112,30 @@ Tensor CudaBackend::place_layer_matrix(const std::vector<Tensor>& parts, bool pr
 }
 
 namespace {
-// PEREGRINE_GGUF_GEMM=0: every GGUF product past the decode kernels dequantizes (for comparisons).
-bool gguf_gemm_enabled() {
-    static const bool on = !env_equals("PEREGRINE_GGUF_GEMM", "0");
-    return on;
+// The most rows gguf_gemm takes by default; more dequantize for cuBLASLt (H200: gguf_gemm at 64
+// rows 1.3-1.9x faster than dequantize + cuBLASLt, at 128 0.6-0.9x; docs/PERFORMANCE.md).
+constexpr int kGgufGemmDefaultMaxRows = cuda::kGgufGemmMaxRows;
+
+int gguf_gemm_max_rows(int option) {
+    if (option >= 0) return option;
+    static const int env = [] {
+        const int v = env_int("PEREGRINE_GGUF_GEMM_MAX_ROWS", -1);
+        return v >= 0 ? v : env_equals("PEREGRINE_GGUF_GEMM", "0") ? 0 : kGgufGemmDefaultMaxRows;
+    }();
+    return env;
 }
 }  // namespace
 
 void CudaBackend::gguf_matmul(const Tensor& x, const Tensor& w, const Tensor& out, float beta, const Tensor& tune) {
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
     PG_CHECK(out.dtype == DType::F32 || out.dtype == DType::BF16, "GGUF product into ", dtype_name(out.dtype));
-    // Its f32 partial sums live in the dequantize buffer, which this path leaves unused.
-    const size_t partial_elems = static_cast<size_t>(gguf_scratch_.numel()) / 2;
     const cuda::GemvWeight gw = gguf_gemv_weight(w);
-    if (gguf_gemm_enabled() && cuda::gguf_gemm_supported(gw, static_cast<int>(n), static_cast<int>(m),
-                                                         static_cast<int>(k), x.data, partial_elems)) {
+    if (n <= gguf_gemm_max_rows(options_.gguf_gemm_max_rows) &&
+        cuda::gguf_gemm_supported(gw, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), x.data)) {
+        // Its f32 partial sums (split k, few CTAs) live in the dequantize buffer, unused here.
         cuda::gguf_gemm(x.ptr<cuda::bf16_t>(), gw, out.data, out.dtype == DType::F32, beta, static_cast<int>(n),
-                        static_cast<int>(m), static_cast<int>(k), gguf_scratch_.ptr<float>(), partial_elems, stream_);
+                        static_cast<int>(m), static_cast<int>(k), gguf_scratch_.ptr<float>(),
+                        static_cast<size_t>(gguf_scratch_.numel()) / 2, stream_);
         return;
     }
     // Rows a pass: all of them, or as many whole rows as the buffer holds (a multiple of 128,

@@ -655,13 +655,26 @@ void launch_persistent_scaled(const Args& a, cudaStream_t stream) {
 // one short CTA per row pair, as gemv_kernel runs it, does a chunk a thread between its
 // prologue (x, the norm) and its reduction. Here x is staged once a CTA and row blocks are
 // streamed, each thread keeping about 8 chunks in flight: R rows x D chunks by the row's chunks.
+// Plain products (the LM head; a tensor-parallel rank's o / down) too: gemv_kernel quantizes x
+// again for every chunk of every row pair of the 4- and 6-bit layouts (~5 instructions a value),
+// here once a CTA. H200, CudaGemvPerf.GgufLayoutsReport, n 1, 128256 x 4096 (the 8B head): gq6_32
+// 185.4 -> 107.3 us, gq4_32 154.7 -> 78.1 us; 8B batch-1 decode (2026-11-29, three rounds) Q4_K_M
+// (Q6_K head) 486.2-486.3 -> 517.2-517.7 tok/s, Q8_0 (int8 layouts, Q8_0 head) 362.6-363.2 ->
+// 367.2-367.4. PEREGRINE_GGUF_GEMV_PLAIN=blocks keeps plain products on gemv_kernel (measurement
+// knob).
+bool gguf_plain_persistent() {
+    static const bool on = !env_equals("PEREGRINE_GGUF_GEMV_PLAIN", "blocks");
+    return on;
+}
+
 template <int N, int EPI, bool NORM, int W>
 bool launch_persistent_gguf(const Args& a, cudaStream_t stream) {
-    if constexpr (!(NORM || EPI == kAdd) || W <= kF8) {
+    if constexpr (!(NORM || EPI == kAdd || EPI == kPlain) || W <= kF8) {
         return false;
     } else {
         const int k = a.k, chunks = k / (8 * WeightChunk<W>::kPieces);
         if (!gguf_persistent() || g_rows > 0 || static_cast<size_t>(N) * k * (NORM ? 4 : 2) > kMaxStagedX) return false;
+        if (EPI == kPlain && !NORM && !gguf_plain_persistent()) return false;
         if (chunks <= kThreads)
             launch_persistent<N, 8, 1, EPI, NORM, W>(a, stream);
         else if (chunks <= 2 * kThreads)

@@ -1,8 +1,9 @@
-// gguf_gemm (gguf_gemm.h): GGUF-layout products of up to 64 rows on mma.sync m16n8k16.
+// gguf_gemm (gguf_gemm.h): GGUF-layout products on mma.sync m16n8k16.
 //
 // The weight is the MMA's A operand (16 weight rows x 16 values of k), x its B operand (16
 // values x 8 tokens), so a warp's accumulators are 16 weight rows x 8 tokens a tile. A CTA of 8
-// warps takes 128 weight rows (a tile a warp) and a range of k in blocks of 128 values, each
+// warps takes 128 weight rows (a tile a warp) and up to 64 tokens (grid z: the token tiles of a
+// larger product), over a range of k in blocks of 128 values, each
 // block's codes and factors of those rows and x's block brought into a shared-memory stage by
 // cp.async (several stages in flight). In a block, lane (g, q) of a warp (lane = 4 g + q) reads
 // values [32 q, 32 q + 32) of rows g and g + 8 of each tile (one or two 16-byte chunks of codes).
@@ -11,8 +12,11 @@
 // own 32 (step s = 0..7): a lane builds its A fragments from the values it unpacked, with no
 // exchange between lanes, and reads the matching 4 values of x for each token. Values are
 // unpacked with the decode kernels' WeightChunk and rounded to bf16 as dequantize_weight rounds
-// them. H200 figures and where the time goes: docs/PERFORMANCE.md, "GGUF products of 5-64 rows
-// on tensor cores".
+// them. Up to 64 tokens (batched decode) the weight streams once; past 64 every token tile
+// unpacks it again: 110-210 TF/s on an H200 against 400-770 for cuBLASLt on the matrix
+// dequantized, so the backend takes this kernel only up to 64 rows by default
+// (CudaOptions::gguf_gemm_max_rows). H200 figures and where the time goes: docs/PERFORMANCE.md,
+// "GGUF products of 5-64 rows on tensor cores" and "Prefill-sized GGUF products".
 #include "backend/cuda/gguf_gemm.h"
 
 #include <algorithm>
@@ -134,8 +138,9 @@ __device__ __forceinline__ void store_out(void* out, bool out_f32, int64_t i, fl
     }
 }
 
-// NT 8-token tiles (n <= 8 NT). Grid: (row blocks of 128, splits of k); blocks_per_split blocks
-// of k a CTA. One split: out gets the epilogue (beta, dtype) here; several: partials [split][n][m].
+// NT 8-token tiles (8 NT tokens a CTA). Grid: (row blocks of 128, splits of k, token tiles);
+// blocks_per_split blocks of k a CTA. One split: out gets the epilogue (beta, dtype) here;
+// several: partials [split][n][m].
 // Blocks of weight and x stream through kStages shared-memory stages by cp.async, so a CTA keeps
 // kStages - 1 blocks (~10-35 KB) in flight while it multiplies one.
 template <int W, int NT>
@@ -151,6 +156,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int cta_row0 = static_cast<int>(blockIdx.x) * kRowsPerCta;
     const int kb0 = static_cast<int>(blockIdx.y) * blocks_per_split;
     const int kb1 = min(kb0 + blocks_per_split, k / kBlockK);
+    const int t0 = static_cast<int>(blockIdx.z) * 8 * NT;  // the CTA's first token
+    const int nt = min(8 * NT, n - t0);                    // and its tokens
     auto stage_at = [&](int s) { return smem + s * kStageBytes<W, NT>; };
 
     // Block kb of the CTA's rows (zeros past m) into stage s: each segment's rows in 16-byte
@@ -173,13 +180,13 @@ __global__ void __launch_bounds__(kThreads, 2)
             region += kRowsPerCta * bytes;
         }
     };
-    // Block kb of x (tokens past n as zeros) into stage s.
+    // Block kb of the tile's x (tokens past nt as zeros) into stage s.
     auto stage_x = [&](int kb, int s) {
-        const auto* x = static_cast<const bf16_t*>(a.x);
+        const auto* x = static_cast<const bf16_t*>(a.x) + static_cast<int64_t>(t0) * k;
         const uint32_t base = smem_addr(stage_at(s) + kRowsPerCta * kRowBlockBytes<W>);
         for (int i = threadIdx.x; i < NT * 8 * kUnits; i += kThreads) {
             const int t = i / kUnits, u = i % kUnits;
-            const bool in = t < n;
+            const bool in = t < nt;
             const bf16_t* src = in ? x + static_cast<int64_t>(t) * k + kb * kBlockK + 8 * u : x;
             cp_async16(base + 16 * (t * kUnits + x_slot(t, u)), src, in ? 16 : 0);
         }
@@ -262,8 +269,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int row = row0 + 16 * t + g + 8 * (e >> 1), tok = 8 * j + 2 * q + (e & 1);
-                if (row >= m || tok >= n) continue;
-                const int64_t i = static_cast<int64_t>(tok) * m + row;
+                if (row >= m || tok >= nt) continue;
+                const int64_t i = static_cast<int64_t>(t0 + tok) * m + row;
                 if (split)
                     part[i] = acc[t][j][e];
                 else
@@ -321,27 +328,28 @@ void set_gguf_gemm_ctas_per_sm(int ctas) {
     g_ctas_per_sm = ctas;
 }
 
-bool gguf_gemm_supported(GemvWeight w, int n, int m, int k, const void* x, size_t partial_elems) {
-    return w.kind > GemvWeight::kF8 && w.factors != nullptr && n >= 1 && n <= kGgufGemmMaxRows && m >= 1 &&
-           k >= kBlockK && k % kBlockK == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-           static_cast<size_t>(n) * static_cast<size_t>(m) <= partial_elems;
+bool gguf_gemm_supported(GemvWeight w, int n, int m, int k, const void* x) {
+    return w.kind > GemvWeight::kF8 && w.factors != nullptr && n >= 1 && m >= 1 && k >= kBlockK && k % kBlockK == 0 &&
+           reinterpret_cast<uintptr_t>(x) % 16 == 0;
 }
 
 void gguf_gemm(const bf16_t* x, GemvWeight w, void* out, bool out_f32, float beta, int n, int m, int k, float* partials,
                size_t partial_elems, cudaStream_t stream) {
-    if (!gguf_gemm_supported(w, n, m, k, x, partial_elems))
-        fail("gguf_gemm: unsupported product n ", n, " m ", m, " k ", k, " (", partial_elems, " partial floats)");
+    if (!gguf_gemm_supported(w, n, m, k, x)) fail("gguf_gemm: unsupported product n ", n, " m ", m, " k ", k);
     const Args a{x, nullptr, 0.0f, w.data, nullptr, w.factors, out, out_f32, m, k};
     // Split k until the grid has about ctas_per_sm CTAs an SM, keeping each range at least
-    // kMinBlocksPerSplit blocks long and the partials within their buffer.
+    // kMinBlocksPerSplit blocks long and the partials within their buffer (none: one split).
     const int row_blocks = (m + kRowsPerCta - 1) / kRowsPerCta, blocks = k / kBlockK;
+    const int token_tiles = (n + kGgufGemmMaxRows - 1) / kGgufGemmMaxRows;
+    const int64_t ctas = static_cast<int64_t>(row_blocks) * token_tiles;
     const int64_t target = static_cast<int64_t>(ctas_per_sm()) * sm_count();
-    int64_t splits =
-        std::clamp<int64_t>((target + row_blocks - 1) / row_blocks, 1, std::max(1, blocks / kMinBlocksPerSplit));
-    splits = std::min<int64_t>(splits, static_cast<int64_t>(partial_elems / (static_cast<size_t>(n) * m)));
+    int64_t splits = std::clamp<int64_t>((target + ctas - 1) / ctas, 1, std::max(1, blocks / kMinBlocksPerSplit));
+    splits = std::clamp<int64_t>(static_cast<int64_t>(partial_elems / (static_cast<size_t>(n) * m)), 1, splits);
+    if (partials == nullptr) splits = 1;
     const int per = static_cast<int>((blocks + splits - 1) / splits);
     splits = (blocks + per - 1) / per;
-    const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits));
+    const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits),
+                    static_cast<unsigned>(token_tiles));
     switch (w.kind) {
         case GemvWeight::kI8B32:
             launch_kind<GemvWeight::kI8B32>(a, n, grid, per, beta, partials, stream);

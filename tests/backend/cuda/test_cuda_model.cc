@@ -123,7 +123,7 @@ TEST(GpuGolden, FixturesWithinBf16Tolerance) {
     EXPECT_GE(agree, 0.99);
 }
 
-// A dequantize buffer smaller than the largest GGUF matrix: larger products run in row chunks
+// A dequantize buffer smaller than the largest GGUF matrix: dequantized products run in row chunks
 // (each filling its column band of the output); the logits of every quant-tiny prompt stay those
 // of the whole-matrix products (same values a pass, cuBLASLt may sum in another order).
 TEST(GpuGolden, GgufProductsInRowChunks) {
@@ -136,6 +136,7 @@ TEST(GpuGolden, GgufProductsInRowChunks) {
         GpuModel whole(base + ".gguf");
         CudaOptions o;
         o.gguf_scratch_elements = 200 * 256;
+        o.gguf_gemm_max_rows = 0;  // every product past the decode kernels dequantizes
         TestModel chunked(base + ".gguf", std::make_unique<CudaBackend>(o));
         const int64_t k = chunked.loaded->config.hidden_size;
         const int64_t head = static_cast<int64_t>(chunked.vocab()) * k;
@@ -146,6 +147,36 @@ TEST(GpuGolden, GgufProductsInRowChunks) {
         std::printf("gguf %s in row chunks: mean KL %.3g, max |dlogit| %.3g\n", t, s.mean_kl, s.max_abs_diff);
         EXPECT_EQ(s.argmax_mismatches, 0u);
         EXPECT_LE(s.max_abs_diff, 1e-2);
+    }
+}
+
+// Prompts past 64 tokens with gguf_gemm taking every product (token tiles of 64;
+// CudaOptions::gguf_gemm_max_rows) give the logits of the default path past 64 rows (the matrix
+// dequantized to bf16, then cuBLASLt): the same values rounded the same way, summed in another
+// order. The golden prompt three times (192 tokens) in one step, and in chunks of 100.
+TEST(GpuGolden, GgufTokenTilesMatchDequantized) {
+    SKIP_WITHOUT_GPU();
+    for (const char* t : {"q8_0", "q6_k", "q4_k", "q4_0"}) {
+        SCOPED_TRACE(t);
+        const std::string base = data_dir() + "/quant-tiny/qt-" + t;
+        const std::vector<int32_t> once =
+            read_json_file(base + ".golden.json")["prompt_ids"].get<std::vector<int32_t>>();
+        std::vector<int32_t> prompt;
+        for (int r = 0; r < 3; ++r) prompt.insert(prompt.end(), once.begin(), once.end());
+        CudaOptions o;
+        o.gguf_gemm_max_rows = 0;
+        TestModel dequantized(base + ".gguf", std::make_unique<CudaBackend>(o));
+        const std::vector<float> want = dequantized.all_logits(prompt);
+        o.gguf_gemm_max_rows = 1 << 20;
+        TestModel tiled(base + ".gguf", std::make_unique<CudaBackend>(o));
+        for (int chunk : {0, 100}) {
+            const std::vector<float> got = tiled.all_logits(prompt, chunk);
+            const LogitStats s = compare_logits(want, got, tiled.vocab());
+            std::printf("gguf %s token tiles (chunk %d): mean KL %.3g, max |dlogit| %.3g\n", t, chunk, s.mean_kl,
+                        s.max_abs_diff);
+            EXPECT_EQ(s.argmax_mismatches, 0u) << "chunk " << chunk;
+            EXPECT_LE(s.max_abs_diff, 1e-2) << "chunk " << chunk;
+        }
     }
 }
 

@@ -1,12 +1,17 @@
-// gguf_gemm (tensor-core products of up to 64 rows with GGUF device-layout weights) against a
-// double-precision product of the layout's values rounded to bf16 (what dequantize_weight feeds
-// cuBLASLt), every layout, row and token tails, split and unsplit k, f32 / bf16 out, beta 0 / 1.
+// gguf_gemm (tensor-core products with GGUF device-layout weights) against a double-precision
+// product of the layout's values rounded to bf16 (what dequantize_weight feeds cuBLASLt), every
+// layout, row and token tails, one and several token tiles, split and unsplit k (and no partials
+// buffer), f32 / bf16 out, beta 0 / 1.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_gguf.h"
 #include "backend/cuda/gguf_gemm.h"
 #include "core/gpu_quant.h"
@@ -63,7 +68,7 @@ TEST(CudaGgufGemm, MatchesReferenceEveryLayout) {
             repack_rows(src, 0, m, codes.data(), codes.data() + static_cast<size_t>(m) * cb, cs.layout);
             DeviceBuffer<uint8_t> dcodes(codes);
             const cuda::GemvWeight w = gguf_gemv_weight(Tensor(dcodes.get(), cs.layout, {m, k}, Device::CUDA));
-            for (int n : {1, 9, 16, 33, 64}) {
+            for (int n : {1, 9, 16, 33, 64, 100, 200}) {
                 SCOPED_TRACE(::testing::Message() << dtype_name(cs.type) << " as " << dtype_name(cs.layout) << " n "
                                                   << n << " m " << m << " k " << k);
                 const std::vector<uint16_t> x =
@@ -83,6 +88,12 @@ TEST(CudaGgufGemm, MatchesReferenceEveryLayout) {
                     runs.push_back(out.download());
                 }
                 cuda::set_gguf_gemm_ctas_per_sm(0);
+                {  // no partials buffer: k unsplit
+                    DeviceBuffer<float> out(count);
+                    out.fill_bytes(0xff);
+                    cuda::gguf_gemm(dx.get(), w, out.get(), true, 0.0f, n, m, k, nullptr, 0, nullptr);
+                    runs.push_back(out.download());
+                }
                 EXPECT_TRUE(runs[1] == runs[2]) << "the same launch gave different bits";
                 for (const auto& got : runs) {
                     int bad = 0;
@@ -118,12 +129,70 @@ TEST(CudaGgufGemm, RefusesWhatItCannotTake) {
     const cuda::GemvWeight q4(cuda::GemvWeight::kU4, reinterpret_cast<const void*>(256),
                               reinterpret_cast<const void*>(512));
     const void* x = reinterpret_cast<const void*>(4096);
-    EXPECT_TRUE(cuda::gguf_gemm_supported(q4, 64, 100, 256, x, 6400));
-    EXPECT_FALSE(cuda::gguf_gemm_supported(bf16, 16, 100, 256, x, 6400));   // not a GGUF layout
-    EXPECT_FALSE(cuda::gguf_gemm_supported(q4, 65, 100, 256, x, 1 << 20));  // too many rows
-    EXPECT_FALSE(cuda::gguf_gemm_supported(q4, 16, 100, 192, x, 1 << 20));  // k not whole blocks
-    EXPECT_FALSE(cuda::gguf_gemm_supported(q4, 16, 100, 256, static_cast<const char*>(x) + 2, 1 << 20));
-    EXPECT_FALSE(cuda::gguf_gemm_supported(q4, 64, 100, 256, x, 6399));  // partials do not fit
+    EXPECT_TRUE(cuda::gguf_gemm_supported(q4, 64, 100, 256, x));
+    EXPECT_TRUE(cuda::gguf_gemm_supported(q4, 8192, 100, 256, x));
+    EXPECT_FALSE(cuda::gguf_gemm_supported(bf16, 16, 100, 256, x));  // not a GGUF layout
+    EXPECT_FALSE(cuda::gguf_gemm_supported(q4, 0, 100, 256, x));     // no rows
+    EXPECT_FALSE(cuda::gguf_gemm_supported(q4, 16, 100, 192, x));    // k not whole blocks
+    EXPECT_FALSE(cuda::gguf_gemm_supported(q4, 16, 100, 256, static_cast<const char*>(x) + 2));
+}
+
+// Prefill-sized GGUF products on the 8B shapes: gguf_gemm's token tiles against the backend's
+// path past 64 rows, the matrix dequantized to bf16 then cuBLASLt (each timed alone and summed).
+// Random codes and finite random f16 factors; one weight copy (prefill products are bound by
+// arithmetic, not by the weight's bytes). TFLOP/s counts 2 n m k.
+TEST(CudaGgufGemmPerf, PrefillReport) {
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+    if (!std::getenv("PG_GEMV_PERF")) GTEST_SKIP() << "a measurement: PG_GEMV_PERF=1 runs it (~1 min)";
+    CudaBackend b;
+    const std::pair<int, int> shapes[] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+    DeviceBuffer<float> partials(size_t{1} << 23);
+    auto time_us = [&](auto&& launch) {
+        for (int r = 0; r < 2; ++r) launch();
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        constexpr int kReps = 10;
+        cudaEventRecord(e0, b.stream());
+        for (int r = 0; r < kReps; ++r) launch();
+        cudaEventRecord(e1, b.stream());
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+        return 1e3 * ms / kReps;
+    };
+    for (DType layout : {DType::GQ4_32, DType::GQ6_32, DType::GQ8_32}) {
+        for (auto [m, k] : shapes) {
+            const size_t bytes = static_cast<size_t>(m) * dtype_row_bytes(layout, k);
+            Tensor raw = b.allocate(DType::BF16, {static_cast<int64_t>((bytes + 1) / 2)});
+            b.fill_random(raw, 11, -0.05f, 0.05f);  // as f16 bits: finite, |v| < 2
+            const cuda::GemvWeight w = gguf_gemv_weight(Tensor(raw.data, layout, {m, k}, Device::CUDA));
+            Tensor wb = b.allocate(DType::BF16, {m, k});
+            for (int n : {64, 128, 256, 512, 1024, 2048, 8192}) {
+                Tensor x = b.allocate(DType::BF16, {n, k}), out = b.allocate(DType::F32, {n, m});
+                b.fill_random(x, 3, -1.0f, 1.0f);
+                const double us = time_us([&] {
+                    cuda::gguf_gemm(x.ptr<cuda::bf16_t>(), w, out.data, true, 0.0f, n, m, k, partials.get(),
+                                    partials.size(), b.stream());
+                });
+                const double deq =
+                    time_us([&] { cuda::dequantize_weight(w, wb.ptr<cuda::bf16_t>(), m, k, b.stream()); });
+                const double lt = time_us([&] { b.matmul(x, wb, Tensor(), out); });
+                const double flop = 2.0 * n * m * k;
+                std::printf(
+                    "gguf_gemm %s m %5d k %5d n %4d: %8.1f us (%5.1f TF/s)  dequantize %6.1f + cuBLASLt %7.1f us "
+                    "(%5.1f TF/s)  gguf_gemm / dequantized speed %.2f\n",
+                    std::string(dtype_name(layout)).c_str(), m, k, n, us, flop / us / 1e6, deq, lt,
+                    flop / (deq + lt) / 1e6, (deq + lt) / us);
+                b.release(x);
+                b.release(out);
+            }
+            b.release(raw);
+            b.release(wb);
+        }
+    }
 }
 
 }  // namespace
