@@ -54,9 +54,9 @@ model_dir() {  # a dummy-weight model folder: bench/models/NAME/config.json + it
     fi
     echo "$d"
 }
-run_bench() {  # name, then peregrine arguments
+run_bench() {  # name, then peregrine arguments (PG_BIN: another binary of the bundle, e.g. a build before a change)
     local name=$1; shift
-    "$pg/peregrine" bench "$@" --load-format dummy > "$out/$name.log" 2>&1
+    "$pg/${PG_BIN:-peregrine}" bench "$@" --load-format dummy > "$out/$name.log" 2>&1
     local rc=$?
     local line
     line=$(grep -E '^(throughput|latency) \(best' "$out/$name.log" | tail -1)
@@ -89,7 +89,7 @@ if want fp8; then  # --quantization fp8 beside bf16 (issue #23): decode, offline
         m=$(model_dir "$shape")
         tag=${shape#llama-}
         for q in none fp8; do
-            run_bench "${tag}_decode_b1_$q" latency --model "$m" --batch-size 1 --input-len 128 --output-len 128 \
+            run_bench "${tag}_decode_b1_$q${PG_TAG:-}" latency --model "$m" --batch-size 1 --input-len 128 --output-len 128 \
                 --quantization $q
             [[ -n ${FP8_DECODE_ONLY:-} ]] && continue
             run_bench "${tag}_offline_256_$q" throughput --model "$m" --num-prompts 256 --input-len 128 \
@@ -124,7 +124,7 @@ if want profile; then
         --launch-skip 1500 --launch-count "$count" \
         "$pg/peregrine" bench latency --model "$m" --load-format dummy --warmup 0 --iters 1 --output-len 60 \
         --enforce-eager ${PG_PROFILE_ARGS:-} > "$out/ncu-$tag.csv" 2> "$out/ncu-$tag.err"
-    python3 scripts/ncu-summary.py "$out/ncu-$tag.csv" "$([[ $pm == llama-3.2-1b ]] && echo 4 || echo 2)" |
+    python3 scripts/ncu-summary.py "$out/ncu-$tag.csv" auto |
         tee "$out/ncu-summary-$tag.txt"
 fi
 if want serve; then

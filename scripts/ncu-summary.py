@@ -3,7 +3,7 @@
 kernel name and grid size, so the products of one decode step show apart (q|k|v, o, gate|up,
 down and the LM head have different grids).
 
-usage: ncu-summary.py NCU.csv [STEPS]   (STEPS: divide totals by this many model steps)
+usage: ncu-summary.py NCU.csv [STEPS]   (STEPS: divide totals by this many model steps, or "auto")
 """
 import csv, sys, collections
 
@@ -29,7 +29,13 @@ for d in per_launch.values():
     tot[k] += d.get("gpu__time_duration.sum", 0.0)
     byts[k] += d.get("dram__bytes_read.sum", 0.0) + d.get("dram__bytes_write.sum", 0.0)
     cnt[k] += 1
-steps = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
+# STEPS "auto": the launches of the embedding gather, one a decode step (the window's edges may
+# cut a step, so per-step figures are within one step's worth).
+if len(sys.argv) > 2 and sys.argv[2] == "auto":
+    steps = float(sum(c for k, c in cnt.items() if "embedding" in k[0])) or 1.0
+    print(f"steps in the window (embedding launches): {steps:.0f}")
+else:
+    steps = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
 all_ns = sum(tot.values())
 print(f"{'kernel':60s} {'grid':>16s} {'calls':>6s} {'us/call':>8s} {'us/step':>8s} {'share':>6s} {'MB/call':>8s} {'TB/s':>5s}")
 for k, ns in tot.most_common(30):
