@@ -6,7 +6,7 @@
 #          (Llama-3.1-8B and 3.2-1B shapes, q4_k_m and q8_0, Llama 3 vocabulary)
 #   tests  the GGUF kernel tests and the golden fixtures on the GPU (GPU_FILTER overrides)
 #   bench  `peregrine bench latency --batch-size 1` (128 in / 128 out, best of 3) on each GGUF
-#          under each GGUF_GEMV policy (default "blocks persistent") and Q6K layout (default int8), then llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 2 on the same files
+#          under each GGUF_GEMV policy (default "blocks persistent") and Q6K layout (default 6bit, the engine's), then llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 2 on the same files
 #   batched offline throughput (256 x 128 in / 128 out) and prefill (64 x 512 in, 8192-token
 #          steps) of each GGUF kept quantized and with --dequantize-gguf, same call
 #   ab     batch-1 decode under each environment setting of AB (e.g. AB="PEREGRINE_X=0
@@ -72,8 +72,8 @@ if [[ $steps == *bench* ]]; then
         stamp "ours $s bf16 (dummy): rc $? $(grep -E '^latency \(best' $logs/pg-$s-bf16.log)"
     done
     # GGUF_GEMV="blocks persistent": the decode products' launch policies (PEREGRINE_GGUF_GEMV), each run.
-    # Q6K="int8 6bit": Q6_K's device layout (PEREGRINE_Q6K_LAYOUT), each run; default int8 only.
-    for s in $shapes; do for t in $types; do for g in ${GGUF_GEMV:-blocks persistent}; do for q in ${Q6K:-int8}; do
+    # Q6K="int8 6bit": Q6_K's device layout (PEREGRINE_Q6K_LAYOUT), each run; default 6bit only (the engine's default since session 17).
+    for s in $shapes; do for t in $types; do for g in ${GGUF_GEMV:-blocks persistent}; do for q in ${Q6K:-6bit}; do
         f=/tmp/lcg/$s-$t.gguf
         PEREGRINE_GGUF_GEMV=$g PEREGRINE_Q6K_LAYOUT=$q timeout 300 "$pg/peregrine" bench latency --model $f --batch-size 1 \
             --input-len 128 --output-len 128 > $logs/pg-$s-$t-$g-$q.log 2>&1

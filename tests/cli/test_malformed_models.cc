@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "core/cpu_features.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -18,9 +20,9 @@ struct RunResult {
     std::string output;
 };
 
-RunResult run_binary(const std::string& args) {
+RunResult run_binary(const std::string& args, const std::string& env = "") {
     // From / so that nothing relative to the source tree or the build folder helps.
-    const std::string cmd = "cd / && " + std::string(PG_BINARY) + " " + args + " 2>&1";
+    const std::string cmd = "cd / && " + env + " " + std::string(PG_BINARY) + " " + args + " 2>&1";
     FILE* p = ::popen(cmd.c_str(), "r");
     std::string out;
     char buf[4096];
@@ -179,6 +181,21 @@ TEST(Cli, VersionListsBackends) {
     EXPECT_EQ(r.exit_code, 0);
     EXPECT_NE(r.output.find("peregrine 0."), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("backends: cpu"), std::string::npos) << r.output;
+    // The kernel set in use is this process's (same environment).
+    EXPECT_NE(r.output.find(std::string("in use: ") + peregrine::cpu_isa_name(peregrine::cpu_isa())), std::string::npos)
+        << r.output;
+}
+
+// PEREGRINE_ISA=avx2 on an AVX-512 machine: --version says the AVX2 kernels are in use, and
+// that the environment chose them, and no bf16 (AVX-512 kernels only).
+TEST(Cli, VersionShowsTheKernelsInUse) {
+    const peregrine::CpuFeatures& f = peregrine::cpu_features();
+    if (!f.avx512 || !f.avx2) GTEST_SKIP() << "needs a CPU with AVX-512";
+    const RunResult r = run_binary("--version", "PEREGRINE_ISA=avx2");
+    EXPECT_EQ(r.exit_code, 0);
+    EXPECT_NE(r.output.find("this machine: avx512"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("in use: avx2 (PEREGRINE_ISA)"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("--dtype bfloat16"), std::string::npos) << r.output;
 }
 
 TEST(Cli, GenerateJsonFromAnotherDirectory) {
