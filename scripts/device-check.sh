@@ -54,9 +54,9 @@ model_dir() {  # a dummy-weight model folder: bench/models/NAME/config.json + it
     fi
     echo "$d"
 }
-run_bench() {  # name, then peregrine arguments (PG_BIN: another binary of the bundle, e.g. a build before a change)
+run_bench() {  # name, then peregrine arguments
     local name=$1; shift
-    "$pg/${PG_BIN:-peregrine}" bench "$@" --load-format dummy > "$out/$name.log" 2>&1
+    "$pg/peregrine" bench "$@" --load-format dummy > "$out/$name.log" 2>&1
     local rc=$?
     local line
     line=$(grep -E '^(throughput|latency) \(best' "$out/$name.log" | tail -1)
@@ -89,7 +89,7 @@ if want fp8; then  # --quantization fp8 beside bf16 (issue #23): decode, offline
         m=$(model_dir "$shape")
         tag=${shape#llama-}
         for q in none fp8; do
-            run_bench "${tag}_decode_b1_$q${PG_TAG:-}" latency --model "$m" --batch-size 1 --input-len 128 --output-len 128 \
+            run_bench "${tag}_decode_b1_$q" latency --model "$m" --batch-size 1 --input-len 128 --output-len 128 \
                 --quantization $q
             [[ -n ${FP8_DECODE_ONLY:-} ]] && continue
             run_bench "${tag}_offline_256_$q" throughput --model "$m" --num-prompts 256 --input-len 128 \

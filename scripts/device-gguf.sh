@@ -9,8 +9,6 @@
 #          under each GGUF_GEMV policy (default "blocks persistent") and Q6K layout (default 6bit, the engine's), then llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 2 on the same files
 #   batched offline throughput (256 x 128 in / 128 out) and prefill (64 x 512 in, 8192-token
 #          steps) of each GGUF kept quantized and with --dequantize-gguf, same call
-#   ab     batch-1 decode under each environment setting of AB (e.g. AB="PEREGRINE_X=0
-#          PEREGRINE_X=1"), AB_ROUNDS rounds in turn (default 2)
 #   curve  decode tok/s over all sequences at BATCHES (default "1 2 4 8 16 32"), 128 in / 128
 #          out: ours (`bench latency --batch-size B`, best of 2) beside llama-batched-bench
 #          (-npp 128 -ntg 128 -npl B,..., -ngl 99 -fa 1: its S_TG t/s column) on the same files
@@ -106,18 +104,6 @@ if [[ $steps == *batched* ]]; then
             --num-prompts 64 --input-len 512 --output-len 1 --max-num-batched-tokens 8192 > $logs/pre-$s-$t-$mode.log 2>&1
         stamp "prefill $s $t $mode: rc $? $(grep -E '^throughput \(best' $logs/pre-$s-$t-$mode.log)"
     done; done; done
-fi
-if [[ $steps == *ab* ]]; then
-    # A/B of environment settings on decode at AB_BATCH sequences (default 1; 128 in / 128 out): AB="NAME=a NAME=b ..."
-    # (one setting a run, "-" for none), the list run AB_ROUNDS times (default 2) in turn, so
-    # drift over the call falls on every setting alike.
-    while [[ ! -f /tmp/lcg/gguf-done ]]; do sleep 3; done
-    for s in $shapes; do for t in $types; do for round in $(seq ${AB_ROUNDS:-2}); do for setting in ${AB:--}; do
-        f=/tmp/lcg/$s-$t.gguf tag=${setting//[^A-Za-z0-9_=-]/_}
-        env ${setting/#-/} timeout 200 "$pg/peregrine" bench latency --model $f --batch-size ${AB_BATCH:-1} --input-len 128 \
-            --output-len 128 --iters 2 > $logs/ab-$s-$t-$tag-$round.log 2>&1
-        stamp "ab $s $t [$setting] round $round: rc $? $(grep -E '^latency \(best' $logs/ab-$s-$t-$tag-$round.log | grep -oE 'decode [0-9.]+ tok/s')"
-    done; done; done; done
 fi
 if [[ $steps == *curve* ]]; then
     while [[ ! -f /tmp/lcg/gguf-done ]]; do sleep 3; done

@@ -112,8 +112,8 @@ Tensor CudaBackend::place_layer_matrix(const std::vector<Tensor>& parts, bool pr
 }
 
 namespace {
-// The most rows gguf_gemm takes by default; more dequantize for cuBLASLt (H200: gguf_gemm at 64
-// rows 1.3-1.9x faster than dequantize + cuBLASLt, at 128 0.6-0.9x; docs/PERFORMANCE.md).
+// The most rows gguf_gemm takes by default; more dequantize for cuBLASLt (H200, the 8B shapes: at 64
+// rows gguf_gemm is 1.19-1.90x as fast as dequantize + cuBLASLt, at 128 0.62-0.88x; PERFORMANCE.md).
 constexpr int kGgufGemmDefaultMaxRows = cuda::kGgufGemmMaxRows;
 
 int gguf_gemm_max_rows(int option) {
