@@ -119,7 +119,7 @@ if want profile; then
     pm=${PG_PROFILE_MODEL:-llama-3.2-1b}
     tag=$pm$(tr -c 'A-Za-z0-9\n' '_' <<< "${PG_PROFILE_ARGS:-}")
     m=$(model_dir "$pm")
-    count=$([[ $pm == llama-3.2-1b ]] && echo 460 || echo 660)  # about 4 (1B) or 2 (8B) steps
+    count=$([[ $pm == llama-3.2-1b ]] && echo 460 || echo 660)  # about 5 (1B) or 4 (8B) steps
     ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \
         --launch-skip 1500 --launch-count "$count" \
         "$pg/peregrine" bench latency --model "$m" --load-format dummy --warmup 0 --iters 1 --output-len 60 \

@@ -112,15 +112,14 @@ Tensor CudaBackend::place_layer_matrix(const std::vector<Tensor>& parts, bool pr
 }
 
 namespace {
-// The most rows gguf_gemm takes by default; more dequantize for cuBLASLt (H200, the 8B shapes: at 64
-// rows gguf_gemm is 1.19-1.90x as fast as dequantize + cuBLASLt, at 128 0.62-0.88x; PERFORMANCE.md).
-constexpr int kGgufGemmDefaultMaxRows = cuda::kGgufGemmMaxRows;
-
+// The most rows gguf_gemm takes: the option, PEREGRINE_GGUF_GEMM_MAX_ROWS, else one token tile
+// (more dequantize for cuBLASLt; H200, the 8B shapes: at 64 rows gguf_gemm is 1.19-1.90x as fast
+// as dequantize + cuBLASLt, at 128 0.62-0.88x; PERFORMANCE.md).
 int gguf_gemm_max_rows(int option) {
     if (option >= 0) return option;
     static const int env = [] {
         const int v = env_int("PEREGRINE_GGUF_GEMM_MAX_ROWS", -1);
-        return v >= 0 ? v : env_equals("PEREGRINE_GGUF_GEMM", "0") ? 0 : kGgufGemmDefaultMaxRows;
+        return v >= 0 ? v : env_equals("PEREGRINE_GGUF_GEMM", "0") ? 0 : cuda::kGgufGemmMaxRows;
     }();
     return env;
 }

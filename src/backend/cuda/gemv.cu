@@ -669,7 +669,7 @@ bool gguf_plain_persistent() {
 
 template <int N, int EPI, bool NORM, int W>
 bool launch_persistent_gguf(const Args& a, cudaStream_t stream) {
-    if constexpr (!(NORM || EPI == kAdd || EPI == kPlain) || W <= kF8) {
+    if constexpr ((EPI == kSilu && !NORM) || W <= kF8) {
         return false;
     } else {
         const int k = a.k, chunks = k / (8 * WeightChunk<W>::kPieces);

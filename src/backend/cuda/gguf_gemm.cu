@@ -5,8 +5,8 @@
 // warps takes 128 weight rows (a tile a warp) and up to 64 tokens (grid z: the token tiles of a
 // larger product), over a range of k in blocks of 128 values, each block's codes and factors of
 // those rows and x's block brought into a shared-memory stage by cp.async (several stages in
-// flight). In a block, lane (g, q) of a warp (lane = 4 g + q) reads
-// values [32 q, 32 q + 32) of rows g and g + 8 of each tile (one or two 16-byte chunks of codes).
+// flight). In a block, lane (g, q) of a warp (lane = 4 g + q) reads values [32 q, 32 q + 32) of
+// rows g and g + 8 of each tile (one or two 16-byte chunks of codes).
 // The sum over k does not depend on the order of k, only on A and B pairing the same values, so
 // the MMA's k slots {2q, 2q+1, 8+2q, 9+2q} of each step take values {4s .. 4s+3} of the lane's
 // own 32 (step s = 0..7): a lane builds its A fragments from the values it unpacked, with no
@@ -15,8 +15,9 @@
 // them. Up to 64 tokens (batched decode) the weight streams once; past 64 every token tile
 // unpacks it again, and the kernel stays at 100-210 TF/s on an H200 where cuBLASLt reaches
 // 700-770 on the matrix dequantized (from 512 rows), so the backend takes it only up to 64 rows
-// by default (CudaOptions::gguf_gemm_max_rows). H200 figures and where the time goes: docs/PERFORMANCE.md,
-// "GGUF products of 5-64 rows on tensor cores" and "Prefill-sized GGUF products".
+// by default (CudaOptions::gguf_gemm_max_rows). H200 figures and where the time goes:
+// docs/PERFORMANCE.md, "GGUF products of 5-64 rows on tensor cores" and "Prefill-sized GGUF
+// products".
 #include "backend/cuda/gguf_gemm.h"
 
 #include <algorithm>

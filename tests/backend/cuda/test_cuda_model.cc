@@ -123,16 +123,25 @@ TEST(GpuGolden, FixturesWithinBf16Tolerance) {
     EXPECT_GE(agree, 0.99);
 }
 
+// The quant-tiny GGUF types the GPU keeps quantized, a fixture's path without its extension, and
+// its golden prompt.
+constexpr const char* kKeptGgufTypes[] = {"q8_0", "q6_k", "q4_k", "q4_0"};
+std::string quant_tiny(const char* type) {
+    return data_dir() + "/quant-tiny/qt-" + type;
+}
+std::vector<int32_t> golden_prompt(const std::string& base) {
+    return read_json_file(base + ".golden.json")["prompt_ids"].get<std::vector<int32_t>>();
+}
+
 // A dequantize buffer smaller than the largest GGUF matrix: dequantized products run in row chunks
 // (each filling its column band of the output); the logits of every quant-tiny prompt stay those
 // of the whole-matrix products (same values a pass, cuBLASLt may sum in another order).
 TEST(GpuGolden, GgufProductsInRowChunks) {
     SKIP_WITHOUT_GPU();
-    for (const char* t : {"q8_0", "q6_k", "q4_k", "q4_0"}) {
+    for (const char* t : kKeptGgufTypes) {
         SCOPED_TRACE(t);
-        const std::string base = data_dir() + "/quant-tiny/qt-" + t;
-        const std::vector<int32_t> prompt =
-            read_json_file(base + ".golden.json")["prompt_ids"].get<std::vector<int32_t>>();
+        const std::string base = quant_tiny(t);
+        const std::vector<int32_t> prompt = golden_prompt(base);
         GpuModel whole(base + ".gguf");
         CudaOptions o;
         o.gguf_scratch_elements = 200 * 256;
@@ -156,11 +165,10 @@ TEST(GpuGolden, GgufProductsInRowChunks) {
 // order. The golden prompt three times (192 tokens) in one step, and in chunks of 100.
 TEST(GpuGolden, GgufTokenTilesMatchDequantized) {
     SKIP_WITHOUT_GPU();
-    for (const char* t : {"q8_0", "q6_k", "q4_k", "q4_0"}) {
+    for (const char* t : kKeptGgufTypes) {
         SCOPED_TRACE(t);
-        const std::string base = data_dir() + "/quant-tiny/qt-" + t;
-        const std::vector<int32_t> once =
-            read_json_file(base + ".golden.json")["prompt_ids"].get<std::vector<int32_t>>();
+        const std::string base = quant_tiny(t);
+        const std::vector<int32_t> once = golden_prompt(base);
         std::vector<int32_t> prompt;
         for (int r = 0; r < 3; ++r) prompt.insert(prompt.end(), once.begin(), once.end());
         CudaOptions o;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -147,21 +148,9 @@ TEST(CudaGgufGemmPerf, PrefillReport) {
     CudaBackend b;
     const std::pair<int, int> shapes[] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
     DeviceBuffer<float> partials(size_t{1} << 23);
-    auto time_us = [&](auto&& launch) {
-        for (int r = 0; r < 2; ++r) launch();
-        cudaEvent_t e0, e1;
-        cudaEventCreate(&e0);
-        cudaEventCreate(&e1);
-        constexpr int kReps = 10;
-        cudaEventRecord(e0, b.stream());
-        for (int r = 0; r < kReps; ++r) launch();
-        cudaEventRecord(e1, b.stream());
-        cudaEventSynchronize(e1);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        cudaEventDestroy(e0);
-        cudaEventDestroy(e1);
-        return 1e3 * ms / kReps;
+    // us a launch: 10 launches captured in a graph, replayed (the first call, outside, tunes).
+    auto time_us = [&](const std::function<void()>& launch) {
+        return cuda_test::graph_us_per_call(b.stream(), 10, launch);
     };
     for (DType layout : {DType::GQ4_32, DType::GQ6_32, DType::GQ8_32}) {
         for (auto [m, k] : shapes) {
