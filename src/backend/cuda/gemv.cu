@@ -19,7 +19,8 @@
 // Two kernels: gemv_kernel, one CTA per row block (thousands of short CTAs), and at n = 1 for
 // some bf16 / FP8 products gemv_persistent_kernel, one CTA per resident slot walking a range of
 // row blocks with x staged once in shared memory (launch_persistent_by_k says which, with the
-// numbers).
+// numbers). FP8 products go first to the tensor-core kernel of gemv_fp8_mma.cu, which takes every
+// one whose x it can stage (k a multiple of 64); these kernels run the rest.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -32,7 +33,9 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/gemv_fp8_mma.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/resident_ctas.cuh"
 #include "backend/cuda/weight_chunks.cuh"
 #include "core/env.h"
 
@@ -55,6 +58,8 @@ bool gguf_persistent() {
 }
 
 enum Epilogue { kPlain, kSilu, kAdd };
+static_assert(static_cast<int>(kPlain) == Fp8MmaProduct::kPlain && static_cast<int>(kSilu) == Fp8MmaProduct::kSilu &&
+              static_cast<int>(kAdd) == Fp8MmaProduct::kAdd);
 
 // Persistent kernel: weight bytes all its CTAs together prefetch to L2 before the wait. H100, 1B
 // decode with the o / down products persistent: 0 / 4 / 8 / 16 / 32 MB gave 940-945 / 944-946 /
@@ -579,20 +584,9 @@ void launch_rd(const Args& a, cudaStream_t stream) {
 // Resident CTAs per SM of one persistent instantiation (x in `smem` bytes), cached per device
 // with the smem it was computed for (an instantiation usually meets one k).
 template <int N, int R, int D, int EPI, bool NORM, int W>
-int resident_ctas(size_t smem) {
+int persistent_ctas(size_t smem) {
     static std::atomic<uint64_t> cached[64];
-    int dev = 0;
-    PG_CUDA_CHECK(cudaGetDevice(&dev));
-    std::atomic<uint64_t>& slot = cached[dev & 63];
-    const uint64_t c = slot.load(std::memory_order_relaxed);
-    if (c != 0 && (c >> 32) == smem) return static_cast<int>(c & 0xffffffffu);
-    auto kernel = gemv_persistent_kernel<N, R, D, EPI, NORM, W>;
-    PG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    int v = 0;
-    PG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kernel, kThreads, smem));
-    v = std::max(v, 1);
-    slot.store((static_cast<uint64_t>(smem) << 32) | static_cast<uint32_t>(v), std::memory_order_relaxed);
-    return v;
+    return resident_ctas(gemv_persistent_kernel<N, R, D, EPI, NORM, W>, kThreads, smem, cached);
 }
 
 template <int N, int R, int D, int EPI, bool NORM, int W>
@@ -601,7 +595,7 @@ void launch_persistent(const Args& a, cudaStream_t stream) {
     const size_t smem = kIntX<W> ? static_cast<size_t>(N) * (a.k / 32) * sizeof(XBlock)
                                  : static_cast<size_t>(N) * a.k * (NORM ? 4 : 2) +
                                        (kPieceSums<W, NORM> ? static_cast<size_t>(N) * (a.k / 8) * 4 : 0);
-    const int per_sm = resident_ctas<N, R, D, EPI, NORM, W>(smem);
+    const int per_sm = persistent_ctas<N, R, D, EPI, NORM, W>(smem);
     // Every CTA the same number of units, whole row blocks (the last CTA fewer): a CTA with one
     // more unit than the rest would set the kernel's end.
     constexpr int U = EPI == kSilu ? R / 2 : R;
@@ -747,6 +741,11 @@ bool launch_persistent_by_k(const Args& a, cudaStream_t stream) {
 // at once, longer rows one row with deeper groups. set_gemv_config overrides it.
 template <int N, int EPI, bool NORM, int W>
 void launch(const Args& a, cudaStream_t stream) {
+    if constexpr (W == kF8) {  // tensor cores where they take it (gemv_fp8_mma.cu)
+        const Fp8MmaProduct p{a.x, a.norm, a.eps, static_cast<const uint8_t*>(a.w),         a.w_scale, a.out, a.out_f32,
+                              N,   a.m,    a.k,   static_cast<Fp8MmaProduct::Epilogue>(EPI)};
+        if (g_rows == 0 && gemv_fp8_mma(p, stream)) return;
+    }
     if (launch_persistent_by_k<N, EPI, NORM, W>(a, stream)) return;
     const int k = a.k;
     int rows = k <= 4096 ? 2 : 1;

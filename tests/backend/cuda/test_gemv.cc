@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_gguf.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/gemv_fp8_mma.h"
 #include "core/gpu_quant.h"
 #include "core/half.h"
 #include "support/cuda_test_util.h"
@@ -221,7 +222,10 @@ std::vector<double> int8_blocks(const std::vector<float>& x) {
 // one or several weight groups per row block, and a normed x too large to stage (k = 32768).
 // Then bitwise against the one-block-per-CTA kernel (set_gemv_config 2x1), which sums in the
 // same order. With fp8 the weights are e4m3 codes with a factor per row (quantized on the host as
-// quantize_rows_e4m3 does) and the reference multiplies the decoded values.
+// quantize_rows_e4m3 does) and the reference multiplies the decoded values; the products first
+// run where they apply on tensor cores (gemv_fp8_mma.cu: every shape here but the x too large to
+// stage), then on gemv.cu's kernels (set_fp8_gemv_mma(0)), both against the reference, the
+// latter bitwise against one block per CTA.
 // With a GGUF type (gguf != F32) the weights are random blocks of that type repacked into its
 // device layout (core/gpu_quant.h), and the reference multiplies the layout's values
 // (gpu_layout_value) by x quantized as the 4-bit layout's products quantize it (int8_blocks);
@@ -373,20 +377,29 @@ void check_every_entry_point(bool fp8, DType gguf = DType::F32, DType layout_of_
                 }
                 return bytes;
             };
-            const auto got = run_all();
-            for (int i = 0; i < 6; ++i) {
-                std::vector<float> f(want[i].size());
-                if (got[i].size() == f.size() * 4) {
-                    std::memcpy(f.data(), got[i].data(), got[i].size());
-                } else {
-                    std::vector<uint16_t> h(f.size());
-                    std::memcpy(h.data(), got[i].data(), got[i].size());
-                    f = cuda_test::from_bf16(h);
+            auto check = [&](const std::vector<std::vector<uint8_t>>& out, const char* path) {
+                for (int i = 0; i < 6; ++i) {
+                    std::vector<float> f(want[i].size());
+                    if (out[i].size() == f.size() * 4) {
+                        std::memcpy(f.data(), out[i].data(), out[i].size());
+                    } else {
+                        std::vector<uint16_t> h(f.size());
+                        std::memcpy(h.data(), out[i].data(), out[i].size());
+                        f = cuda_test::from_bf16(h);
+                    }
+                    ASSERT_EQ(cuda_test::count_nonfinite(f), 0u) << names[i] << " n " << n << " m " << m << " k " << k;
+                    EXPECT_LT(cuda_test::rel_error(f, want[i]), tol[i])
+                        << names[i] << (fp8 ? " fp8" : "") << (quant ? dtype_name(gguf) : "") << path << " n " << n
+                        << " m " << m << " k " << k;
                 }
-                ASSERT_EQ(cuda_test::count_nonfinite(f), 0u) << names[i] << " n " << n << " m " << m << " k " << k;
-                EXPECT_LT(cuda_test::rel_error(f, want[i]), tol[i])
-                    << names[i] << (fp8 ? " fp8" : "") << (quant ? dtype_name(gguf) : "") << " n " << n << " m " << m
-                    << " k " << k;
+            };
+            auto got = run_all();
+            check(got, "");
+            if (fp8) {  // got came from the tensor-core kernel where it applies; now gemv.cu's own
+                cuda::set_fp8_gemv_mma(0);
+                got = run_all();
+                cuda::set_fp8_gemv_mma(-1);
+                check(got, " (fma)");
             }
             cuda::set_gemv_config(2, 1);
             const auto one_block = run_all();
@@ -530,6 +543,67 @@ TEST(CudaGemvPerf, Report) {
             }
         }
     }
+}
+
+// The FP8 products a decode step runs, Llama 8B shapes (q|k|v normed, o add, gate|up normed
+// silu, down add), n = 1..4: tensor cores (gemv_fp8_mma.cu) against gemv.cu's FMA kernels, us a
+// call in a CUDA graph over rotating weight copies (> 256 MB, so L2 holds none) and TB/s of the
+// codes. PG_GEMV_PERF=1 runs it.
+TEST(CudaGemvPerf, Fp8DecodeProducts) {
+    PG_SKIP_WITHOUT_CUDA();
+    if (!std::getenv("PG_GEMV_PERF")) GTEST_SKIP() << "a measurement: PG_GEMV_PERF=1 runs it";
+    using cuda_test::DeviceBuffer;
+    cudaStream_t stream;
+    PG_CUDA_CHECK(cudaStreamCreate(&stream));
+    struct Shape {
+        const char* name;
+        int m, k;
+        bool norm, silu, add;
+    };
+    const Shape shapes[] = {{"q|k|v", 6144, 4096, true, false, false},
+                            {"o", 4096, 4096, false, false, true},
+                            {"gate|up", 28672, 4096, true, true, false},
+                            {"down", 4096, 14336, false, false, true}};
+    std::mt19937 rng(5);
+    for (const Shape& sh : shapes) {
+        const size_t bytes = static_cast<size_t>(sh.m) * sh.k;
+        const int copies = static_cast<int>(std::max<size_t>(2, (size_t{256} << 20) / bytes + 1));
+        std::vector<DeviceBuffer<uint8_t>> ws;
+        std::vector<uint8_t> codes(bytes);
+        for (int c = 0; c < copies; ++c) {
+            for (uint8_t& v : codes) {  // any e4m3 value but NaN (S.1111.111)
+                v = static_cast<uint8_t>(rng());
+                if ((v & 0x7f) == 0x7f) v ^= 1;
+            }
+            ws.emplace_back(codes);
+        }
+        DeviceBuffer<float> scale(cuda_test::random_floats(sh.m, rng, 1e-3f, 2e-3f));
+        DeviceBuffer<float> x(cuda_test::random_floats(static_cast<size_t>(4) * sh.k, rng, -3.0f, 3.0f));
+        DeviceBuffer<uint16_t> xb(cuda_test::to_bf16(cuda_test::random_floats(static_cast<size_t>(4) * sh.k, rng)));
+        DeviceBuffer<float> g(cuda_test::random_floats(sh.k, rng, 0.5f, 1.5f)), out(static_cast<size_t>(4) * sh.m);
+        for (int n = 1; n <= 4; ++n) {
+            std::printf("fp8 %-8s n %d m %5d k %5d (%5.1f MB):", sh.name, n, sh.m, sh.k, bytes / 1e6);
+            for (int mma : {0, 1}) {
+                cuda::set_fp8_gemv_mma(mma);
+                int r = 0;
+                const double us = cuda_test::graph_us_per_call(stream, 2 * copies, [&] {
+                    const cuda::GemvWeight w(ws[r++ % copies].get(), scale.get());
+                    if (sh.norm && sh.silu)
+                        cuda::gemv_norm_silu(x.get(), g.get(), 1e-5f, w, reinterpret_cast<cuda::bf16_t*>(out.get()), n,
+                                             sh.m, sh.k, stream);
+                    else if (sh.norm)
+                        cuda::gemv_norm(x.get(), g.get(), 1e-5f, w, out.get(), false, n, sh.m, sh.k, stream);
+                    else
+                        cuda::gemv_add(reinterpret_cast<const cuda::bf16_t*>(xb.get()), w, out.get(), n, sh.m, sh.k,
+                                       stream);
+                });
+                std::printf("  %s %6.1f us %4.2f TB/s", mma ? "mma" : "fma", us, bytes / us / 1e6);
+            }
+            std::printf("\n");
+        }
+        cuda::set_fp8_gemv_mma(-1);
+    }
+    PG_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
 // The same for the GGUF device layouts (gq8_32: Q8_0, gq8_16: Q6_K, gq4_32: Q4_0 / Q4_K) on the

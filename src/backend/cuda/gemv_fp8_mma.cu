@@ -1,0 +1,397 @@
+// FP8 decode products on tensor cores: mma.sync m16n8k16 with f16 operands, f32 accumulate.
+//
+// Why: gemv.cu's kernels turn every e4m3 value into f32 and multiply on the FMA pipe (H200, ncu,
+// 8B gate | up: 0.67 warp instructions issued a cycle a scheduler against bf16's 0.38, 3.0 TB/s
+// against 4.05), and each extra row of x costs a full pass of that arithmetic. Here a 16-byte chunk
+// is 8 conversions (e4m3x2 -> f16x2, exact) and 4 mma whatever n (1..4). H200, 2026-11-29,
+// `bench latency` decode tok/s, gemv.cu's kernels -> these: 8B b1 365.7 -> 383.1, b2 532.9 ->
+// 625.6; 1B b1 1,137.7 -> 1,470.9, b2 1,871.1 -> 2,693.6 (PEREGRINE_FP8_GEMV=fma: the old ones).
+//
+// Fragments (warp_mma.cuh): the weight is mma's B (8 weight rows, k), x its A (token j in row j;
+// a normed x's low part in row 8 + j). Lane 4n + q loads the 16 bytes of weight row n at k
+// offset 64s + 16q (segment s: a warp load is 8 rows x 64 bytes); its values 4i + {0, 1} are mma
+// i's k 2q + {0, 1}, values 4i + {2, 3} its k 8 + 2q + {0, 1}. That permutation of k is the
+// same for x: lane 4j + q reads x[j][64s + 16q .. + 15]. Output row 2q + {0, 1} of token j is
+// on lane 4j + q.
+// x is staged once a CTA as f16 times 2^e per token, e putting its largest |value| in [2^14,
+// 2^15): bf16 values land exact; a normed x (f32 x * norm) is split hi + lo, lo = x - hi, both
+// f16, about 22 bits. An f16 times an e4m3 value is exact in f32. One pass finds the largest
+// |value| (a normed x kept in shared memory as f32 meanwhile), a second writes the fragments.
+// Work: a unit is 8 weight rows (silu: 4 gate rows and their 4 up rows); a CTA of 4 warps takes
+// per_cta consecutive units, its warps splitting each unit's k (warp w, group g: segments (4g +
+// w) * D .. + D - 1), the next group's D loads a lane in flight while it multiplies one.
+#include "backend/cuda/gemv_fp8_mma.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/pdl.cuh"
+#include "backend/cuda/resident_ctas.cuh"
+#include "backend/cuda/warp_mma.cuh"
+#include "core/env.h"
+
+namespace peregrine::cuda {
+namespace {
+
+constexpr int D = 8;      // segments in flight a lane (4 measured slower on an H200: fewer bytes in flight)
+constexpr int kSeg = 64;  // bytes of a weight row a warp load takes
+constexpr int64_t kPrefetchBytes = int64_t{8} << 20;  // as gemv.cu's persistent kernel (measured there)
+constexpr size_t kMaxStaged = 96 * 1024;              // likewise
+using Epi = Fp8MmaProduct::Epilogue;
+
+// One token's staged x: 4 bytes a value, mma's A fragments in the order lanes read them. The
+// 16-value chunk ch (64 bytes) holds, for each of its 4 mma i, {hi(4i, 4i+1), lo(4i, 4i+1),
+// hi(4i+2, 4i+3), lo(4i+2, 4i+3)} (f16 pairs; bf16 x: lo = 0) in 16-byte slot i ^ ((ch >> 1) & 1):
+// one 16-byte load a mma, and lanes q = 0..3 (chunks 4s + q) hit distinct banks. Token j + 1
+// starts 32 bytes further modulo 128 than token j: no conflicts between tokens either (k is a
+// multiple of 64). Piece c (values 8c .. 8c + 7, mma 2 (c % 2) and 2 (c % 2) + 1 of chunk c / 2)
+// is bytes [32c, 32c + 32): a normed x is staged there as f32 and converted in place.
+__host__ __device__ constexpr int64_t token_bytes(int k) {
+    return 4 * int64_t{k} + 32;
+}
+__device__ __forceinline__ int slot_of(int ch, int i) {
+    return i ^ ((ch >> 1) & 1);
+}
+
+__device__ __forceinline__ uint32_t f16x2_of_e4m3x2(uint32_t two) {  // the low 16 bits
+    const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+    return static_cast<uint32_t>(r.x) | static_cast<uint32_t>(r.y) << 16;
+}
+__device__ __forceinline__ uint32_t bits(__half2 h) {
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Piece c (8 values) of token j's x: NORM x * norm (adding x^2 to ss), else the bf16 values.
+template <bool NORM>
+__device__ __forceinline__ void x_piece(const Fp8MmaProduct& a, int j, int c, float (&v)[8], float& ss) {
+    if constexpr (NORM) {
+        const float4* xr = reinterpret_cast<const float4*>(static_cast<const float*>(a.x) + int64_t{j} * a.k) + 2 * c;
+        const float4* gr = reinterpret_cast<const float4*>(a.norm) + 2 * c;
+        const float4 x0 = xr[0], x1 = xr[1], g0 = __ldg(gr), g1 = __ldg(gr + 1);
+        const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            ss = fmaf(x[e], x[e], ss);
+            v[e] = x[e] * g[e];
+        }
+    } else {
+        const uint4 h = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + int64_t{j} * a.k)[c];
+        const uint32_t w[4] = {h.x, h.y, h.z, h.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            v[2 * i] = __uint_as_float(w[i] << 16);
+            v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        }
+    }
+}
+
+// arr[j] for a j known only at run time, without local memory.
+template <int N>
+__device__ __forceinline__ float pick(const float (&arr)[N], int j) {
+    float v = arr[0];
+#pragma unroll
+    for (int i = 1; i < N; ++i) v = j == i ? arr[i] : v;
+    return v;
+}
+
+template <int N, int W, int EPI, bool NORM>
+__global__ void __launch_bounds__(32 * W) fp8_mma_kernel(const Fp8MmaProduct a, int per_cta) {
+    extern __shared__ uint4 x_smem[];
+    __shared__ float part[2][W][N][8];             // per-warp sums of a unit, two buffers: one barrier a unit
+    __shared__ float red[W][N][2];                 // per-warp amax and sum of x^2
+    constexpr int RU = EPI == Epi::kSilu ? 4 : 8;  // rows (silu: gate | up pairs) a unit
+    const int m = a.m, k = a.k, segs = k / kSeg;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n8 = lane / 4, q = lane % 4;
+    const int rows = EPI == Epi::kSilu ? m / 2 : m;
+    const int b_begin = blockIdx.x * per_cta, b_end = min((rows + RU - 1) / RU, b_begin + per_cta);
+    const int groups = (segs + W * D - 1) / (W * D);
+    const int steps = (b_end - b_begin) * groups;
+    // The weight row of unit b that lane slot n (0..7) multiplies; past the end a valid row whose
+    // sums no output takes (so loads need no row check).
+    auto row_of = [&](int b, int n) {
+        if constexpr (EPI == Epi::kSilu) {
+            const int p = min(b * 4 + (n & 3), rows - 1);
+            return n < 4 ? p : rows + p;
+        } else {
+            return min(b * 8 + n, m - 1);
+        }
+    };
+    auto load_group = [&](int b, int g, uint4(&dst)[D]) {
+        const int s0 = (g * W + warp) * D;  // this warp's first segment
+        const uint4* p = reinterpret_cast<const uint4*>(a.w + int64_t{row_of(b, n8)} * k + int64_t{s0} * kSeg) + q;
+        if (s0 + D <= segs) {
+#pragma unroll
+            for (int d = 0; d < D; ++d) dst[d] = __ldg(p + d * (kSeg / 16));
+        } else {
+#pragma unroll
+            for (int d = 0; d < D; ++d) dst[d] = s0 + d < segs ? __ldg(p + d * (kSeg / 16)) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    pdl_launch_dependents();
+    uint4 next[D];
+    load_group(b_begin, 0, next);
+    {  // The rest of this CTA's rows towards L2, up to its share of kPrefetchBytes.
+        const int64_t cap = kPrefetchBytes / gridDim.x / (EPI == Epi::kSilu ? 2 : 1);
+        const int64_t first = int64_t{b_begin} * RU, count = min(int64_t{b_end} * RU, int64_t{rows}) - first;
+        const int64_t bytes = min(count * k, cap);
+#pragma unroll
+        for (int half = 0; half < (EPI == Epi::kSilu ? 2 : 1); ++half) {
+            const uint8_t* p = a.w + (first + half * rows) * k;
+            for (int64_t i = threadIdx.x; i * 128 < bytes; i += (32 * W))
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i * 128));
+        }
+    }
+    pdl_wait();
+
+    // x: each token's largest |value| (NORM: and sum of x^2), the values kept in shared memory
+    // as f32 (NORM) or read again (bf16, from L1); then each thread writes its pieces' fragments.
+    char* xb = reinterpret_cast<char*>(x_smem);
+    const int64_t tb = token_bytes(k);
+    const int pieces = k / 8;
+    float amax[N], ss[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) amax[j] = 0.0f, ss[j] = 0.0f;
+#pragma unroll 4
+    for (int c = threadIdx.x; c < pieces; c += (32 * W)) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            float v[8];
+            x_piece<NORM>(a, j, c, v, ss[j]);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) amax[j] = fmaxf(amax[j], fabsf(v[e]));
+            if constexpr (NORM) {
+                float4* dst = reinterpret_cast<float4*>(xb + j * tb + 32 * c);
+                dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+                dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) {
+            amax[j] = fmaxf(amax[j], __shfl_xor_sync(0xffffffffu, amax[j], o));
+            ss[j] += __shfl_xor_sync(0xffffffffu, ss[j], o);
+        }
+        if (lane == 0) red[warp][j][0] = amax[j], red[warp][j][1] = ss[j];
+    }
+    __syncthreads();
+    float xscale[N], post[N];  // 2^e of the staged x; what a sum is multiplied by (2^-e, NORM / rms)
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        float am = 0.0f, s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < W; ++w) am = fmaxf(am, red[w][j][0]), s += red[w][j][1];
+        int e = 0;
+        if (am > 0.0f && isfinite(am)) frexpf(am, &e);  // am = f * 2^e, f in [0.5, 1)
+        const int shift = am > 0.0f && isfinite(am) ? min(max(15 - e, -100), 100) : 0;
+        xscale[j] = ldexpf(1.0f, shift);
+        post[j] = ldexpf(1.0f, -shift);
+        if constexpr (NORM) post[j] /= sqrtf(s / static_cast<float>(k) + a.eps);
+    }
+    for (int c = threadIdx.x; c < pieces; c += (32 * W)) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            float v[8];
+            if constexpr (NORM) {
+                const float4* src = reinterpret_cast<const float4*>(xb + j * tb + 32 * c);
+                const float4 v0 = src[0], v1 = src[1];
+                v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
+            } else {
+                float unused = 0.0f;
+                x_piece<false>(a, j, c, v, unused);
+            }
+            uint32_t f[2][4];  // the fragments of mma 2 (c % 2) and 2 (c % 2) + 1
+#pragma unroll
+            for (int h = 0; h < 4; ++h) {  // value pairs (2h, 2h + 1)
+                const float s0 = v[2 * h] * xscale[j], s1 = v[2 * h + 1] * xscale[j];
+                const __half2 hi = __floats2half2_rn(s0, s1);
+                const float2 hf = __half22float2(hi);
+                f[h / 2][2 * (h % 2)] = bits(hi);
+                f[h / 2][2 * (h % 2) + 1] = NORM ? bits(__floats2half2_rn(s0 - hf.x, s1 - hf.y)) : 0u;
+            }
+            char* dst = xb + j * tb + 64 * (c / 2);
+#pragma unroll
+            for (int t = 0; t < 2; ++t)
+                *reinterpret_cast<uint4*>(dst + 16 * slot_of(c / 2, 2 * (c % 2) + t)) =
+                    make_uint4(f[t][0], f[t][1], f[t][2], f[t][3]);
+        }
+    }
+    __syncthreads();
+
+    const bool has_x = n8 < N;  // lanes holding a token's row of A
+    // Lane q's chunk of segment s is chunk 4s + q; (ch >> 1) & 1 = q >> 1 for all of them.
+    const char* xl = xb + (has_x ? n8 : 0) * tb + 64 * q;
+    int slot_off[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) slot_off[i] = 16 * slot_of(q, i);
+    float acc0[4] = {}, acc1[4] = {};  // two chains of mma (even / odd i)
+    int b = b_begin, g = 0, nb = b_begin, ng = 0, buf = 0;
+    for (int s = 0; s < steps; ++s) {
+        uint4 cur[D];
+#pragma unroll
+        for (int d = 0; d < D; ++d) cur[d] = next[d];
+        if (++ng == groups) ng = 0, ++nb;
+        if (s + 1 < steps) load_group(nb, ng, next);
+        const int s0 = (g * W + warp) * D;
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            if (s0 + d >= segs) break;  // warp-uniform
+            const char* xp = xl + int64_t{s0 + d} * (4 * kSeg);
+            const uint32_t wv[4] = {cur[d].x, cur[d].y, cur[d].z, cur[d].w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                uint4 fr = make_uint4(0, 0, 0, 0);
+                if (has_x) fr = *reinterpret_cast<const uint4*>(xp + slot_off[i]);
+                const uint32_t fa[4] = {fr.x, fr.y, fr.z, fr.w};
+                const uint32_t b0 = f16x2_of_e4m3x2(wv[i]), b1 = f16x2_of_e4m3x2(wv[i] >> 16);
+                if (i % 2 == 0)
+                    mma_f16_16816(acc0, fa, b0, b1);
+                else
+                    mma_f16_16816(acc1, fa, b0, b1);
+            }
+        }
+        if (++g < groups) continue;
+        // Unit b is complete: the warps' sums in a fixed order, then the epilogue.
+        if (has_x) {
+            part[buf][warp][n8][2 * q] = (acc0[0] + acc0[2]) + (acc1[0] + acc1[2]);
+            part[buf][warp][n8][2 * q + 1] = (acc0[1] + acc0[3]) + (acc1[1] + acc1[3]);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc0[i] = 0.0f, acc1[i] = 0.0f;
+        __syncthreads();
+        auto total = [&](int j, int r, int row) {
+            float v = 0.0f;
+#pragma unroll
+            for (int w = 0; w < W; ++w) v += part[buf][w][j][r];
+            return v * __ldg(a.scale + row) * pick(post, j);
+        };
+        if constexpr (EPI == Epi::kSilu) {
+            if (threadIdx.x < 4 * N) {
+                const int j = threadIdx.x / 4, p = threadIdx.x % 4, pair = b * 4 + p;
+                if (pair < rows) {
+                    const float gv = total(j, p, pair), uv = total(j, 4 + p, rows + pair);
+                    static_cast<__nv_bfloat16*>(a.out)[int64_t{j} * rows + pair] =
+                        __float2bfloat16_rn(gv / (1.0f + expf(-gv)) * uv);
+                }
+            }
+        } else if (threadIdx.x < 8 * N) {
+            const int j = threadIdx.x / 8, r = threadIdx.x % 8, row = b * 8 + r;
+            if (row < m) {
+                const int64_t idx = int64_t{j} * m + row;
+                const float v = total(j, r, row);
+                if (EPI == Epi::kAdd)
+                    static_cast<float*>(a.out)[idx] += v;
+                else if (a.out_f32)
+                    static_cast<float*>(a.out)[idx] = v;
+                else
+                    static_cast<__nv_bfloat16*>(a.out)[idx] = __float2bfloat16_rn(v);
+            }
+        }
+        buf ^= 1;
+        g = 0;
+        ++b;
+    }
+}
+
+// Resident CTAs per SM of one instantiation with `smem` dynamic bytes, cached per device with
+// the smem it was computed for.
+template <int N, int W, int EPI, bool NORM>
+int resident(size_t smem) {
+    static std::atomic<uint64_t> cached[64];
+    return resident_ctas(fp8_mma_kernel<N, W, EPI, NORM>, 32 * W, smem, cached);
+}
+
+// How a product's units (8 rows; silu 4 pairs) go to CTAs of W warps: every CTA the same number
+// (the last fewer), since one with a unit more than the rest would set the kernel's end.
+struct Plan {
+    int units, slots, per_cta, grid;
+};
+template <int N, int W, int EPI, bool NORM>
+Plan plan(const Fp8MmaProduct& p) {
+    constexpr int RU = EPI == Epi::kSilu ? 4 : 8;
+    Plan pl;
+    pl.units = ((EPI == Epi::kSilu ? p.m / 2 : p.m) + RU - 1) / RU;
+    pl.slots = sm_count() * resident<N, W, EPI, NORM>(static_cast<size_t>(N * token_bytes(p.k)));
+    pl.per_cta = (pl.units + pl.slots - 1) / pl.slots;
+    pl.grid = (pl.units + pl.per_cta - 1) / pl.per_cta;
+    return pl;
+}
+template <int N, int W, int EPI, bool NORM>
+void launch_planned(const Fp8MmaProduct& p, const Plan& pl, cudaStream_t stream) {
+    launch_pdl(fp8_mma_kernel<N, W, EPI, NORM>, dim3(static_cast<unsigned>(pl.grid)), dim3(32 * W),
+               static_cast<size_t>(N * token_bytes(p.k)), stream, p, pl.per_cta);
+}
+
+// CTAs of 4 warps at n <= 2 where each takes several units and they fill the slots, else of 8
+// (twice the warps on each unit, half the CTAs: fewer slots left idle by the last fraction of a
+// wave). H200, CudaGemvPerf.Fp8DecodeProducts, 4 / 8 warps (us): 8B gate|up n 1 32.2 / 35.9, n 2
+// 34.8 / 36.8, n 3 45.1 / 38.4, n 4 47.5 / 39.9; n 1 q|k|v 12.4 / 10.6, down 25.9 / 19.6, o 7.5 /
+// 7.6. PEREGRINE_FP8_MMA_WARPS = 4 | 8 forces one (measurement knob).
+template <int N, int EPI, bool NORM>
+void launch(const Fp8MmaProduct& p, cudaStream_t stream) {
+    static const int forced = env_int("PEREGRINE_FP8_MMA_WARPS", 0);
+    const Plan p4 = plan<N, 4, EPI, NORM>(p);
+    const bool four = forced == 4 || (forced != 8 && N <= 2 && p4.per_cta >= 4 &&
+                                      p4.units >= 0.85 * static_cast<double>(p4.per_cta) * p4.slots);
+    if (four) return launch_planned<N, 4, EPI, NORM>(p, p4, stream);
+    launch_planned<N, 8, EPI, NORM>(p, plan<N, 8, EPI, NORM>(p), stream);
+}
+
+template <int N>
+void dispatch_epilogue(const Fp8MmaProduct& p, cudaStream_t stream) {
+    const bool norm = p.norm != nullptr;
+    switch (p.epilogue) {
+        case Epi::kSilu:
+            return norm ? launch<N, Epi::kSilu, true>(p, stream) : launch<N, Epi::kSilu, false>(p, stream);
+        case Epi::kAdd:
+            return launch<N, Epi::kAdd, false>(p, stream);
+        default:
+            return norm ? launch<N, Epi::kPlain, true>(p, stream) : launch<N, Epi::kPlain, false>(p, stream);
+    }
+}
+
+int g_mode = -1;
+bool enabled() {
+    if (g_mode >= 0) return g_mode == 1;
+    static const bool on = !env_equals("PEREGRINE_FP8_GEMV", "fma");
+    return on;
+}
+
+}  // namespace
+
+void set_fp8_gemv_mma(int mode) {
+    g_mode = mode;
+}
+
+bool gemv_fp8_mma(const Fp8MmaProduct& p, cudaStream_t stream) {
+    const bool norm = p.norm != nullptr;
+    if (!enabled() || p.n < 1 || p.n > 4 || p.k <= 0 || p.k % kSeg != 0 || p.m <= 0 ||
+        (p.epilogue == Epi::kAdd && norm) || (p.epilogue == Epi::kSilu && p.m % 2 != 0) ||
+        static_cast<size_t>(p.n * token_bytes(p.k)) > kMaxStaged || reinterpret_cast<uintptr_t>(p.x) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || (norm && reinterpret_cast<uintptr_t>(p.norm) % 16 != 0))
+        return false;
+    switch (p.n) {
+        case 1:
+            dispatch_epilogue<1>(p, stream);
+            break;
+        case 2:
+            dispatch_epilogue<2>(p, stream);
+            break;
+        case 3:
+            dispatch_epilogue<3>(p, stream);
+            break;
+        default:
+            dispatch_epilogue<4>(p, stream);
+            break;
+    }
+    return true;
+}
+
+}  // namespace peregrine::cuda

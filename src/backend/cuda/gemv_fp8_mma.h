@@ -1,0 +1,33 @@
+// FP8 (E4M3, one f32 factor per row) decode products on tensor cores: gemv.cu hands them its
+// FP8 products of 1-4 rows of x where they apply (gemv_fp8_mma.cu says how and why).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace peregrine::cuda {
+
+struct Fp8MmaProduct {
+    enum Epilogue { kPlain, kSilu, kAdd };  // as gemv, gemv_silu, gemv_add
+    const void* x;                          // [n, k] bf16, or with norm the f32 residual stream
+    const float* norm;                      // [k] RMSNorm weight, or nullptr
+    float eps;
+    const uint8_t* w;    // [m, k] e4m3 codes
+    const float* scale;  // [m] row factors
+    void* out;           // [n, m] f32 / bf16 (silu: [n, m / 2] bf16; add: f32, accumulated into)
+    bool out_f32;
+    int n, m, k;
+    Epilogue epilogue;
+};
+
+// Launches the product and returns true, or returns false without launching where it does not
+// take it (k not a multiple of 64, n outside 1..4, x too long to stage, switched off: then the
+// caller runs its own kernel).
+bool gemv_fp8_mma(const Fp8MmaProduct& p, cudaStream_t stream);
+
+// Test and measurement hook: 1 on, 0 off, -1 (default) PEREGRINE_FP8_GEMV decides (mma, the
+// default, or fma: gemv.cu's kernels).
+void set_fp8_gemv_mma(int mode);
+
+}  // namespace peregrine::cuda
