@@ -19,8 +19,9 @@
 // Two kernels: gemv_kernel, one CTA per row block (thousands of short CTAs), and at n = 1 for
 // some bf16 / FP8 products gemv_persistent_kernel, one CTA per resident slot walking a range of
 // row blocks with x staged once in shared memory (launch_persistent_by_k says which, with the
-// numbers). FP8 products go first to the tensor-core kernel of gemv_fp8_mma.cu, which takes every
-// one whose x it can stage (k a multiple of 64); these kernels run the rest.
+// numbers). FP8 products (and with PEREGRINE_BF16_GEMV=mma bf16 ones) go first to the
+// tensor-core kernel of gemv_mma.cu, which takes every one whose x it can stage; these kernels
+// run the rest.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -33,7 +34,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
-#include "backend/cuda/gemv_fp8_mma.h"
+#include "backend/cuda/gemv_mma.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/resident_ctas.cuh"
 #include "backend/cuda/weight_chunks.cuh"
@@ -58,8 +59,8 @@ bool gguf_persistent() {
 }
 
 enum Epilogue { kPlain, kSilu, kAdd };
-static_assert(static_cast<int>(kPlain) == Fp8MmaProduct::kPlain && static_cast<int>(kSilu) == Fp8MmaProduct::kSilu &&
-              static_cast<int>(kAdd) == Fp8MmaProduct::kAdd);
+static_assert(static_cast<int>(kPlain) == MmaProduct::kPlain && static_cast<int>(kSilu) == MmaProduct::kSilu &&
+              static_cast<int>(kAdd) == MmaProduct::kAdd);
 
 // Persistent kernel: weight bytes all its CTAs together prefetch to L2 before the wait. H100, 1B
 // decode with the o / down products persistent: 0 / 4 / 8 / 16 / 32 MB gave 940-945 / 944-946 /
@@ -741,10 +742,20 @@ bool launch_persistent_by_k(const Args& a, cudaStream_t stream) {
 // at once, longer rows one row with deeper groups. set_gemv_config overrides it.
 template <int N, int EPI, bool NORM, int W>
 void launch(const Args& a, cudaStream_t stream) {
-    if constexpr (W == kF8) {  // tensor cores where they take it (gemv_fp8_mma.cu)
-        const Fp8MmaProduct p{a.x, a.norm, a.eps, static_cast<const uint8_t*>(a.w),         a.w_scale, a.out, a.out_f32,
-                              N,   a.m,    a.k,   static_cast<Fp8MmaProduct::Epilogue>(EPI)};
-        if (g_rows == 0 && gemv_fp8_mma(p, stream)) return;
+    if constexpr (W == kF8 || W == kBf16) {  // tensor cores where they take it (gemv_mma.cu)
+        const MmaProduct p{.x = a.x,
+                           .norm = a.norm,
+                           .eps = a.eps,
+                           .weight = W == kF8 ? MmaProduct::kF8 : MmaProduct::kBf16,
+                           .w = a.w,
+                           .scale = a.w_scale,
+                           .out = a.out,
+                           .out_f32 = a.out_f32,
+                           .n = N,
+                           .m = a.m,
+                           .k = a.k,
+                           .epilogue = static_cast<MmaProduct::Epilogue>(EPI)};
+        if (g_rows == 0 && gemv_mma(p, stream)) return;
     }
     if (launch_persistent_by_k<N, EPI, NORM, W>(a, stream)) return;
     const int k = a.k;

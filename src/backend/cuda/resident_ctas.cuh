@@ -1,5 +1,5 @@
 // Occupancy of a kernel that sizes its grid to the resident slots (the persistent decode
-// products of gemv.cu and gemv_fp8_mma.cu).
+// products of gemv.cu and gemv_mma.cu).
 // CUDA-only: include from .cu files.
 #pragma once
 

@@ -15,7 +15,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_gguf.h"
 #include "backend/cuda/cuda_kernels.h"
-#include "backend/cuda/gemv_fp8_mma.h"
+#include "backend/cuda/gemv_mma.h"
 #include "core/gpu_quant.h"
 #include "core/half.h"
 #include "support/cuda_test_util.h"
@@ -222,10 +222,10 @@ std::vector<double> int8_blocks(const std::vector<float>& x) {
 // one or several weight groups per row block, and a normed x too large to stage (k = 32768).
 // Then bitwise against the one-block-per-CTA kernel (set_gemv_config 2x1), which sums in the
 // same order. With fp8 the weights are e4m3 codes with a factor per row (quantized on the host as
-// quantize_rows_e4m3 does) and the reference multiplies the decoded values; the products first
-// run where they apply on tensor cores (gemv_fp8_mma.cu: every shape here but the x too large to
-// stage), then on gemv.cu's kernels (set_fp8_gemv_mma(0)), both against the reference, the
-// latter bitwise against one block per CTA.
+// quantize_rows_e4m3 does) and the reference multiplies the decoded values. bf16 and FP8 products
+// run on the tensor-core kernel where it applies (gemv_mma.cu, set_gemv_mma(.., 1): every shape
+// here but an x too large to stage), then on gemv.cu's kernels (set_gemv_mma(.., 0)), both against
+// the reference, the latter bitwise against one block per CTA.
 // With a GGUF type (gguf != F32) the weights are random blocks of that type repacked into its
 // device layout (core/gpu_quant.h), and the reference multiplies the layout's values
 // (gpu_layout_value) by x quantized as the 4-bit layout's products quantize it (int8_blocks);
@@ -237,10 +237,11 @@ void check_every_entry_point(bool fp8, DType gguf = DType::F32, DType layout_of_
     PG_CUDA_CHECK(cudaStreamCreate(&stream));
     const float eps = 1e-5f;
     const bool quant = gguf != DType::F32;
+    // (20000 x 64: enough units of 8 rows for gemv_mma.cu's CTAs of 4 warps at n <= 2.)
     for (auto [m, k] : {std::pair{3072, 2048}, std::pair{1030, 64}, std::pair{1030, 4096}, std::pair{130, 14336},
-                        std::pair{8, 32768}, std::pair{4100, 4096}}) {
+                        std::pair{8, 32768}, std::pair{4100, 4096}, std::pair{20000, 64}}) {
         if (quant && k % dtype_block_size(gguf) != 0) continue;
-        if (quant && m == 4100) continue;  // bf16 / FP8 at n > 1 with >= 4096 rows (PERSISTENT_ROWS=auto)
+        if (quant && (m == 4100 || m == 20000)) continue;  // bf16 / FP8 cases (PERSISTENT_ROWS=auto; mma CTAs)
         // GGUF layouts also past kMaxGemvRows: slices of 4 rows (6 = 4 + 2, 8 = 4 + 4).
         for (int n : quant ? std::vector<int>{1, 2, 3, 4, 6, 8} : std::vector<int>{1, 2, 3, 4}) {
             const std::vector<float> x =
@@ -393,14 +394,15 @@ void check_every_entry_point(bool fp8, DType gguf = DType::F32, DType layout_of_
                         << " m " << m << " k " << k;
                 }
             };
-            auto got = run_all();
-            check(got, "");
-            if (fp8) {  // got came from the tensor-core kernel where it applies; now gemv.cu's own
-                cuda::set_fp8_gemv_mma(0);
-                got = run_all();
-                cuda::set_fp8_gemv_mma(-1);
-                check(got, " (fma)");
+            const auto mma_weight = fp8 ? cuda::MmaProduct::kF8 : cuda::MmaProduct::kBf16;
+            if (!quant) {
+                cuda::set_gemv_mma(mma_weight, 1);
+                check(run_all(), " (mma)");
+                cuda::set_gemv_mma(mma_weight, 0);
             }
+            const auto got = run_all();
+            if (!quant) cuda::set_gemv_mma(mma_weight, -1);
+            check(got, "");
             cuda::set_gemv_config(2, 1);
             const auto one_block = run_all();
             cuda::set_gemv_config(0, 0);
@@ -545,11 +547,11 @@ TEST(CudaGemvPerf, Report) {
     }
 }
 
-// The FP8 products a decode step runs, Llama 8B shapes (q|k|v normed, o add, gate|up normed
-// silu, down add), n = 1..4: tensor cores (gemv_fp8_mma.cu) against gemv.cu's FMA kernels, us a
-// call in a CUDA graph over rotating weight copies (> 256 MB, so L2 holds none) and TB/s of the
-// codes. PG_GEMV_PERF=1 runs it.
-TEST(CudaGemvPerf, Fp8DecodeProducts) {
+// The products a decode step runs, Llama 8B and 1B shapes (q|k|v normed, o add, gate|up normed
+// silu, down add), FP8 and bf16 weights, n = 1..4: the tensor-core kernel (gemv_mma.cu) against
+// gemv.cu's FMA kernels, us a call in a CUDA graph over rotating weight copies (> 256 MB, so L2
+// holds none) and TB/s of the weight bytes. PG_GEMV_PERF=1 runs it.
+TEST(CudaGemvPerf, DecodeProductsOnTensorCores) {
     PG_SKIP_WITHOUT_CUDA();
     if (!std::getenv("PG_GEMV_PERF")) GTEST_SKIP() << "a measurement: PG_GEMV_PERF=1 runs it";
     using cuda_test::DeviceBuffer;
@@ -560,48 +562,57 @@ TEST(CudaGemvPerf, Fp8DecodeProducts) {
         int m, k;
         bool norm, silu, add;
     };
-    const Shape shapes[] = {{"q|k|v", 6144, 4096, true, false, false},
-                            {"o", 4096, 4096, false, false, true},
-                            {"gate|up", 28672, 4096, true, true, false},
-                            {"down", 4096, 14336, false, false, true}};
+    const Shape shapes[] = {
+        {"8B q|k|v", 6144, 4096, true, false, false},   {"8B o", 4096, 4096, false, false, true},
+        {"8B gate|up", 28672, 4096, true, true, false}, {"8B down", 4096, 14336, false, false, true},
+        {"1B q|k|v", 3072, 2048, true, false, false},   {"1B o", 2048, 2048, false, false, true},
+        {"1B gate|up", 16384, 2048, true, true, false}, {"1B down", 2048, 8192, false, false, true}};
     std::mt19937 rng(5);
-    for (const Shape& sh : shapes) {
-        const size_t bytes = static_cast<size_t>(sh.m) * sh.k;
-        const int copies = static_cast<int>(std::max<size_t>(2, (size_t{256} << 20) / bytes + 1));
-        std::vector<DeviceBuffer<uint8_t>> ws;
-        std::vector<uint8_t> codes(bytes);
-        for (int c = 0; c < copies; ++c) {
-            for (uint8_t& v : codes) {  // any e4m3 value but NaN (S.1111.111)
-                v = static_cast<uint8_t>(rng());
-                if ((v & 0x7f) == 0x7f) v ^= 1;
+    for (bool fp8 : {true, false}) {
+        const auto kind = fp8 ? cuda::MmaProduct::kF8 : cuda::MmaProduct::kBf16;
+        for (const Shape& sh : shapes) {
+            const size_t bytes = static_cast<size_t>(sh.m) * sh.k * (fp8 ? 1 : 2);
+            const int copies = static_cast<int>(std::max<size_t>(2, (size_t{256} << 20) / bytes + 1));
+            std::vector<DeviceBuffer<uint8_t>> ws;
+            std::vector<uint8_t> codes(bytes);
+            for (int c = 0; c < copies; ++c) {
+                for (size_t i = 0; i < bytes; ++i) {
+                    uint8_t v = static_cast<uint8_t>(rng());
+                    if (fp8 && (v & 0x7f) == 0x7f) v ^= 1;  // any e4m3 value but NaN (S.1111.111)
+                    if (!fp8 && i % 2 == 1) v &= 0xbf;      // bf16 high byte: |value| < 2, finite
+                    codes[i] = v;
+                }
+                ws.emplace_back(codes);
             }
-            ws.emplace_back(codes);
-        }
-        DeviceBuffer<float> scale(cuda_test::random_floats(sh.m, rng, 1e-3f, 2e-3f));
-        DeviceBuffer<float> x(cuda_test::random_floats(static_cast<size_t>(4) * sh.k, rng, -3.0f, 3.0f));
-        DeviceBuffer<uint16_t> xb(cuda_test::to_bf16(cuda_test::random_floats(static_cast<size_t>(4) * sh.k, rng)));
-        DeviceBuffer<float> g(cuda_test::random_floats(sh.k, rng, 0.5f, 1.5f)), out(static_cast<size_t>(4) * sh.m);
-        for (int n = 1; n <= 4; ++n) {
-            std::printf("fp8 %-8s n %d m %5d k %5d (%5.1f MB):", sh.name, n, sh.m, sh.k, bytes / 1e6);
-            for (int mma : {0, 1}) {
-                cuda::set_fp8_gemv_mma(mma);
-                int r = 0;
-                const double us = cuda_test::graph_us_per_call(stream, 2 * copies, [&] {
-                    const cuda::GemvWeight w(ws[r++ % copies].get(), scale.get());
-                    if (sh.norm && sh.silu)
-                        cuda::gemv_norm_silu(x.get(), g.get(), 1e-5f, w, reinterpret_cast<cuda::bf16_t*>(out.get()), n,
-                                             sh.m, sh.k, stream);
-                    else if (sh.norm)
-                        cuda::gemv_norm(x.get(), g.get(), 1e-5f, w, out.get(), false, n, sh.m, sh.k, stream);
-                    else
-                        cuda::gemv_add(reinterpret_cast<const cuda::bf16_t*>(xb.get()), w, out.get(), n, sh.m, sh.k,
-                                       stream);
-                });
-                std::printf("  %s %6.1f us %4.2f TB/s", mma ? "mma" : "fma", us, bytes / us / 1e6);
+            DeviceBuffer<float> scale(cuda_test::random_floats(sh.m, rng, 1e-3f, 2e-3f));
+            DeviceBuffer<float> x(cuda_test::random_floats(static_cast<size_t>(4) * sh.k, rng, -3.0f, 3.0f));
+            DeviceBuffer<uint16_t> xb(cuda_test::to_bf16(cuda_test::random_floats(static_cast<size_t>(4) * sh.k, rng)));
+            DeviceBuffer<float> g(cuda_test::random_floats(sh.k, rng, 0.5f, 1.5f)), out(static_cast<size_t>(4) * sh.m);
+            for (int n = 1; n <= 4; ++n) {
+                std::printf("%s %-10s n %d m %5d k %5d (%5.1f MB):", fp8 ? "fp8 " : "bf16", sh.name, n, sh.m, sh.k,
+                            bytes / 1e6);
+                for (int mma : {0, 1}) {
+                    cuda::set_gemv_mma(kind, mma);
+                    int r = 0;
+                    const double us = cuda_test::graph_us_per_call(stream, 2 * copies, [&] {
+                        const uint8_t* wp = ws[r++ % copies].get();
+                        const cuda::GemvWeight w = fp8 ? cuda::GemvWeight(wp, scale.get())
+                                                       : cuda::GemvWeight(reinterpret_cast<const cuda::bf16_t*>(wp));
+                        if (sh.norm && sh.silu)
+                            cuda::gemv_norm_silu(x.get(), g.get(), 1e-5f, w, reinterpret_cast<cuda::bf16_t*>(out.get()),
+                                                 n, sh.m, sh.k, stream);
+                        else if (sh.norm)
+                            cuda::gemv_norm(x.get(), g.get(), 1e-5f, w, out.get(), false, n, sh.m, sh.k, stream);
+                        else
+                            cuda::gemv_add(reinterpret_cast<const cuda::bf16_t*>(xb.get()), w, out.get(), n, sh.m, sh.k,
+                                           stream);
+                    });
+                    std::printf("  %s %6.1f us %4.2f TB/s", mma ? "mma" : "fma", us, bytes / us / 1e6);
+                }
+                std::printf("\n");
             }
-            std::printf("\n");
+            cuda::set_gemv_mma(kind, -1);
         }
-        cuda::set_fp8_gemv_mma(-1);
     }
     PG_CUDA_CHECK(cudaStreamDestroy(stream));
 }

@@ -1,26 +1,30 @@
-// FP8 decode products on tensor cores: mma.sync m16n8k16 with f16 operands, f32 accumulate.
+// Decode products on tensor cores: mma.sync m16n8k16, f32 accumulate; FP8 weights (E4M3, a
+// factor per row) as f16 operands, bf16 weights as they are.
 //
 // Why: gemv.cu's kernels turn every e4m3 value into f32 and multiply on the FMA pipe (H200, ncu,
 // 8B gate | up: 0.67 warp instructions issued a cycle a scheduler against bf16's 0.38, 3.0 TB/s
 // against 4.05), and each extra row of x costs a full pass of that arithmetic. Here a 16-byte chunk
-// is 8 conversions (e4m3x2 -> f16x2, exact) and 4 mma whatever n (1..4). H200, 2026-11-29,
-// `bench latency` decode tok/s, gemv.cu's kernels -> these: 8B b1 365.7 -> 383.1, b2 532.9 ->
-// 625.6; 1B b1 1,137.7 -> 1,470.9, b2 1,871.1 -> 2,693.6 (PEREGRINE_FP8_GEMV=fma: the old ones).
+// of e4m3 codes is 8 conversions (e4m3x2 -> f16x2, exact) and 4 mma whatever n (1..4). H200,
+// 2026-11-29, `bench latency` decode tok/s, gemv.cu's kernels -> these: 8B b1 365.7 -> 383.1, b2
+// 532.9 -> 625.6; 1B b1 1,137.7 -> 1,470.9, b2 1,871.1 -> 2,693.6 (PEREGRINE_FP8_GEMV=fma: the old
+// ones). bf16 weights (a chunk: 8 values, 2 mma, no conversion) take it only with
+// PEREGRINE_BF16_GEMV=mma: not yet run on a GPU.
 //
 // Fragments (warp_mma.cuh): the weight is mma's B (8 weight rows, k), x its A (token j in row j;
-// a normed x's low part in row 8 + j). Lane 4n + q loads the 16 bytes of weight row n at k
-// offset 64s + 16q (segment s: a warp load is 8 rows x 64 bytes); its values 4i + {0, 1} are mma
-// i's k 2q + {0, 1}, values 4i + {2, 3} its k 8 + 2q + {0, 1}. That permutation of k is the
-// same for x: lane 4j + q reads x[j][64s + 16q .. + 15]. Output row 2q + {0, 1} of token j is
-// on lane 4j + q.
-// x is staged once a CTA as f16 times 2^e per token, e putting its largest |value| in [2^14,
-// 2^15): bf16 values land exact; a normed x (f32 x * norm) is split hi + lo, lo = x - hi, both
-// f16, about 22 bits. An f16 times an e4m3 value is exact in f32. One pass finds the largest
-// |value| (a normed x kept in shared memory as f32 meanwhile), a second writes the fragments.
-// Work: a unit is 8 weight rows (silu: 4 gate rows and their 4 up rows); a CTA of 4 warps takes
-// per_cta consecutive units, its warps splitting each unit's k (warp w, group g: segments (4g +
+// a normed x's low part in row 8 + j). Lane 4n + q loads the 16 bytes (V values: 16 e4m3, 8 bf16)
+// of weight row n at byte offset 64s + 16q (segment s: a warp load is 8 rows x 64 bytes, 4V
+// values); its values 4i + {0, 1} are mma i's k 2q + {0, 1}, values 4i + {2, 3} its k 8 + 2q +
+// {0, 1}. That permutation of k is the same for x: lane 4j + q reads x[j][4Vs + Vq .. + V - 1].
+// Output row 2q + {0, 1} of token j is on lane 4j + q.
+// x is staged once a CTA in the operand type: f16 times 2^e per token, e putting its largest
+// |value| in [2^14, 2^15) (bf16 values land exact), or bf16 as it is; a normed x (f32 x * norm)
+// is split hi + lo, lo = x - hi (f16: ~22 bits; bf16: ~16). An f16 or bf16 times an e4m3 or bf16
+// value is exact in f32. One pass finds the largest |value| (a normed x kept in shared memory as
+// f32 meanwhile), a second writes the fragments.
+// Work: a unit is 8 weight rows (silu: 4 gate rows and their 4 up rows); a CTA of W warps takes
+// per_cta consecutive units, its warps splitting each unit's k (warp w, group g: segments (Wg +
 // w) * D .. + D - 1), the next group's D loads a lane in flight while it multiplies one.
-#include "backend/cuda/gemv_fp8_mma.h"
+#include "backend/cuda/gemv_mma.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -42,20 +46,27 @@ constexpr int D = 8;      // segments in flight a lane (4 measured slower on an 
 constexpr int kSeg = 64;  // bytes of a weight row a warp load takes
 constexpr int64_t kPrefetchBytes = int64_t{8} << 20;  // as gemv.cu's persistent kernel (measured there)
 constexpr size_t kMaxStaged = 96 * 1024;              // likewise
-using Epi = Fp8MmaProduct::Epilogue;
+using Epi = MmaProduct::Epilogue;
 
-// One token's staged x: 4 bytes a value, mma's A fragments in the order lanes read them. The
-// 16-value chunk ch (64 bytes) holds, for each of its 4 mma i, {hi(4i, 4i+1), lo(4i, 4i+1),
-// hi(4i+2, 4i+3), lo(4i+2, 4i+3)} (f16 pairs; bf16 x: lo = 0) in 16-byte slot i ^ ((ch >> 1) & 1):
-// one 16-byte load a mma, and lanes q = 0..3 (chunks 4s + q) hit distinct banks. Token j + 1
-// starts 32 bytes further modulo 128 than token j: no conflicts between tokens either (k is a
-// multiple of 64). Piece c (values 8c .. 8c + 7, mma 2 (c % 2) and 2 (c % 2) + 1 of chunk c / 2)
-// is bytes [32c, 32c + 32): a normed x is staged there as f32 and converted in place.
+// Values in a lane's 16-byte chunk of weight: 16 e4m3 codes (4 mma) or 8 bf16 (2 mma).
+template <bool F8>
+constexpr int kVals = F8 ? 16 : 8;
+// One token's staged x: 4 bytes a value, mma's A fragments in the order lanes read them. Chunk ch
+// (the V values lane q = ch % 4 multiplies, 4V bytes) holds, for each of its mma i, {hi(4i, 4i+1),
+// lo(4i, 4i+1), hi(4i+2, 4i+3), lo(4i+2, 4i+3)} (operand-type pairs; bf16 x: lo = 0) in 16-byte
+// slot slot_of(ch, i): one 16-byte load a mma. With FP8 (64-byte chunks) slot i ^ ((ch >> 1) & 1)
+// keeps lanes q = 0..3 on distinct banks, and token j + 1 starts 32 bytes further modulo 128
+// than token j; with bf16 (32-byte chunks) slot i and 16 bytes: no bank conflicts either way (k
+// is a multiple of 4V). Piece c (values 8c .. 8c + 7: fragments 2 (c % P) and 2 (c % P) + 1 of
+// chunk c / P, P = V / 8) is bytes [32c, 32c + 32): a normed x is staged there as f32 and
+// converted in place.
+template <bool F8>
 __host__ __device__ constexpr int64_t token_bytes(int k) {
-    return 4 * int64_t{k} + 32;
+    return 4 * int64_t{k} + (F8 ? 32 : 16);
 }
+template <bool F8>
 __device__ __forceinline__ int slot_of(int ch, int i) {
-    return i ^ ((ch >> 1) & 1);
+    return F8 ? i ^ ((ch >> 1) & 1) : i;
 }
 
 __device__ __forceinline__ uint32_t f16x2_of_e4m3x2(uint32_t two) {  // the low 16 bits
@@ -65,10 +76,28 @@ __device__ __forceinline__ uint32_t f16x2_of_e4m3x2(uint32_t two) {  // the low 
 __device__ __forceinline__ uint32_t bits(__half2 h) {
     return *reinterpret_cast<const uint32_t*>(&h);
 }
+__device__ __forceinline__ uint32_t bits(__nv_bfloat162 h) {
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+// The operand pair (hi, lo) of values s0, s1: F8 f16, else bf16; lo = value - hi (0 unless LO).
+template <bool F8, bool LO>
+__device__ __forceinline__ void split_pair(float s0, float s1, uint32_t& hi, uint32_t& lo) {
+    if constexpr (F8) {
+        const __half2 h = __floats2half2_rn(s0, s1);
+        const float2 f = __half22float2(h);
+        hi = bits(h);
+        lo = LO ? bits(__floats2half2_rn(s0 - f.x, s1 - f.y)) : 0u;
+    } else {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(s0, s1);
+        const float2 f = __bfloat1622float2(h);
+        hi = bits(h);
+        lo = LO ? bits(__floats2bfloat162_rn(s0 - f.x, s1 - f.y)) : 0u;
+    }
+}
 
 // Piece c (8 values) of token j's x: NORM x * norm (adding x^2 to ss), else the bf16 values.
 template <bool NORM>
-__device__ __forceinline__ void x_piece(const Fp8MmaProduct& a, int j, int c, float (&v)[8], float& ss) {
+__device__ __forceinline__ void x_piece(const MmaProduct& a, int j, int c, float (&v)[8], float& ss) {
     if constexpr (NORM) {
         const float4* xr = reinterpret_cast<const float4*>(static_cast<const float*>(a.x) + int64_t{j} * a.k) + 2 * c;
         const float4* gr = reinterpret_cast<const float4*>(a.norm) + 2 * c;
@@ -100,13 +129,16 @@ __device__ __forceinline__ float pick(const float (&arr)[N], int j) {
     return v;
 }
 
-template <int N, int W, int EPI, bool NORM>
-__global__ void __launch_bounds__(32 * W) fp8_mma_kernel(const Fp8MmaProduct a, int per_cta) {
+template <bool F8, int N, int W, int EPI, bool NORM>
+__global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, int per_cta) {
+    constexpr int V = kVals<F8>, P = V / 8;  // values a lane's chunk, 8-value pieces a chunk
+    const char* wb = static_cast<const char*>(a.w);
     extern __shared__ uint4 x_smem[];
     __shared__ float part[2][W][N][8];             // per-warp sums of a unit, two buffers: one barrier a unit
     __shared__ float red[W][N][2];                 // per-warp amax and sum of x^2
     constexpr int RU = EPI == Epi::kSilu ? 4 : 8;  // rows (silu: gate | up pairs) a unit
-    const int m = a.m, k = a.k, segs = k / kSeg;
+    const int m = a.m, k = a.k, segs = k / (4 * V);
+    const int64_t row_bytes = int64_t{k} * (F8 ? 1 : 2);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n8 = lane / 4, q = lane % 4;
     const int rows = EPI == Epi::kSilu ? m / 2 : m;
     const int b_begin = blockIdx.x * per_cta, b_end = min((rows + RU - 1) / RU, b_begin + per_cta);
@@ -124,7 +156,7 @@ __global__ void __launch_bounds__(32 * W) fp8_mma_kernel(const Fp8MmaProduct a, 
     };
     auto load_group = [&](int b, int g, uint4(&dst)[D]) {
         const int s0 = (g * W + warp) * D;  // this warp's first segment
-        const uint4* p = reinterpret_cast<const uint4*>(a.w + int64_t{row_of(b, n8)} * k + int64_t{s0} * kSeg) + q;
+        const uint4* p = reinterpret_cast<const uint4*>(wb + row_of(b, n8) * row_bytes + int64_t{s0} * kSeg) + q;
         if (s0 + D <= segs) {
 #pragma unroll
             for (int d = 0; d < D; ++d) dst[d] = __ldg(p + d * (kSeg / 16));
@@ -139,10 +171,10 @@ __global__ void __launch_bounds__(32 * W) fp8_mma_kernel(const Fp8MmaProduct a, 
     {  // The rest of this CTA's rows towards L2, up to its share of kPrefetchBytes.
         const int64_t cap = kPrefetchBytes / gridDim.x / (EPI == Epi::kSilu ? 2 : 1);
         const int64_t first = int64_t{b_begin} * RU, count = min(int64_t{b_end} * RU, int64_t{rows}) - first;
-        const int64_t bytes = min(count * k, cap);
+        const int64_t bytes = min(count * row_bytes, cap);
 #pragma unroll
         for (int half = 0; half < (EPI == Epi::kSilu ? 2 : 1); ++half) {
-            const uint8_t* p = a.w + (first + half * rows) * k;
+            const char* p = wb + (first + half * rows) * row_bytes;
             for (int64_t i = threadIdx.x; i * 128 < bytes; i += (32 * W))
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i * 128));
         }
@@ -152,7 +184,7 @@ __global__ void __launch_bounds__(32 * W) fp8_mma_kernel(const Fp8MmaProduct a, 
     // x: each token's largest |value| (NORM: and sum of x^2), the values kept in shared memory
     // as f32 (NORM) or read again (bf16, from L1); then each thread writes its pieces' fragments.
     char* xb = reinterpret_cast<char*>(x_smem);
-    const int64_t tb = token_bytes(k);
+    const int64_t tb = token_bytes<F8>(k);
     const int pieces = k / 8;
     float amax[N], ss[N];
 #pragma unroll
@@ -190,7 +222,7 @@ __global__ void __launch_bounds__(32 * W) fp8_mma_kernel(const Fp8MmaProduct a, 
         for (int w = 0; w < W; ++w) am = fmaxf(am, red[w][j][0]), s += red[w][j][1];
         int e = 0;
         if (am > 0.0f && isfinite(am)) frexpf(am, &e);  // am = f * 2^e, f in [0.5, 1)
-        const int shift = am > 0.0f && isfinite(am) ? min(max(15 - e, -100), 100) : 0;
+        const int shift = F8 && am > 0.0f && isfinite(am) ? min(max(15 - e, -100), 100) : 0;  // bf16: f32's range
         xscale[j] = ldexpf(1.0f, shift);
         post[j] = ldexpf(1.0f, -shift);
         if constexpr (NORM) post[j] /= sqrtf(s / static_cast<float>(k) + a.eps);
@@ -207,19 +239,15 @@ __global__ void __launch_bounds__(32 * W) fp8_mma_kernel(const Fp8MmaProduct a, 
                 float unused = 0.0f;
                 x_piece<false>(a, j, c, v, unused);
             }
-            uint32_t f[2][4];  // the fragments of mma 2 (c % 2) and 2 (c % 2) + 1
+            uint32_t f[2][4];  // the fragments of mma 2 (c % P) and 2 (c % P) + 1
 #pragma unroll
-            for (int h = 0; h < 4; ++h) {  // value pairs (2h, 2h + 1)
-                const float s0 = v[2 * h] * xscale[j], s1 = v[2 * h + 1] * xscale[j];
-                const __half2 hi = __floats2half2_rn(s0, s1);
-                const float2 hf = __half22float2(hi);
-                f[h / 2][2 * (h % 2)] = bits(hi);
-                f[h / 2][2 * (h % 2) + 1] = NORM ? bits(__floats2half2_rn(s0 - hf.x, s1 - hf.y)) : 0u;
-            }
-            char* dst = xb + j * tb + 64 * (c / 2);
+            for (int h = 0; h < 4; ++h)  // value pairs (2h, 2h + 1)
+                split_pair<F8, NORM>(v[2 * h] * xscale[j], v[2 * h + 1] * xscale[j], f[h / 2][2 * (h % 2)],
+                                     f[h / 2][2 * (h % 2) + 1]);
+            char* dst = xb + j * tb + 4 * V * (c / P);
 #pragma unroll
             for (int t = 0; t < 2; ++t)
-                *reinterpret_cast<uint4*>(dst + 16 * slot_of(c / 2, 2 * (c % 2) + t)) =
+                *reinterpret_cast<uint4*>(dst + 16 * slot_of<F8>(c / P, 2 * (c % P) + t)) =
                     make_uint4(f[t][0], f[t][1], f[t][2], f[t][3]);
         }
     }
@@ -227,10 +255,10 @@ __global__ void __launch_bounds__(32 * W) fp8_mma_kernel(const Fp8MmaProduct a, 
 
     const bool has_x = n8 < N;  // lanes holding a token's row of A
     // Lane q's chunk of segment s is chunk 4s + q; (ch >> 1) & 1 = q >> 1 for all of them.
-    const char* xl = xb + (has_x ? n8 : 0) * tb + 64 * q;
-    int slot_off[4];
+    const char* xl = xb + (has_x ? n8 : 0) * tb + 4 * V * q;
+    int slot_off[V / 4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) slot_off[i] = 16 * slot_of(q, i);
+    for (int i = 0; i < V / 4; ++i) slot_off[i] = 16 * slot_of<F8>(q, i);
     float acc0[4] = {}, acc1[4] = {};  // two chains of mma (even / odd i)
     int b = b_begin, g = 0, nb = b_begin, ng = 0, buf = 0;
     for (int s = 0; s < steps; ++s) {
@@ -243,18 +271,19 @@ __global__ void __launch_bounds__(32 * W) fp8_mma_kernel(const Fp8MmaProduct a, 
 #pragma unroll
         for (int d = 0; d < D; ++d) {
             if (s0 + d >= segs) break;  // warp-uniform
-            const char* xp = xl + int64_t{s0 + d} * (4 * kSeg);
+            const char* xp = xl + int64_t{s0 + d} * (16 * V);
             const uint32_t wv[4] = {cur[d].x, cur[d].y, cur[d].z, cur[d].w};
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
+            for (int i = 0; i < V / 4; ++i) {
                 uint4 fr = make_uint4(0, 0, 0, 0);
                 if (has_x) fr = *reinterpret_cast<const uint4*>(xp + slot_off[i]);
                 const uint32_t fa[4] = {fr.x, fr.y, fr.z, fr.w};
-                const uint32_t b0 = f16x2_of_e4m3x2(wv[i]), b1 = f16x2_of_e4m3x2(wv[i] >> 16);
-                if (i % 2 == 0)
-                    mma_f16_16816(acc0, fa, b0, b1);
-                else
-                    mma_f16_16816(acc1, fa, b0, b1);
+                if constexpr (F8) {
+                    const uint32_t b0 = f16x2_of_e4m3x2(wv[i]), b1 = f16x2_of_e4m3x2(wv[i] >> 16);
+                    mma_f16_16816(i % 2 == 0 ? acc0 : acc1, fa, b0, b1);
+                } else {  // values 4i, 4i + 1 in word 2i, 4i + 2, 4i + 3 in word 2i + 1
+                    mma_bf16_16816(i % 2 == 0 ? acc0 : acc1, fa, wv[2 * i], wv[2 * i + 1]);
+                }
             }
         }
         if (++g < groups) continue;
@@ -270,7 +299,7 @@ __global__ void __launch_bounds__(32 * W) fp8_mma_kernel(const Fp8MmaProduct a, 
             float v = 0.0f;
 #pragma unroll
             for (int w = 0; w < W; ++w) v += part[buf][w][j][r];
-            return v * __ldg(a.scale + row) * pick(post, j);
+            return v * (F8 ? __ldg(a.scale + row) : 1.0f) * pick(post, j);
         };
         if constexpr (EPI == Epi::kSilu) {
             if (threadIdx.x < 4 * N) {
@@ -302,10 +331,10 @@ __global__ void __launch_bounds__(32 * W) fp8_mma_kernel(const Fp8MmaProduct a, 
 
 // Resident CTAs per SM of one instantiation with `smem` dynamic bytes, cached per device with
 // the smem it was computed for.
-template <int N, int W, int EPI, bool NORM>
+template <bool F8, int N, int W, int EPI, bool NORM>
 int resident(size_t smem) {
     static std::atomic<uint64_t> cached[64];
-    return resident_ctas(fp8_mma_kernel<N, W, EPI, NORM>, 32 * W, smem, cached);
+    return resident_ctas(mma_gemv_kernel<F8, N, W, EPI, NORM>, 32 * W, smem, cached);
 }
 
 // How a product's units (8 rows; silu 4 pairs) go to CTAs of W warps: every CTA the same number
@@ -313,84 +342,91 @@ int resident(size_t smem) {
 struct Plan {
     int units, slots, per_cta, grid;
 };
-template <int N, int W, int EPI, bool NORM>
-Plan plan(const Fp8MmaProduct& p) {
+template <bool F8, int N, int W, int EPI, bool NORM>
+Plan plan(const MmaProduct& p) {
     constexpr int RU = EPI == Epi::kSilu ? 4 : 8;
     Plan pl;
     pl.units = ((EPI == Epi::kSilu ? p.m / 2 : p.m) + RU - 1) / RU;
-    pl.slots = sm_count() * resident<N, W, EPI, NORM>(static_cast<size_t>(N * token_bytes(p.k)));
+    pl.slots = sm_count() * resident<F8, N, W, EPI, NORM>(static_cast<size_t>(N * token_bytes<F8>(p.k)));
     pl.per_cta = (pl.units + pl.slots - 1) / pl.slots;
     pl.grid = (pl.units + pl.per_cta - 1) / pl.per_cta;
     return pl;
 }
-template <int N, int W, int EPI, bool NORM>
-void launch_planned(const Fp8MmaProduct& p, const Plan& pl, cudaStream_t stream) {
-    launch_pdl(fp8_mma_kernel<N, W, EPI, NORM>, dim3(static_cast<unsigned>(pl.grid)), dim3(32 * W),
-               static_cast<size_t>(N * token_bytes(p.k)), stream, p, pl.per_cta);
+template <bool F8, int N, int W, int EPI, bool NORM>
+void launch_planned(const MmaProduct& p, const Plan& pl, cudaStream_t stream) {
+    launch_pdl(mma_gemv_kernel<F8, N, W, EPI, NORM>, dim3(static_cast<unsigned>(pl.grid)), dim3(32 * W),
+               static_cast<size_t>(N * token_bytes<F8>(p.k)), stream, p, pl.per_cta);
 }
 
 // CTAs of 4 warps at n <= 2 where each takes several units and they fill the slots, else of 8
 // (twice the warps on each unit, half the CTAs: fewer slots left idle by the last fraction of a
-// wave). H200, CudaGemvPerf.Fp8DecodeProducts, 4 / 8 warps (us): 8B gate|up n 1 32.2 / 35.9, n 2
+// wave). H200, CudaGemvPerf.DecodeProductsOnTensorCores (FP8), 4 / 8 warps (us): 8B gate|up n 1 32.2 / 35.9, n 2
 // 34.8 / 36.8, n 3 45.1 / 38.4, n 4 47.5 / 39.9; n 1 q|k|v 12.4 / 10.6, down 25.9 / 19.6, o 7.5 /
-// 7.6. PEREGRINE_FP8_MMA_WARPS = 4 | 8 forces one (measurement knob).
-template <int N, int EPI, bool NORM>
-void launch(const Fp8MmaProduct& p, cudaStream_t stream) {
+// 7.6 (bf16: not measured). PEREGRINE_FP8_MMA_WARPS = 4 | 8 forces one (measurement knob).
+template <bool F8, int N, int EPI, bool NORM>
+void launch(const MmaProduct& p, cudaStream_t stream) {
     static const int forced = env_int("PEREGRINE_FP8_MMA_WARPS", 0);
-    const Plan p4 = plan<N, 4, EPI, NORM>(p);
+    const Plan p4 = plan<F8, N, 4, EPI, NORM>(p);
     const bool four = forced == 4 || (forced != 8 && N <= 2 && p4.per_cta >= 4 &&
                                       p4.units >= 0.85 * static_cast<double>(p4.per_cta) * p4.slots);
-    if (four) return launch_planned<N, 4, EPI, NORM>(p, p4, stream);
-    launch_planned<N, 8, EPI, NORM>(p, plan<N, 8, EPI, NORM>(p), stream);
+    if (four) return launch_planned<F8, N, 4, EPI, NORM>(p, p4, stream);
+    launch_planned<F8, N, 8, EPI, NORM>(p, plan<F8, N, 8, EPI, NORM>(p), stream);
 }
 
-template <int N>
-void dispatch_epilogue(const Fp8MmaProduct& p, cudaStream_t stream) {
+template <bool F8, int N>
+void dispatch_epilogue(const MmaProduct& p, cudaStream_t stream) {
     const bool norm = p.norm != nullptr;
     switch (p.epilogue) {
         case Epi::kSilu:
-            return norm ? launch<N, Epi::kSilu, true>(p, stream) : launch<N, Epi::kSilu, false>(p, stream);
+            return norm ? launch<F8, N, Epi::kSilu, true>(p, stream) : launch<F8, N, Epi::kSilu, false>(p, stream);
         case Epi::kAdd:
-            return launch<N, Epi::kAdd, false>(p, stream);
+            return launch<F8, N, Epi::kAdd, false>(p, stream);
         default:
-            return norm ? launch<N, Epi::kPlain, true>(p, stream) : launch<N, Epi::kPlain, false>(p, stream);
+            return norm ? launch<F8, N, Epi::kPlain, true>(p, stream) : launch<F8, N, Epi::kPlain, false>(p, stream);
     }
 }
 
-int g_mode = -1;
-bool enabled() {
-    if (g_mode >= 0) return g_mode == 1;
-    static const bool on = !env_equals("PEREGRINE_FP8_GEMV", "fma");
-    return on;
+template <bool F8>
+void dispatch_n(const MmaProduct& p, cudaStream_t stream) {
+    switch (p.n) {
+        case 1:
+            return dispatch_epilogue<F8, 1>(p, stream);
+        case 2:
+            return dispatch_epilogue<F8, 2>(p, stream);
+        case 3:
+            return dispatch_epilogue<F8, 3>(p, stream);
+        default:
+            return dispatch_epilogue<F8, 4>(p, stream);
+    }
+}
+
+int g_mode[2] = {-1, -1};  // by MmaProduct::Weight
+bool enabled(MmaProduct::Weight weight) {
+    if (g_mode[weight] >= 0) return g_mode[weight] == 1;
+    static const bool fp8 = !env_equals("PEREGRINE_FP8_GEMV", "fma");
+    static const bool bf16 = env_equals("PEREGRINE_BF16_GEMV", "mma");
+    return weight == MmaProduct::kF8 ? fp8 : bf16;
 }
 
 }  // namespace
 
-void set_fp8_gemv_mma(int mode) {
-    g_mode = mode;
+void set_gemv_mma(MmaProduct::Weight weight, int mode) {
+    g_mode[weight] = mode;
 }
 
-bool gemv_fp8_mma(const Fp8MmaProduct& p, cudaStream_t stream) {
-    const bool norm = p.norm != nullptr;
-    if (!enabled() || p.n < 1 || p.n > 4 || p.k <= 0 || p.k % kSeg != 0 || p.m <= 0 ||
-        (p.epilogue == Epi::kAdd && norm) || (p.epilogue == Epi::kSilu && p.m % 2 != 0) ||
-        static_cast<size_t>(p.n * token_bytes(p.k)) > kMaxStaged || reinterpret_cast<uintptr_t>(p.x) % 16 != 0 ||
+bool gemv_mma(const MmaProduct& p, cudaStream_t stream) {
+    const bool norm = p.norm != nullptr, f8 = p.weight == MmaProduct::kF8;
+    const int seg_values = 4 * (f8 ? kVals<true> : kVals<false>);
+    const size_t staged = static_cast<size_t>(p.n) * (f8 ? token_bytes<true>(p.k) : token_bytes<false>(p.k));
+    if (!enabled(p.weight) || p.n < 1 || p.n > 4 || p.k <= 0 || p.k % seg_values != 0 || p.m <= 0 ||
+        (f8 && p.scale == nullptr) || (p.epilogue == Epi::kAdd && norm) || (p.epilogue == Epi::kSilu && p.m % 2 != 0) ||
+        staged > kMaxStaged || reinterpret_cast<uintptr_t>(p.x) % 16 != 0 ||
         reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || (norm && reinterpret_cast<uintptr_t>(p.norm) % 16 != 0))
         return false;
-    switch (p.n) {
-        case 1:
-            dispatch_epilogue<1>(p, stream);
-            break;
-        case 2:
-            dispatch_epilogue<2>(p, stream);
-            break;
-        case 3:
-            dispatch_epilogue<3>(p, stream);
-            break;
-        default:
-            dispatch_epilogue<4>(p, stream);
-            break;
-    }
+    if (f8)
+        dispatch_n<true>(p, stream);
+    else
+        dispatch_n<false>(p, stream);
     return true;
 }
 

@@ -1,0 +1,36 @@
+// Decode products on tensor cores: gemv.cu hands them its FP8 (E4M3, one f32 factor per row) and
+// bf16 products of 1-4 rows of x where they apply (gemv_mma.cu says how and why).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace peregrine::cuda {
+
+struct MmaProduct {
+    enum Epilogue { kPlain, kSilu, kAdd };  // as gemv, gemv_silu, gemv_add
+    enum Weight { kBf16, kF8 };
+    const void* x;      // [n, k] bf16, or with norm the f32 residual stream
+    const float* norm;  // [k] RMSNorm weight, or nullptr
+    float eps;
+    Weight weight;
+    const void* w;       // [m, k] bf16 values or e4m3 codes
+    const float* scale;  // e4m3: [m] row factors
+    void* out;           // [n, m] f32 / bf16 (silu: [n, m / 2] bf16; add: f32, accumulated into)
+    bool out_f32;
+    int n, m, k;
+    Epilogue epilogue;
+};
+
+// Launches the product and returns true, or returns false without launching where it does not
+// take it (k not a multiple of 64, n outside 1..4, x too long to stage, switched off: then the
+// caller runs its own kernel).
+bool gemv_mma(const MmaProduct& p, cudaStream_t stream);
+
+// Test and measurement hook for one weight kind: 1 on, 0 off, -1 (default) the environment
+// decides: PEREGRINE_FP8_GEMV = mma (default) | fma, PEREGRINE_BF16_GEMV = mma | fma (default:
+// not yet measured on a GPU), fma being gemv.cu's kernels.
+void set_gemv_mma(MmaProduct::Weight weight, int mode);
+
+}  // namespace peregrine::cuda
