@@ -27,7 +27,6 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -36,7 +35,7 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/gemv_mma.h"
 #include "backend/cuda/pdl.cuh"
-#include "backend/cuda/resident_ctas.cuh"
+#include "backend/cuda/persistent_products.cuh"
 #include "backend/cuda/weight_chunks.cuh"
 #include "core/env.h"
 
@@ -62,14 +61,6 @@ enum Epilogue { kPlain, kSilu, kAdd };
 static_assert(static_cast<int>(kPlain) == MmaProduct::kPlain && static_cast<int>(kSilu) == MmaProduct::kSilu &&
               static_cast<int>(kAdd) == MmaProduct::kAdd);
 
-// Persistent kernel: weight bytes all its CTAs together prefetch to L2 before the wait. H100, 1B
-// decode with the o / down products persistent: 0 / 4 / 8 / 16 / 32 MB gave 940-945 / 944-946 /
-// 940 / 917-918 / 866-876 tok/s (more competes with the previous kernel's tail for DRAM).
-constexpr int64_t kPrefetchBytes = int64_t{8} << 20;
-// Persistent kernel: the most bytes of x it stages in shared memory (one token; 227 KB per CTA
-// at most on Hopper, the rest left for a second CTA and the next kernel's).
-constexpr size_t kMaxStagedX = 96 * 1024;
-
 // The factor a row's sum is scaled by: e4m3's per-row factor, else 1.
 template <int W>
 __device__ __forceinline__ float row_factor(const Args& a, int row) {
@@ -77,16 +68,9 @@ __device__ __forceinline__ float row_factor(const Args& a, int row) {
     return 1.0f;
 }
 
-// A normed product's 16-byte chunk c of token j: x (f32, written by the kernel before: plain
-// loads) into v and the norm weight into g, 8 elements each.
+// A normed product's 8-value piece c of token j (weight_chunks.cuh).
 __device__ __forceinline__ void load_normed_chunk(const Args& a, int j, int c, float (&v)[8], float (&g)[8]) {
-    const float4* xr =
-        reinterpret_cast<const float4*>(static_cast<const float*>(a.x) + static_cast<int64_t>(j) * a.k) + 2 * c;
-    const float4 x0 = xr[0], x1 = xr[1];
-    const float4 g0 = __ldg(reinterpret_cast<const float4*>(a.norm) + 2 * c);
-    const float4 g1 = __ldg(reinterpret_cast<const float4*>(a.norm) + 2 * c + 1);
-    v[0] = x0.x, v[1] = x0.y, v[2] = x0.z, v[3] = x0.w, v[4] = x1.x, v[5] = x1.y, v[6] = x1.z, v[7] = x1.w;
-    g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w, g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
+    load_normed_piece(static_cast<const float*>(a.x), a.norm, a.k, j, c, v, g);
 }
 
 // The 4-bit products (kU4) multiply on integers, as llama.cpp's decode products do: x is taken
@@ -377,16 +361,14 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
     pdl_launch_dependents();
     Chunk next[D][R];
     load_group(u_begin, 0, next);
-    {  // The rest of this CTA's rows towards L2, up to its share of kPrefetchBytes.
+    {  // The rest of this CTA's rows towards L2.
         const int64_t row_bytes = WC::row_bytes(k);
-        const int64_t cap = kPrefetchBytes / gridDim.x / (EPI == kSilu ? 2 : 1);
-        const int64_t bytes = min(static_cast<int64_t>(u_end - u_begin) * row_bytes, cap);
+        constexpr int halves = EPI == kSilu ? 2 : 1;
 #pragma unroll
-        for (int half = 0; half < (EPI == kSilu ? 2 : 1); ++half) {
-            const char* p = static_cast<const char*>(a.w) + static_cast<int64_t>(row_of(u_begin, half * U)) * row_bytes;
-            for (int64_t i = threadIdx.x; i * 128 < bytes; i += kThreads)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i * 128));
-        }
+        for (int half = 0; half < halves; ++half)
+            prefetch_rows_l2(
+                static_cast<const char*>(a.w) + static_cast<int64_t>(row_of(u_begin, half * U)) * row_bytes,
+                static_cast<int64_t>(u_end - u_begin) * row_bytes, halves, kThreads);
     }
     pdl_wait();
     // x into shared memory (NORM: with this thread's sums of x^2, in gemv_kernel's order). 4-bit
@@ -582,21 +564,13 @@ void launch_rd(const Args& a, cudaStream_t stream) {
     launch_pdl(gemv_kernel<N, R, D, EPI, NORM, W>, static_cast<unsigned>(blocks), kThreads, 0, stream, a);
 }
 
-// Resident CTAs per SM of one persistent instantiation (x in `smem` bytes), cached per device
-// with the smem it was computed for (an instantiation usually meets one k).
-template <int N, int R, int D, int EPI, bool NORM, int W>
-int persistent_ctas(size_t smem) {
-    static std::atomic<uint64_t> cached[64];
-    return resident_ctas(gemv_persistent_kernel<N, R, D, EPI, NORM, W>, kThreads, smem, cached);
-}
-
 template <int N, int R, int D, int EPI, bool NORM, int W>
 void launch_persistent(const Args& a, cudaStream_t stream) {
     // x (XBlocks, f32 normed or bf16), then the pieces' sums of x^2 (kPieceSums).
     const size_t smem = kIntX<W> ? static_cast<size_t>(N) * (a.k / 32) * sizeof(XBlock)
                                  : static_cast<size_t>(N) * a.k * (NORM ? 4 : 2) +
                                        (kPieceSums<W, NORM> ? static_cast<size_t>(N) * (a.k / 8) * 4 : 0);
-    const int per_sm = persistent_ctas<N, R, D, EPI, NORM, W>(smem);
+    const int per_sm = resident_ctas<gemv_persistent_kernel<N, R, D, EPI, NORM, W>>(kThreads, smem);
     // Every CTA the same number of units, whole row blocks (the last CTA fewer): a CTA with one
     // more unit than the rest would set the kernel's end.
     constexpr int U = EPI == kSilu ? R / 2 : R;

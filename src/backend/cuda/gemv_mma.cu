@@ -31,12 +31,12 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/pdl.cuh"
-#include "backend/cuda/resident_ctas.cuh"
+#include "backend/cuda/persistent_products.cuh"
 #include "backend/cuda/warp_mma.cuh"
+#include "backend/cuda/weight_chunks.cuh"
 #include "core/env.h"
 
 namespace peregrine::cuda {
@@ -44,8 +44,6 @@ namespace {
 
 constexpr int D = 8;      // segments in flight a lane (4 measured slower on an H200: fewer bytes in flight)
 constexpr int kSeg = 64;  // bytes of a weight row a warp load takes
-constexpr int64_t kPrefetchBytes = int64_t{8} << 20;  // as gemv.cu's persistent kernel (measured there)
-constexpr size_t kMaxStaged = 96 * 1024;              // likewise
 using Epi = MmaProduct::Epilogue;
 
 // Values in a lane's 16-byte chunk of weight: 16 e4m3 codes (4 mma) or 8 bf16 (2 mma).
@@ -99,24 +97,15 @@ __device__ __forceinline__ void split_pair(float s0, float s1, uint32_t& hi, uin
 template <bool NORM>
 __device__ __forceinline__ void x_piece(const MmaProduct& a, int j, int c, float (&v)[8], float& ss) {
     if constexpr (NORM) {
-        const float4* xr = reinterpret_cast<const float4*>(static_cast<const float*>(a.x) + int64_t{j} * a.k) + 2 * c;
-        const float4* gr = reinterpret_cast<const float4*>(a.norm) + 2 * c;
-        const float4 x0 = xr[0], x1 = xr[1], g0 = __ldg(gr), g1 = __ldg(gr + 1);
-        const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+        float x[8], g[8];
+        load_normed_piece(static_cast<const float*>(a.x), a.norm, a.k, j, c, x, g);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             ss = fmaf(x[e], x[e], ss);
             v[e] = x[e] * g[e];
         }
     } else {
-        const uint4 h = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + int64_t{j} * a.k)[c];
-        const uint32_t w[4] = {h.x, h.y, h.z, h.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            v[2 * i] = __uint_as_float(w[i] << 16);
-            v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-        }
+        unpack8(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + int64_t{j} * a.k)[c], v);
     }
 }
 
@@ -168,16 +157,12 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
     pdl_launch_dependents();
     uint4 next[D];
     load_group(b_begin, 0, next);
-    {  // The rest of this CTA's rows towards L2, up to its share of kPrefetchBytes.
-        const int64_t cap = kPrefetchBytes / gridDim.x / (EPI == Epi::kSilu ? 2 : 1);
+    {  // The rest of this CTA's rows towards L2.
         const int64_t first = int64_t{b_begin} * RU, count = min(int64_t{b_end} * RU, int64_t{rows}) - first;
-        const int64_t bytes = min(count * row_bytes, cap);
+        constexpr int halves = EPI == Epi::kSilu ? 2 : 1;
 #pragma unroll
-        for (int half = 0; half < (EPI == Epi::kSilu ? 2 : 1); ++half) {
-            const char* p = wb + (first + half * rows) * row_bytes;
-            for (int64_t i = threadIdx.x; i * 128 < bytes; i += (32 * W))
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i * 128));
-        }
+        for (int half = 0; half < halves; ++half)
+            prefetch_rows_l2(wb + (first + half * rows) * row_bytes, count * row_bytes, halves, 32 * W);
     }
     pdl_wait();
 
@@ -220,9 +205,12 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
         float am = 0.0f, s = 0.0f;
 #pragma unroll
         for (int w = 0; w < W; ++w) am = fmaxf(am, red[w][j][0]), s += red[w][j][1];
-        int e = 0;
-        if (am > 0.0f && isfinite(am)) frexpf(am, &e);  // am = f * 2^e, f in [0.5, 1)
-        const int shift = F8 && am > 0.0f && isfinite(am) ? min(max(15 - e, -100), 100) : 0;  // bf16: f32's range
+        int shift = 0;  // bf16 operands: f32's range, no shift
+        if (F8 && am > 0.0f && isfinite(am)) {
+            int e = 0;
+            frexpf(am, &e);  // am = f * 2^e, f in [0.5, 1)
+            shift = min(max(15 - e, -100), 100);
+        }
         xscale[j] = ldexpf(1.0f, shift);
         post[j] = ldexpf(1.0f, -shift);
         if constexpr (NORM) post[j] /= sqrtf(s / static_cast<float>(k) + a.eps);
@@ -329,14 +317,6 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
     }
 }
 
-// Resident CTAs per SM of one instantiation with `smem` dynamic bytes, cached per device with
-// the smem it was computed for.
-template <bool F8, int N, int W, int EPI, bool NORM>
-int resident(size_t smem) {
-    static std::atomic<uint64_t> cached[64];
-    return resident_ctas(mma_gemv_kernel<F8, N, W, EPI, NORM>, 32 * W, smem, cached);
-}
-
 // How a product's units (8 rows; silu 4 pairs) go to CTAs of W warps: every CTA the same number
 // (the last fewer), since one with a unit more than the rest would set the kernel's end.
 struct Plan {
@@ -347,7 +327,8 @@ Plan plan(const MmaProduct& p) {
     constexpr int RU = EPI == Epi::kSilu ? 4 : 8;
     Plan pl;
     pl.units = ((EPI == Epi::kSilu ? p.m / 2 : p.m) + RU - 1) / RU;
-    pl.slots = sm_count() * resident<F8, N, W, EPI, NORM>(static_cast<size_t>(N * token_bytes<F8>(p.k)));
+    pl.slots = sm_count() * resident_ctas<mma_gemv_kernel<F8, N, W, EPI, NORM>>(
+                                32 * W, static_cast<size_t>(N * token_bytes<F8>(p.k)));
     pl.per_cta = (pl.units + pl.slots - 1) / pl.slots;
     pl.grid = (pl.units + pl.per_cta - 1) / pl.per_cta;
     return pl;
@@ -366,10 +347,11 @@ void launch_planned(const MmaProduct& p, const Plan& pl, cudaStream_t stream) {
 template <bool F8, int N, int EPI, bool NORM>
 void launch(const MmaProduct& p, cudaStream_t stream) {
     static const int forced = env_int("PEREGRINE_FP8_MMA_WARPS", 0);
-    const Plan p4 = plan<F8, N, 4, EPI, NORM>(p);
-    const bool four = forced == 4 || (forced != 8 && N <= 2 && p4.per_cta >= 4 &&
-                                      p4.units >= 0.85 * static_cast<double>(p4.per_cta) * p4.slots);
-    if (four) return launch_planned<F8, N, 4, EPI, NORM>(p, p4, stream);
+    if (forced == 4 || (forced != 8 && N <= 2)) {  // only then are 4-warp CTAs a candidate
+        const Plan p4 = plan<F8, N, 4, EPI, NORM>(p);
+        if (forced == 4 || (p4.per_cta >= 4 && p4.units >= 0.85 * static_cast<double>(p4.per_cta) * p4.slots))
+            return launch_planned<F8, N, 4, EPI, NORM>(p, p4, stream);
+    }
     launch_planned<F8, N, 8, EPI, NORM>(p, plan<F8, N, 8, EPI, NORM>(p), stream);
 }
 
@@ -420,7 +402,7 @@ bool gemv_mma(const MmaProduct& p, cudaStream_t stream) {
     const size_t staged = static_cast<size_t>(p.n) * (f8 ? token_bytes<true>(p.k) : token_bytes<false>(p.k));
     if (!enabled(p.weight) || p.n < 1 || p.n > 4 || p.k <= 0 || p.k % seg_values != 0 || p.m <= 0 ||
         (f8 && p.scale == nullptr) || (p.epilogue == Epi::kAdd && norm) || (p.epilogue == Epi::kSilu && p.m % 2 != 0) ||
-        staged > kMaxStaged || reinterpret_cast<uintptr_t>(p.x) % 16 != 0 ||
+        staged > kMaxStagedX || reinterpret_cast<uintptr_t>(p.x) % 16 != 0 ||
         reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || (norm && reinterpret_cast<uintptr_t>(p.norm) % 16 != 0))
         return false;
     if (f8)

@@ -35,6 +35,17 @@ __device__ __forceinline__ void unpack8(const uint4& v, float f[8]) {
         f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
     }
 }
+// Piece c (values 8c .. 8c + 7) of token j of a normed product's x ([n, k] f32, written by an
+// earlier kernel: plain loads) into v, and of the norm weight into g.
+__device__ __forceinline__ void load_normed_piece(const float* x, const float* norm, int64_t k, int j, int c,
+                                                  float (&v)[8], float (&g)[8]) {
+    const float4* xr = reinterpret_cast<const float4*>(x + j * k) + 2 * c;
+    const float4 x0 = xr[0], x1 = xr[1];
+    const float4 g0 = __ldg(reinterpret_cast<const float4*>(norm) + 2 * c);
+    const float4 g1 = __ldg(reinterpret_cast<const float4*>(norm) + 2 * c + 1);
+    v[0] = x0.x, v[1] = x0.y, v[2] = x0.z, v[3] = x0.w, v[4] = x1.x, v[5] = x1.y, v[6] = x1.z, v[7] = x1.w;
+    g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w, g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
+}
 __device__ __forceinline__ uint16_t to_bf16(float v) {
     const __nv_bfloat16 h = __float2bfloat16_rn(v);
     return *reinterpret_cast<const uint16_t*>(&h);

@@ -132,6 +132,16 @@ std::string quant_tiny(const char* type) {
 std::vector<int32_t> golden_prompt(const std::string& base) {
     return read_json_file(base + ".golden.json")["prompt_ids"].get<std::vector<int32_t>>();
 }
+// Two GGUF paths' logits that differ only in summation order: printed, then no argmax change and
+// every logit within 1e-2.
+void expect_same_gguf_logits(const std::vector<float>& want, const std::vector<float>& got, int64_t vocab,
+                             const std::string& what) {
+    SCOPED_TRACE(what);
+    const LogitStats s = compare_logits(want, got, vocab);
+    std::printf("gguf %s: mean KL %.3g, max |dlogit| %.3g\n", what.c_str(), s.mean_kl, s.max_abs_diff);
+    EXPECT_EQ(s.argmax_mismatches, 0u);
+    EXPECT_LE(s.max_abs_diff, 1e-2);
+}
 
 // A dequantize buffer smaller than the largest GGUF matrix: dequantized products run in row chunks
 // (each filling its column band of the output); the logits of every quant-tiny prompt stay those
@@ -151,11 +161,8 @@ TEST(GpuGolden, GgufProductsInRowChunks) {
         const int64_t head = static_cast<int64_t>(chunked.vocab()) * k;
         ASSERT_LT(static_cast<CudaBackend&>(*chunked.backend).gguf_scratch_elements(), head)
             << "the buffer holds the head: nothing would be chunked";
-        const std::vector<float> a = whole.all_logits(prompt), b = chunked.all_logits(prompt);
-        const LogitStats s = compare_logits(a, b, whole.vocab());
-        std::printf("gguf %s in row chunks: mean KL %.3g, max |dlogit| %.3g\n", t, s.mean_kl, s.max_abs_diff);
-        EXPECT_EQ(s.argmax_mismatches, 0u);
-        EXPECT_LE(s.max_abs_diff, 1e-2);
+        expect_same_gguf_logits(whole.all_logits(prompt), chunked.all_logits(prompt), whole.vocab(),
+                                std::string(t) + " in row chunks");
     }
 }
 
@@ -177,14 +184,9 @@ TEST(GpuGolden, GgufTokenTilesMatchDequantized) {
         const std::vector<float> want = dequantized.all_logits(prompt);
         o.gguf_gemm_max_rows = 1 << 20;
         TestModel tiled(base + ".gguf", std::make_unique<CudaBackend>(o));
-        for (int chunk : {0, 100}) {
-            const std::vector<float> got = tiled.all_logits(prompt, chunk);
-            const LogitStats s = compare_logits(want, got, tiled.vocab());
-            std::printf("gguf %s token tiles (chunk %d): mean KL %.3g, max |dlogit| %.3g\n", t, chunk, s.mean_kl,
-                        s.max_abs_diff);
-            EXPECT_EQ(s.argmax_mismatches, 0u) << "chunk " << chunk;
-            EXPECT_LE(s.max_abs_diff, 1e-2) << "chunk " << chunk;
-        }
+        for (int chunk : {0, 100})
+            expect_same_gguf_logits(want, tiled.all_logits(prompt, chunk), tiled.vocab(),
+                                    std::string(t) + " token tiles (chunk " + std::to_string(chunk) + ")");
     }
 }
 
