@@ -19,7 +19,7 @@
 // Two kernels: gemv_kernel, one CTA per row block (thousands of short CTAs), and at n = 1 for
 // some bf16 / FP8 products gemv_persistent_kernel, one CTA per resident slot walking a range of
 // row blocks with x staged once in shared memory (launch_persistent_by_k says which, with the
-// numbers). FP8 products (and with PEREGRINE_BF16_GEMV=mma bf16 ones) go first to the
+// numbers). FP8 products (and the bf16 ones gemv_mma.cu's bf16_auto names) go first to the
 // tensor-core kernel of gemv_mma.cu, which takes every one whose x it can stage; these kernels
 // run the rest.
 #include <cuda_bf16.h>

@@ -382,12 +382,23 @@ void dispatch_n(const MmaProduct& p, cudaStream_t stream) {
     }
 }
 
-int g_mode[2] = {-1, -1};  // by MmaProduct::Weight
-bool enabled(MmaProduct::Weight weight) {
-    if (g_mode[weight] >= 0) return g_mode[weight] == 1;
-    static const bool fp8 = !env_equals("PEREGRINE_FP8_GEMV", "fma");
-    static const bool bf16 = env_equals("PEREGRINE_BF16_GEMV", "mma");
-    return weight == MmaProduct::kF8 ? fp8 : bf16;
+// bf16 by default only where gemv.cu's FMA kernel was measured slower (H200, 2026-11-29,
+// CudaGemvPerf.DecodeProductsOnTensorCores): normed products whose x 3-4 rows share, and the
+// normed gate|up below k 4096, which gemv.cu has no persistent kernel for (1B gate|up at n 1:
+// 21.5 -> 18.2 us). Everywhere else its FMA kernel is as fast or faster (1B q|k|v at n 1: 4.5
+// against 5.5 us; o and down products at every n).
+bool bf16_auto(const MmaProduct& p) {
+    return p.norm != nullptr && (p.n >= 3 || (p.epilogue == Epi::kSilu && p.k < 4096));
+}
+
+int g_mode[2] = {-1, -1};  // by MmaProduct::Weight: 0 off, 1 on, 2 auto, -1 the environment's
+bool enabled(const MmaProduct& p) {
+    static const int fp8 = env_equals("PEREGRINE_FP8_GEMV", "fma") ? 0 : 1;
+    static const int bf16 = env_equals("PEREGRINE_BF16_GEMV", "fma")   ? 0
+                            : env_equals("PEREGRINE_BF16_GEMV", "mma") ? 1
+                                                                       : 2;
+    int mode = g_mode[p.weight] >= 0 ? g_mode[p.weight] : p.weight == MmaProduct::kF8 ? fp8 : bf16;
+    return mode == 2 ? p.weight == MmaProduct::kF8 || bf16_auto(p) : mode == 1;
 }
 
 }  // namespace
@@ -400,7 +411,7 @@ bool gemv_mma(const MmaProduct& p, cudaStream_t stream) {
     const bool norm = p.norm != nullptr, f8 = p.weight == MmaProduct::kF8;
     const int seg_values = 4 * (f8 ? kVals<true> : kVals<false>);
     const size_t staged = static_cast<size_t>(p.n) * (f8 ? token_bytes<true>(p.k) : token_bytes<false>(p.k));
-    if (!enabled(p.weight) || p.n < 1 || p.n > 4 || p.k <= 0 || p.k % seg_values != 0 || p.m <= 0 ||
+    if (!enabled(p) || p.n < 1 || p.n > 4 || p.k <= 0 || p.k % seg_values != 0 || p.m <= 0 ||
         (f8 && p.scale == nullptr) || (p.epilogue == Epi::kAdd && norm) || (p.epilogue == Epi::kSilu && p.m % 2 != 0) ||
         staged > kMaxStagedX || reinterpret_cast<uintptr_t>(p.x) % 16 != 0 ||
         reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || (norm && reinterpret_cast<uintptr_t>(p.norm) % 16 != 0))

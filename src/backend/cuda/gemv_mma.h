@@ -28,9 +28,10 @@ struct MmaProduct {
 // caller runs its own kernel).
 bool gemv_mma(const MmaProduct& p, cudaStream_t stream);
 
-// Test and measurement hook for one weight kind: 1 on, 0 off, -1 (default) the environment
-// decides: PEREGRINE_FP8_GEMV = mma (default) | fma, PEREGRINE_BF16_GEMV = mma | fma (default:
-// not yet measured on a GPU), fma being gemv.cu's kernels.
+// Test and measurement hook for one weight kind: 1 on, 0 off, 2 auto (FP8: on; bf16: the
+// products measured faster here, see bf16_auto), -1 (default) the environment decides:
+// PEREGRINE_FP8_GEMV = mma (default) | fma, PEREGRINE_BF16_GEMV = auto (default) | mma | fma,
+// fma being gemv.cu's kernels.
 void set_gemv_mma(MmaProduct::Weight weight, int mode);
 
 }  // namespace peregrine::cuda
