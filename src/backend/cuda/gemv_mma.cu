@@ -407,16 +407,20 @@ void set_gemv_mma(MmaProduct::Weight weight, int mode) {
     g_mode[weight] = mode;
 }
 
-bool gemv_mma(const MmaProduct& p, cudaStream_t stream) {
+bool gemv_mma_takes(const MmaProduct& p) {
     const bool norm = p.norm != nullptr, f8 = p.weight == MmaProduct::kF8;
     const int seg_values = 4 * (f8 ? kVals<true> : kVals<false>);
     const size_t staged = static_cast<size_t>(p.n) * (f8 ? token_bytes<true>(p.k) : token_bytes<false>(p.k));
-    if (!enabled(p) || p.n < 1 || p.n > 4 || p.k <= 0 || p.k % seg_values != 0 || p.m <= 0 ||
-        (f8 && p.scale == nullptr) || (p.epilogue == Epi::kAdd && norm) || (p.epilogue == Epi::kSilu && p.m % 2 != 0) ||
-        staged > kMaxStagedX || reinterpret_cast<uintptr_t>(p.x) % 16 != 0 ||
-        reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || (norm && reinterpret_cast<uintptr_t>(p.norm) % 16 != 0))
-        return false;
-    if (f8)
+    return enabled(p) && p.n >= 1 && p.n <= 4 && p.k > 0 && p.k % seg_values == 0 && p.m > 0 &&
+           (!f8 || p.scale != nullptr) && !(p.epilogue == Epi::kAdd && norm) &&
+           !(p.epilogue == Epi::kSilu && p.m % 2 != 0) && staged <= kMaxStagedX &&
+           reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0 &&
+           (!norm || reinterpret_cast<uintptr_t>(p.norm) % 16 == 0);
+}
+
+bool gemv_mma(const MmaProduct& p, cudaStream_t stream) {
+    if (!gemv_mma_takes(p)) return false;
+    if (p.weight == MmaProduct::kF8)
         dispatch_n<true>(p, stream);
     else
         dispatch_n<false>(p, stream);

@@ -27,6 +27,9 @@ struct MmaProduct {
 // take it (k not a multiple of 64, n outside 1..4, x too long to stage, switched off: then the
 // caller runs its own kernel).
 bool gemv_mma(const MmaProduct& p, cudaStream_t stream);
+// Whether gemv_mma would take p (out is not looked at): the backend asks it before it hands a
+// normed product of 3-4 rows to the decode kernels rather than to cuBLASLt.
+bool gemv_mma_takes(const MmaProduct& p);
 
 // Test and measurement hook for one weight kind: 1 on, 0 off, 2 auto (FP8: on; bf16: the
 // products measured faster here, see bf16_auto), -1 (default) the environment decides:

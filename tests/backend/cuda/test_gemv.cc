@@ -547,6 +547,60 @@ TEST(CudaGemvPerf, Report) {
     }
 }
 
+// Which products the tensor-core kernel takes (no GPU needed: gemv_mma_takes launches nothing).
+// The backend sends normed products of 3-4 rows to the decode kernels only where it says yes.
+TEST(CudaGemv, TensorCoreKernelTakesWhatItCanStageAndWhereItIsFaster) {
+    alignas(16) static const float aligned[4] = {};
+    const void* p = aligned;
+    auto product = [&](cuda::MmaProduct::Weight weight, bool norm, cuda::MmaProduct::Epilogue epi, int n, int m,
+                       int k) {
+        return cuda::MmaProduct{.x = p,
+                                .norm = norm ? aligned : nullptr,
+                                .eps = 1e-5f,
+                                .weight = weight,
+                                .w = p,
+                                .scale = aligned,
+                                .out = nullptr,
+                                .out_f32 = true,
+                                .n = n,
+                                .m = m,
+                                .k = k,
+                                .epilogue = epi};
+    };
+    using P = cuda::MmaProduct;
+    cuda::set_gemv_mma(P::kBf16, 2);  // auto, the default
+    cuda::set_gemv_mma(P::kF8, 2);
+    // bf16: the normed gate|up below k 4096 at any n, normed products at 3-4 rows; not o / down.
+    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kBf16, true, P::kSilu, 1, 16384, 2048)));
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, true, P::kSilu, 1, 28672, 4096)));
+    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kBf16, true, P::kSilu, 3, 28672, 4096)));
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, true, P::kPlain, 2, 3072, 2048)));
+    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kBf16, true, P::kPlain, 4, 3072, 2048)));
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, false, P::kAdd, 4, 2048, 2048)));
+    // FP8: every product whose x it can stage (4 bytes a value a token, within 96 KB).
+    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 1, 4096, 14336)));
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 2, 4096, 14336)));
+    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 4, 6144, 4096)));
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 4, 8192 + 2048, 8192)));  // 70B: too long
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 5, 6144, 4096)));
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 1, 6144, 4096 + 16)));  // k % 64
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kAdd, 1, 6144, 4096)));         // no normed add
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kSilu, 1, 6145, 4096)));        // gate|up m odd
+    P unaligned = product(P::kF8, false, P::kPlain, 1, 4096, 4096);
+    unaligned.x = static_cast<const char*>(p) + 4;
+    EXPECT_FALSE(cuda::gemv_mma_takes(unaligned));
+    P no_scale = product(P::kF8, false, P::kPlain, 1, 4096, 4096);
+    no_scale.scale = nullptr;
+    EXPECT_FALSE(cuda::gemv_mma_takes(no_scale));
+    // Switched on / off by hand.
+    cuda::set_gemv_mma(P::kBf16, 1);
+    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kBf16, false, P::kAdd, 1, 2048, 2048)));
+    cuda::set_gemv_mma(P::kF8, 0);
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kSilu, 1, 16384, 2048)));
+    cuda::set_gemv_mma(P::kBf16, -1);
+    cuda::set_gemv_mma(P::kF8, -1);
+}
+
 // The products a decode step runs, Llama 8B and 1B shapes (q|k|v normed, o add, gate|up normed
 // silu, down add), FP8 and bf16 weights, n = 1..4: the tensor-core kernel (gemv_mma.cu) against
 // gemv.cu's FMA kernels, us a call in a CUDA graph over rotating weight copies (> 256 MB, so L2
