@@ -7,8 +7,8 @@
 // of e4m3 codes is 8 conversions (e4m3x2 -> f16x2, exact) and 4 mma whatever n (1..4). H200,
 // 2026-11-29, `bench latency` decode tok/s, gemv.cu's kernels -> these: 8B b1 365.7 -> 383.1, b2
 // 532.9 -> 625.6; 1B b1 1,137.7 -> 1,470.9, b2 1,871.1 -> 2,693.6 (PEREGRINE_FP8_GEMV=fma: the old
-// ones). bf16 weights (a chunk: 8 values, 2 mma, no conversion) take it only with
-// PEREGRINE_BF16_GEMV=mma: not yet run on a GPU.
+// ones). bf16 weights (a chunk: 8 values, 2 mma, no conversion) take it where it was measured
+// faster than gemv.cu's kernel (bf16_auto below).
 //
 // Fragments (warp_mma.cuh): the weight is mma's B (8 weight rows, k), x its A (token j in row j;
 // a normed x's low part in row 8 + j). Lane 4n + q loads the 16 bytes (V values: 16 e4m3, 8 bf16)
@@ -49,18 +49,24 @@ using Epi = MmaProduct::Epilogue;
 // Values in a lane's 16-byte chunk of weight: 16 e4m3 codes (4 mma) or 8 bf16 (2 mma).
 template <bool F8>
 constexpr int kVals = F8 ? 16 : 8;
-// One token's staged x: 4 bytes a value, mma's A fragments in the order lanes read them. Chunk ch
-// (the V values lane q = ch % 4 multiplies, 4V bytes) holds, for each of its mma i, {hi(4i, 4i+1),
-// lo(4i, 4i+1), hi(4i+2, 4i+3), lo(4i+2, 4i+3)} (operand-type pairs; bf16 x: lo = 0) in 16-byte
+// One token's staged x, normed (NORM): 4 bytes a value, mma's A fragments in the order lanes
+// read them. Chunk ch (the V values lane q = ch % 4 multiplies, 4V bytes) holds, for each of its
+// mma i, {hi(4i, 4i+1), lo(4i, 4i+1), hi(4i+2, 4i+3), lo(4i+2, 4i+3)} (operand-type pairs) in 16-byte
 // slot slot_of(ch, i): one 16-byte load a mma. With FP8 (64-byte chunks) slot i ^ ((ch >> 1) & 1)
 // keeps lanes q = 0..3 on distinct banks, and token j + 1 starts 32 bytes further modulo 128
 // than token j; with bf16 (32-byte chunks) slot i and 16 bytes: no bank conflicts either way (k
 // is a multiple of 4V). Piece c (values 8c .. 8c + 7: fragments 2 (c % P) and 2 (c % P) + 1 of
 // chunk c / P, P = V / 8) is bytes [32c, 32c + 32): a normed x is staged there as f32 and
 // converted in place.
-template <bool F8>
+// Not normed: lo is 0, so only the hi pairs are staged, 2 bytes a value, and in that layout they
+// fall in x's own order: mma i of chunk ch reads bytes 2V ch + 8i .. + 7 = {hi(4i, 4i+1),
+// hi(4i+2, 4i+3)}, a 16-byte load two mma. Lanes q = 0..3 read 16 bytes at 2V q (+ 16h): with
+// tokens 16 (FP8, 2V = 32) or 64 (bf16, 2V = 16) bytes further modulo 128, the 8 lanes of a
+// 16-byte load phase (tokens j, j + 1) hit distinct banks. Half the bytes: the 8B's FP8 down
+// product (k 14,336) stages 3 tokens within kMaxStagedX where it staged 1.
+template <bool F8, bool NORM>
 __host__ __device__ constexpr int64_t token_bytes(int k) {
-    return 4 * int64_t{k} + (F8 ? 32 : 16);
+    return NORM ? 4 * int64_t{k} + (F8 ? 32 : 16) : 2 * int64_t{k} + (F8 ? 16 : 64);
 }
 template <bool F8>
 __device__ __forceinline__ int slot_of(int ch, int i) {
@@ -169,7 +175,7 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
     // x: each token's largest |value| (NORM: and sum of x^2), the values kept in shared memory
     // as f32 (NORM) or read again (bf16, from L1); then each thread writes its pieces' fragments.
     char* xb = reinterpret_cast<char*>(x_smem);
-    const int64_t tb = token_bytes<F8>(k);
+    const int64_t tb = token_bytes<F8, NORM>(k);
     const int pieces = k / 8;
     float amax[N], ss[N];
 #pragma unroll
@@ -232,18 +238,23 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
             for (int h = 0; h < 4; ++h)  // value pairs (2h, 2h + 1)
                 split_pair<F8, NORM>(v[2 * h] * xscale[j], v[2 * h + 1] * xscale[j], f[h / 2][2 * (h % 2)],
                                      f[h / 2][2 * (h % 2) + 1]);
-            char* dst = xb + j * tb + 4 * V * (c / P);
+            if constexpr (NORM) {
+                char* dst = xb + j * tb + 4 * V * (c / P);
 #pragma unroll
-            for (int t = 0; t < 2; ++t)
-                *reinterpret_cast<uint4*>(dst + 16 * slot_of<F8>(c / P, 2 * (c % P) + t)) =
-                    make_uint4(f[t][0], f[t][1], f[t][2], f[t][3]);
+                for (int t = 0; t < 2; ++t)
+                    *reinterpret_cast<uint4*>(dst + 16 * slot_of<F8>(c / P, 2 * (c % P) + t)) =
+                        make_uint4(f[t][0], f[t][1], f[t][2], f[t][3]);
+            } else {  // the hi pairs of values 0..7, in order
+                *reinterpret_cast<uint4*>(xb + j * tb + 16 * c) = make_uint4(f[0][0], f[0][2], f[1][0], f[1][2]);
+            }
         }
     }
     __syncthreads();
 
     const bool has_x = n8 < N;  // lanes holding a token's row of A
     // Lane q's chunk of segment s is chunk 4s + q; (ch >> 1) & 1 = q >> 1 for all of them.
-    const char* xl = xb + (has_x ? n8 : 0) * tb + 4 * V * q;
+    constexpr int xv = NORM ? 4 : 2;  // staged bytes a value
+    const char* xl = xb + (has_x ? n8 : 0) * tb + xv * V * q;
     int slot_off[V / 4];
 #pragma unroll
     for (int i = 0; i < V / 4; ++i) slot_off[i] = 16 * slot_of<F8>(q, i);
@@ -259,13 +270,21 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
 #pragma unroll
         for (int d = 0; d < D; ++d) {
             if (s0 + d >= segs) break;  // warp-uniform
-            const char* xp = xl + int64_t{s0 + d} * (16 * V);
+            const char* xp = xl + int64_t{s0 + d} * (4 * xv * V);
             const uint32_t wv[4] = {cur[d].x, cur[d].y, cur[d].z, cur[d].w};
+            uint4 pair = make_uint4(0, 0, 0, 0);  // not NORM: mma i and i + 1's hi pairs (i even)
 #pragma unroll
             for (int i = 0; i < V / 4; ++i) {
-                uint4 fr = make_uint4(0, 0, 0, 0);
-                if (has_x) fr = *reinterpret_cast<const uint4*>(xp + slot_off[i]);
-                const uint32_t fa[4] = {fr.x, fr.y, fr.z, fr.w};
+                uint32_t fa[4];
+                if constexpr (NORM) {
+                    uint4 fr = make_uint4(0, 0, 0, 0);
+                    if (has_x) fr = *reinterpret_cast<const uint4*>(xp + slot_off[i]);
+                    fa[0] = fr.x, fa[1] = fr.y, fa[2] = fr.z, fa[3] = fr.w;
+                } else {  // one 16-byte load two mma; rows 8-15 (lo) 0
+                    if (i % 2 == 0 && has_x) pair = *reinterpret_cast<const uint4*>(xp + 8 * i);
+                    fa[0] = i % 2 == 0 ? pair.x : pair.z, fa[1] = 0u;
+                    fa[2] = i % 2 == 0 ? pair.y : pair.w, fa[3] = 0u;
+                }
                 if constexpr (F8) {
                     const uint32_t b0 = f16x2_of_e4m3x2(wv[i]), b1 = f16x2_of_e4m3x2(wv[i] >> 16);
                     mma_f16_16816(i % 2 == 0 ? acc0 : acc1, fa, b0, b1);
@@ -328,7 +347,7 @@ Plan plan(const MmaProduct& p) {
     Plan pl;
     pl.units = ((EPI == Epi::kSilu ? p.m / 2 : p.m) + RU - 1) / RU;
     pl.slots = sm_count() * resident_ctas<mma_gemv_kernel<F8, N, W, EPI, NORM>>(
-                                32 * W, static_cast<size_t>(N * token_bytes<F8>(p.k)));
+                                32 * W, static_cast<size_t>(N * token_bytes<F8, NORM>(p.k)));
     pl.per_cta = (pl.units + pl.slots - 1) / pl.slots;
     pl.grid = (pl.units + pl.per_cta - 1) / pl.per_cta;
     return pl;
@@ -336,7 +355,7 @@ Plan plan(const MmaProduct& p) {
 template <bool F8, int N, int W, int EPI, bool NORM>
 void launch_planned(const MmaProduct& p, const Plan& pl, cudaStream_t stream) {
     launch_pdl(mma_gemv_kernel<F8, N, W, EPI, NORM>, dim3(static_cast<unsigned>(pl.grid)), dim3(32 * W),
-               static_cast<size_t>(N * token_bytes<F8>(p.k)), stream, p, pl.per_cta);
+               static_cast<size_t>(N * token_bytes<F8, NORM>(p.k)), stream, p, pl.per_cta);
 }
 
 // CTAs of 4 warps at n <= 2 where each takes several units and they fill the slots, else of 8
@@ -410,7 +429,9 @@ void set_gemv_mma(MmaProduct::Weight weight, int mode) {
 bool gemv_mma_takes(const MmaProduct& p) {
     const bool norm = p.norm != nullptr, f8 = p.weight == MmaProduct::kF8;
     const int seg_values = 4 * (f8 ? kVals<true> : kVals<false>);
-    const size_t staged = static_cast<size_t>(p.n) * (f8 ? token_bytes<true>(p.k) : token_bytes<false>(p.k));
+    const int64_t tb = f8 ? (norm ? token_bytes<true, true>(p.k) : token_bytes<true, false>(p.k))
+                          : (norm ? token_bytes<false, true>(p.k) : token_bytes<false, false>(p.k));
+    const size_t staged = static_cast<size_t>(p.n) * static_cast<size_t>(tb);
     return enabled(p) && p.n >= 1 && p.n <= 4 && p.k > 0 && p.k % seg_values == 0 && p.m > 0 &&
            (!f8 || p.scale != nullptr) && !(p.epilogue == Epi::kAdd && norm) &&
            !(p.epilogue == Epi::kSilu && p.m % 2 != 0) && staged <= kMaxStagedX &&

@@ -577,9 +577,12 @@ TEST(CudaGemv, TensorCoreKernelTakesWhatItCanStageAndWhereItIsFaster) {
     EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, true, P::kPlain, 2, 3072, 2048)));
     EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kBf16, true, P::kPlain, 4, 3072, 2048)));
     EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, false, P::kAdd, 4, 2048, 2048)));
-    // FP8: every product whose x it can stage (4 bytes a value a token, within 96 KB).
-    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 1, 4096, 14336)));
-    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 2, 4096, 14336)));
+    // FP8: every product whose x it can stage within 96 KB (a normed x 4 bytes a value a token,
+    // else 2: the 8B's down product to 3 rows, the 70B's normed products to 2).
+    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 3, 4096, 14336)));
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 4, 4096, 14336)));
+    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 1, 10240, 8192)));
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 3, 10240, 8192)));
     EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 4, 6144, 4096)));
     EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 4, 8192 + 2048, 8192)));  // 70B: too long
     EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 5, 6144, 4096)));
