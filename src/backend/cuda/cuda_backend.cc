@@ -661,9 +661,10 @@ bool CudaBackend::use_gemv_norm(const Tensor& x, const Tensor& norm_weight, cons
     if (cuda::gemv_supported(n, k, x.data, w.data, cuda::gemv_rows_chosen(gemv_kind(w.dtype)))) return true;
     // Normed bf16 / FP8 products of 3-4 rows that gemv_mma.cu's tensor-core kernel takes (x staged
     // once for all rows) run faster there than as a norm pass + cuBLASLt. H200, decode tok/s at
-    // batch 3, cuBLASLt / tensor-core kernel (2026-11-29, three rounds): 1B bf16 2,882.6 /
-    // 2,912.9, 2,871.3 / 2,957.0, 2,863.3 / 2,979.4; 8B bf16 646.0 / 675.0, 647.7 / 674.7, 667.0 /
-    // 671.8; 8B FP8 703.1 / 725.3; batch 4: 1B 3,886.7 / 3,948.7, 8B 882.9 / 897.5.
+    // batch 3 (steps padded to 4 rows), cuBLASLt / tensor-core kernel (2026-11-29, three rounds):
+    // 1B bf16 2,882.6 / 2,912.9, 2,871.3 / 2,957.0, 2,863.3 / 2,979.4; 8B bf16 646.0 / 675.0,
+    // 647.7 / 674.7, 667.0 / 671.8; 8B FP8 703.1 / 725.3; batch 4: 1B 3,886.7 / 3,948.7, 8B 882.9 /
+    // 897.5.
     // PEREGRINE_GEMV_NORM_MAX_ROWS=2 keeps them on cuBLASLt.
     static const int norm_rows =
         std::clamp(env_int("PEREGRINE_GEMV_NORM_MAX_ROWS", cuda::kMaxGemvRows), 1, cuda::kMaxGemvRows);
