@@ -1,8 +1,8 @@
 // Products with a GGUF device-layout weight past the decode kernels' few rows (batched decode,
 // prefill), on tensor cores and without a bf16 copy of the matrix: out[n, m] (+)= x[n, k] .
-// w[m, k]^T, the weight unpacked in registers as the decode products unpack it (gemv.cu), rounded
-// to bf16 as dequantize_weight rounds it, multiplied by mma.sync with f32 accumulation. Up to 64
-// rows of x the weight is read once; past that, once a tile of 64 rows.
+// w[m, k]^T, the weight unpacked in registers as the decode products unpack it
+// (gemv_kernels.cuh), rounded to bf16 as dequantize_weight rounds it, multiplied by mma.sync with
+// f32 accumulation. Up to 64 rows of x the weight is read once; past that, once a tile of 64 rows.
 #pragma once
 
 #include <cuda_runtime.h>

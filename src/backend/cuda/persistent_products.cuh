@@ -1,6 +1,6 @@
-// What the persistent decode products (gemv.cu's gemv_persistent_kernel, gemv_mma.cu) share: a
-// grid sized to the resident slots, the weights prefetched to L2 before the wait, x staged in
-// shared memory within a bound.
+// What the persistent decode products (gemv_kernels.cuh's gemv_persistent_kernel, gemv_mma.cu)
+// share: a grid sized to the resident slots, the weights prefetched to L2 before the wait, x
+// staged in shared memory within a bound.
 // CUDA-only: include from .cu files.
 #pragma once
 

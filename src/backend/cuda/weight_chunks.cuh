@@ -1,4 +1,4 @@
-// The weight chunks of the decode products (gemv.cu) and of the GGUF tensor-core GEMM
+// The weight chunks of the decode products (gemv_kernels.cuh) and of the GGUF tensor-core GEMM
 // (gguf_gemm.cu): a product's arguments, and for each weight kind how a thread loads a 16-byte
 // chunk of a row and unpacks it, 8 values (a piece) at a time, in element order.
 // CUDA-only: include from .cu files (everything here has internal linkage).
