@@ -180,6 +180,20 @@ __device__ __forceinline__ float int_x_dot(const Chunk& w, const XBlock& x) {
         return u4_dot(w, x);
 }
 
+// acc[r][j] += weight rows r's piece p (of their chunks cur[r]) . token j's 8 values xf: the
+// inner step both kernels share for the bf16, FP8 and int8 layouts.
+template <int W, int R, int N, typename Chunk>
+__device__ __forceinline__ void fma_piece(const Chunk (&cur)[R], int p, const float (&xf)[8], float (&acc)[R][N],
+                                          int j) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        float wf[8];
+        WeightChunk<W>::unpack(cur[r], p, wf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[r][j] = fmaf(wf[e], xf[e], acc[r][j]);
+    }
+}
+
 // Normed products whose chunks hold more than one 8-element piece of x (FP8, the int8 layouts) sum
 // x^2 a piece at a time, each piece from 0, then add the pieces in each thread's chunk order (both
 // kernels, so they give the same bits; the persistent kernel stages x a piece a thread and keeps
@@ -278,13 +292,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const Args a) {
                                                                static_cast<int64_t>(j) * k)[x8],
                                 xf);
                     }
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        float wf[8];
-                        WC::unpack(cur[d][r], p, wf);
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) acc[r][j] = fmaf(wf[e], xf[e], acc[r][j]);
-                    }
+                    fma_piece<W>(cur[d], p, xf, acc, j);
                 }
             }
         }
@@ -514,13 +522,7 @@ __global__ void __launch_bounds__(kThreads) gemv_persistent_kernel(const Args a)
                     } else {
                         unpack8(x_smem[static_cast<int64_t>(j) * xchunks + x8], xf);
                     }
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        float wf[8];
-                        WC::unpack(cur[d][r], p, wf);
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) acc[r][j] = fmaf(wf[e], xf[e], acc[r][j]);
-                    }
+                    fma_piece<W>(cur[d], p, xf, acc, j);
                 }
             }
         }
