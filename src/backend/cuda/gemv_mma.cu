@@ -420,6 +420,14 @@ bool enabled(const MmaProduct& p) {
     return mode == 2 ? p.weight == MmaProduct::kF8 || bf16_auto(p) : mode == 1;
 }
 
+// The most bytes of x a CTA stages: kMaxStagedX, or PEREGRINE_MMA_STAGED_KB (a measurement knob,
+// 16..200 KB; not yet measured: e.g. 120 stages the 8B's FP8 / bf16 down product at 4 rows, 115
+// KB, in one CTA an SM, which PEREGRINE_GEMV_MAX_ROWS=4 then sends here at batch 3-4).
+size_t staged_limit() {
+    static const size_t kb = static_cast<size_t>(std::clamp(env_int("PEREGRINE_MMA_STAGED_KB", 0), 0, 200));
+    return kb >= 16 ? kb * 1024 : kMaxStagedX;
+}
+
 }  // namespace
 
 void set_gemv_mma(MmaProduct::Weight weight, int mode) {
@@ -434,7 +442,7 @@ bool gemv_mma_takes(const MmaProduct& p) {
     const size_t staged = static_cast<size_t>(p.n) * static_cast<size_t>(tb);
     return enabled(p) && p.n >= 1 && p.n <= 4 && p.k > 0 && p.k % seg_values == 0 && p.m > 0 &&
            (!f8 || p.scale != nullptr) && !(p.epilogue == Epi::kAdd && norm) &&
-           !(p.epilogue == Epi::kSilu && p.m % 2 != 0) && staged <= kMaxStagedX &&
+           !(p.epilogue == Epi::kSilu && p.m % 2 != 0) && staged <= staged_limit() &&
            reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0 &&
            (!norm || reinterpret_cast<uintptr_t>(p.norm) % 16 == 0);
 }
