@@ -652,6 +652,26 @@ void CudaBackend::matmul_silu(const Tensor& x, const Tensor& w_gate_up, const Te
                     static_cast<int>(k), stream_);
 }
 
+namespace {
+// Whether gemv_mma.cu's tensor-core kernel takes this product (bf16 / FP8 weights only; norm:
+// the RMSNorm weight of a normed product or nullptr).
+bool mma_takes(const Tensor& x, const float* norm, const Tensor& w, cuda::MmaProduct::Epilogue epilogue) {
+    if (!(w.dtype == DType::BF16 || w.dtype == DType::F8_E4M3)) return false;
+    return cuda::gemv_mma_takes({.x = x.data,
+                                 .norm = norm,
+                                 .eps = 0.0f,
+                                 .weight = w.dtype == DType::F8_E4M3 ? cuda::MmaProduct::kF8 : cuda::MmaProduct::kBf16,
+                                 .w = w.data,
+                                 .scale = w.scale,
+                                 .out = nullptr,
+                                 .out_f32 = false,
+                                 .n = static_cast<int>(x.rows()),
+                                 .m = static_cast<int>(w.rows()),
+                                 .k = static_cast<int>(x.cols()),
+                                 .epilogue = epilogue});
+}
+}  // namespace
+
 bool CudaBackend::use_gemv_norm(const Tensor& x, const Tensor& norm_weight, const Tensor& w) const {
     if (!options_.gemv || options_.batch_invariant || x.dtype != DType::F32 || !is_product_weight(w) ||
         norm_weight.dtype != DType::F32 || norm_weight.numel() != x.cols() ||
@@ -668,20 +688,7 @@ bool CudaBackend::use_gemv_norm(const Tensor& x, const Tensor& norm_weight, cons
     // PEREGRINE_GEMV_NORM_MAX_ROWS=2 keeps them on cuBLASLt.
     static const int norm_rows =
         std::clamp(env_int("PEREGRINE_GEMV_NORM_MAX_ROWS", cuda::kMaxGemvRows), 1, cuda::kMaxGemvRows);
-    if (n > norm_rows || !(w.dtype == DType::BF16 || w.dtype == DType::F8_E4M3)) return false;
-    const cuda::GemvWeight gw = gemv_weight(w);
-    return cuda::gemv_mma_takes({.x = x.data,
-                                 .norm = norm_weight.ptr<float>(),
-                                 .eps = 0.0f,
-                                 .weight = w.dtype == DType::F8_E4M3 ? cuda::MmaProduct::kF8 : cuda::MmaProduct::kBf16,
-                                 .w = w.data,
-                                 .scale = gw.scale,
-                                 .out = nullptr,
-                                 .out_f32 = false,
-                                 .n = n,
-                                 .m = static_cast<int>(w.rows()),
-                                 .k = k,
-                                 .epilogue = cuda::MmaProduct::kPlain});
+    return n <= norm_rows && mma_takes(x, norm_weight.ptr<float>(), w, cuda::MmaProduct::kPlain);
 }
 
 void CudaBackend::norm_matmul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w,
@@ -725,13 +732,24 @@ void CudaBackend::norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, f
                          static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), stream_);
 }
 
+// The o / down products (+ residual): to 2 rows on the decode kernels (use_gemv), 3-4 rows on
+// cuBLASLt. PEREGRINE_GEMV_ADD_MAX_ROWS=3|4 (measurement knob, not yet measured) sends those of
+// 3-4 rows that the tensor-core kernel takes to it instead, as the normed products go (with
+// PEREGRINE_MMA_STAGED_KB=120 the 8B's down product at 4 rows is one of them).
+bool CudaBackend::use_gemv_add(const Tensor& x, const Tensor& w) const {
+    if (use_gemv(x, w)) return true;
+    static const int add_rows = std::clamp(env_int("PEREGRINE_GEMV_ADD_MAX_ROWS", 2), 1, cuda::kMaxGemvRows);
+    return options_.gemv && !options_.batch_invariant && x.dtype == DType::BF16 && x.rows() <= add_rows &&
+           mma_takes(x, nullptr, w, cuda::MmaProduct::kAdd);
+}
+
 void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& residual, const Tensor& scratch) {
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
     PG_CHECK(w.cols() == k && residual.rows() == n && residual.cols() == m && residual.dtype == DType::F32 &&
                  (x.dtype == DType::BF16 || fp8_pair(x, w)) && is_product_weight(w),
              "matmul_add shapes: x ", x.shape_str(), " w ", w.shape_str(), " residual ", residual.shape_str());
     if (n == 0) return;
-    if (use_gemv(x, w)) {
+    if (use_gemv_add(x, w)) {
         cuda::gemv_add(bf(x), gemv_weight(w), residual.ptr<float>(), static_cast<int>(n), static_cast<int>(m),
                        static_cast<int>(k), stream_);
     } else if (!options_.batch_invariant) {

@@ -256,6 +256,8 @@ class CudaBackend final : public Backend {
     bool use_gemv(const Tensor& x, const Tensor& w) const;
     // The same for a product whose x is the f32 residual stream normalised by `norm_weight`.
     bool use_gemv_norm(const Tensor& x, const Tensor& norm_weight, const Tensor& w) const;
+    // The same for the o / down products, which add into the residual stream (matmul_add).
+    bool use_gemv_add(const Tensor& x, const Tensor& w) const;
     void ensure_attention_workspace(size_t bytes);
     // The attention arguments of this step's batch over one layer's caches (no q, no workspace).
     cuda::AttentionArgs attention_args(const Tensor& k_cache, const Tensor& v_cache, int num_heads, int head_dim,
