@@ -149,9 +149,9 @@ int max_gemv_rows(GemvWeight::Kind kind);
 // cuBLASLt, or for the GGUF layouts to gguf_gemm): 2 for bf16 and FP8, whose products of 3-4 rows
 // cuBLASLt's GEMMs run faster (H200, 8B bf16 decode at batch 4: 878.2 vs 685.5 tok/s),
 // PEREGRINE_GEMV_MAX_ROWS (1..kMaxGemvRows) overriding it (the backend lets normed products of
-// 3-4 rows through where gemv_mma_takes them: CudaBackend::use_gemv_norm); 4 for the GGUF layouts, whose
-// products of 5-8 rows gguf_gemm runs faster than slices, PEREGRINE_GGUF_GEMV_MAX_ROWS (1..8)
-// overriding it.
+// 3-4 rows through where gemv_mma_takes them: CudaBackend::use_gemv_norm); 4 for the GGUF
+// layouts, whose products of 5-8 rows gguf_gemm runs faster than slices,
+// PEREGRINE_GGUF_GEMV_MAX_ROWS (1..8) overriding it.
 int gemv_rows_chosen(GemvWeight::Kind kind);
 // Whether the products below take n rows of x (at most max_rows) with this k and these operands.
 bool gemv_supported(int n, int k, const void* x, const void* w, int max_rows = kMaxGemvRows);

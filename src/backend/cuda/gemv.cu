@@ -18,7 +18,7 @@ void check_args(const char* what, int n, int k, const void* x, GemvWeight w) {
 template <int EPI, bool NORM>
 void run(const void* x, const float* norm, float eps, GemvWeight w, void* out, bool out_f32, int n, int m, int k,
          cudaStream_t stream) {
-    if (w.kind > GemvWeight::kF8) return gguf_gemv_rows(EPI, NORM, x, norm, eps, w, out, out_f32, n, m, k, stream);
+    if (w.kind > GemvWeight::kF8) return gguf_gemv_rows<EPI, NORM>(x, norm, eps, w, out, out_f32, n, m, k, stream);
     const Args a = make_args(x, norm, eps, w, out, out_f32, m, k);
     if (w.kind == GemvWeight::kF8) return dispatch_n<EPI, NORM, kF8>(a, n, stream);
     dispatch_n<EPI, NORM, kBf16>(a, n, stream);

@@ -39,17 +39,21 @@ void dispatch_rows(const Args& a, GemvWeight::Kind kind, int n, cudaStream_t str
 
 }  // namespace
 
-void gguf_gemv_rows(int epi, bool norm, const void* x, const float* norm_w, float eps, GemvWeight w, void* out,
-                    bool out_f32, int n, int m, int k, cudaStream_t stream) {
-    const Args a = make_args(x, norm_w, eps, w, out, out_f32, m, k);
-    if (norm) {
-        if (epi == kSilu) return dispatch_rows<kSilu, true>(a, w.kind, n, stream);
-        return dispatch_rows<kPlain, true>(a, w.kind, n, stream);
-    }
-    if (epi == kSilu) return dispatch_rows<kSilu, false>(a, w.kind, n, stream);
-    if (epi == kAdd) return dispatch_rows<kAdd, false>(a, w.kind, n, stream);
-    dispatch_rows<kPlain, false>(a, w.kind, n, stream);
+template <int EPI, bool NORM>
+void gguf_gemv_rows(const void* x, const float* norm, float eps, GemvWeight w, void* out, bool out_f32, int n, int m,
+                    int k, cudaStream_t stream) {
+    dispatch_rows<EPI, NORM>(make_args(x, norm, eps, w, out, out_f32, m, k), w.kind, n, stream);
 }
+template void gguf_gemv_rows<kPlain, false>(const void*, const float*, float, GemvWeight, void*, bool, int, int, int,
+                                            cudaStream_t);
+template void gguf_gemv_rows<kSilu, false>(const void*, const float*, float, GemvWeight, void*, bool, int, int, int,
+                                           cudaStream_t);
+template void gguf_gemv_rows<kAdd, false>(const void*, const float*, float, GemvWeight, void*, bool, int, int, int,
+                                          cudaStream_t);
+template void gguf_gemv_rows<kPlain, true>(const void*, const float*, float, GemvWeight, void*, bool, int, int, int,
+                                           cudaStream_t);
+template void gguf_gemv_rows<kSilu, true>(const void*, const float*, float, GemvWeight, void*, bool, int, int, int,
+                                          cudaStream_t);
 
 namespace {
 // One thread per 16-byte chunk of codes: its values, unpacked as the decode kernel does, as bf16.

@@ -54,10 +54,12 @@ inline int g_rows = 0, g_depth = 0;
 inline int g_gguf_persistent = -1;
 }  // namespace gemv_hooks
 
-// The GGUF layouts' products of n rows (to 8, in slices of kMaxGemvRows), epi as Epilogue
-// (gemv_gguf.cu; the entry points of gemv.cu hand them over after checking the arguments).
-void gguf_gemv_rows(int epi, bool norm, const void* x, const float* norm_w, float eps, GemvWeight w, void* out,
-                    bool out_f32, int n, int m, int k, cudaStream_t stream);
+// The GGUF layouts' products of n rows (to 8, in slices of kMaxGemvRows), EPI an Epilogue below
+// (gemv_gguf.cu instantiates the five the entry points of gemv.cu hand over after checking the
+// arguments).
+template <int EPI, bool NORM>
+void gguf_gemv_rows(const void* x, const float* norm, float eps, GemvWeight w, void* out, bool out_f32, int n, int m,
+                    int k, cudaStream_t stream);
 
 namespace {
 

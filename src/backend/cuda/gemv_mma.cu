@@ -173,44 +173,49 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
     pdl_wait();
 
     // x: each token's largest |value| (NORM: and sum of x^2), the values kept in shared memory
-    // as f32 (NORM) or read again (bf16, from L1); then each thread writes its pieces' fragments.
+    // as f32 (NORM) or read again (FP8, from L1); then each thread writes its pieces' fragments.
     char* xb = reinterpret_cast<char*>(x_smem);
     const int64_t tb = token_bytes<F8, NORM>(k);
     const int pieces = k / 8;
-    float amax[N], ss[N];
+    // Only FP8 (its per-token factor) and a normed x (its sum of squares, its f32 copy) need this
+    // first pass: a bf16 x that is not normed is staged as it is, unscaled.
+    constexpr bool kScan = F8 || NORM;
+    if constexpr (kScan) {
+        float amax[N], ss[N];
 #pragma unroll
-    for (int j = 0; j < N; ++j) amax[j] = 0.0f, ss[j] = 0.0f;
+        for (int j = 0; j < N; ++j) amax[j] = 0.0f, ss[j] = 0.0f;
 #pragma unroll 4
-    for (int c = threadIdx.x; c < pieces; c += (32 * W)) {
+        for (int c = threadIdx.x; c < pieces; c += (32 * W)) {
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-            float v[8];
-            x_piece<NORM>(a, j, c, v, ss[j]);
+            for (int j = 0; j < N; ++j) {
+                float v[8];
+                x_piece<NORM>(a, j, c, v, ss[j]);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) amax[j] = fmaxf(amax[j], fabsf(v[e]));
-            if constexpr (NORM) {
-                float4* dst = reinterpret_cast<float4*>(xb + j * tb + 32 * c);
-                dst[0] = make_float4(v[0], v[1], v[2], v[3]);
-                dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+                for (int e = 0; e < 8; ++e) amax[j] = fmaxf(amax[j], fabsf(v[e]));
+                if constexpr (NORM) {
+                    float4* dst = reinterpret_cast<float4*>(xb + j * tb + 32 * c);
+                    dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+                    dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+                }
             }
         }
-    }
 #pragma unroll
-    for (int j = 0; j < N; ++j) {
+        for (int j = 0; j < N; ++j) {
 #pragma unroll
-        for (int o = 16; o > 0; o /= 2) {
-            amax[j] = fmaxf(amax[j], __shfl_xor_sync(0xffffffffu, amax[j], o));
-            ss[j] += __shfl_xor_sync(0xffffffffu, ss[j], o);
+            for (int o = 16; o > 0; o /= 2) {
+                amax[j] = fmaxf(amax[j], __shfl_xor_sync(0xffffffffu, amax[j], o));
+                ss[j] += __shfl_xor_sync(0xffffffffu, ss[j], o);
+            }
+            if (lane == 0) red[warp][j][0] = amax[j], red[warp][j][1] = ss[j];
         }
-        if (lane == 0) red[warp][j][0] = amax[j], red[warp][j][1] = ss[j];
+        __syncthreads();
     }
-    __syncthreads();
     float xscale[N], post[N];  // 2^e of the staged x; what a sum is multiplied by (2^-e, NORM / rms)
 #pragma unroll
     for (int j = 0; j < N; ++j) {
         float am = 0.0f, s = 0.0f;
 #pragma unroll
-        for (int w = 0; w < W; ++w) am = fmaxf(am, red[w][j][0]), s += red[w][j][1];
+        for (int w = 0; kScan && w < W; ++w) am = fmaxf(am, red[w][j][0]), s += red[w][j][1];
         int shift = 0;  // bf16 operands: f32's range, no shift
         if (F8 && am > 0.0f && isfinite(am)) {
             int e = 0;
