@@ -732,13 +732,17 @@ void CudaBackend::norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, f
                          static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), stream_);
 }
 
-// The o / down products (+ residual): to 2 rows on the decode kernels (use_gemv), 3-4 rows on
-// cuBLASLt. PEREGRINE_GEMV_ADD_MAX_ROWS=3|4 (measurement knob, not yet measured) sends those of
-// 3-4 rows that the tensor-core kernel takes to it instead, as the normed products go (with
-// PEREGRINE_MMA_STAGED_KB=120 the 8B's down product at 4 rows is one of them).
+// The o / down products (+ residual): to 2 rows on the decode kernels (use_gemv); at 3-4 rows
+// on the tensor-core kernel where it takes them (FP8: it stages the x; bf16 o / down stay on
+// cuBLASLt unless PEREGRINE_BF16_GEMV=mma), else cuBLASLt. H200, decode tok/s at batch 4,
+// cuBLASLt / tensor-core kernel (2026-11-29, two rounds): 8B FP8 954.3 / 1,016.6, 959.4 / 1,016.9
+// (1,214.4 once the 8B's down fits the staging limit, gemv_mma.cu); 1B FP8 3,105.6 / 4,608.1,
+// 3,120.0 / 4,618.0: cuBLASLt's FP8 path pays a quantize pass and tiles made for more rows.
+// PEREGRINE_GEMV_ADD_MAX_ROWS=2 keeps them on cuBLASLt.
 bool CudaBackend::use_gemv_add(const Tensor& x, const Tensor& w) const {
     if (use_gemv(x, w)) return true;
-    static const int add_rows = std::clamp(env_int("PEREGRINE_GEMV_ADD_MAX_ROWS", 2), 1, cuda::kMaxGemvRows);
+    static const int add_rows =
+        std::clamp(env_int("PEREGRINE_GEMV_ADD_MAX_ROWS", cuda::kMaxGemvRows), 1, cuda::kMaxGemvRows);
     return options_.gemv && !options_.batch_invariant && x.dtype == DType::BF16 && x.rows() <= add_rows &&
            mma_takes(x, nullptr, w, cuda::MmaProduct::kAdd);
 }

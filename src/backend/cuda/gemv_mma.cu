@@ -63,7 +63,7 @@ constexpr int kVals = F8 ? 16 : 8;
 // hi(4i+2, 4i+3)}, a 16-byte load two mma. Lanes q = 0..3 read 16 bytes at 2V q (+ 16h): with
 // tokens 16 (FP8, 2V = 32) or 64 (bf16, 2V = 16) bytes further modulo 128, the 8 lanes of a
 // 16-byte load phase (tokens j, j + 1) hit distinct banks. Half the bytes: the 8B's FP8 down
-// product (k 14,336) stages 3 tokens within kMaxStagedX where it staged 1.
+// product (k 14,336) stages 3 tokens within 96 KB where it staged 1.
 template <bool F8, bool NORM>
 __host__ __device__ constexpr int64_t token_bytes(int k) {
     return NORM ? 4 * int64_t{k} + (F8 ? 32 : 16) : 2 * int64_t{k} + (F8 ? 16 : 64);
@@ -425,12 +425,15 @@ bool enabled(const MmaProduct& p) {
     return mode == 2 ? p.weight == MmaProduct::kF8 || bf16_auto(p) : mode == 1;
 }
 
-// The most bytes of x a CTA stages: kMaxStagedX, or PEREGRINE_MMA_STAGED_KB (a measurement knob,
-// 16..200 KB; not yet measured: e.g. 120 stages the 8B's FP8 / bf16 down product at 4 rows, 115
-// KB, in one CTA an SM, which PEREGRINE_GEMV_MAX_ROWS=4 then sends here at batch 3-4).
+// The most bytes of x a CTA stages: 120 KB (one CTA an SM past ~113 KB), or PEREGRINE_MMA_STAGED_KB
+// (16..200 KB). 120 takes the 8B's down product (k 14,336) at 4 rows, 115 KB, which at 96 KB
+// fell back to a quantize pass + cuBLASLt: H200, 8B FP8 decode at batch 4, 96 / 120 KB with o /
+// down of 3-4 rows here (2026-11-29): 1,016.6 / 1,214.4 tok/s. Also newly taken, not measured:
+// the 70B's down product at 2 rows (115 KB) and its normed products at 3 rows (98 KB).
+constexpr size_t kMaxMmaStagedX = 120 * 1024;
 size_t staged_limit() {
     static const size_t kb = static_cast<size_t>(std::clamp(env_int("PEREGRINE_MMA_STAGED_KB", 0), 0, 200));
-    return kb >= 16 ? kb * 1024 : kMaxStagedX;
+    return kb >= 16 ? kb * 1024 : kMaxMmaStagedX;
 }
 
 }  // namespace

@@ -577,14 +577,14 @@ TEST(CudaGemv, TensorCoreKernelTakesWhatItCanStageAndWhereItIsFaster) {
     EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, true, P::kPlain, 2, 3072, 2048)));
     EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kBf16, true, P::kPlain, 4, 3072, 2048)));
     EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, false, P::kAdd, 4, 2048, 2048)));
-    // FP8: every product whose x it can stage within 96 KB (a normed x 4 bytes a value a token,
-    // else 2: the 8B's down product to 3 rows, the 70B's normed products to 2).
-    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 3, 4096, 14336)));
-    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 4, 4096, 14336)));
-    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 1, 10240, 8192)));
-    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 3, 10240, 8192)));
+    // FP8: every product whose x it can stage within 120 KB (a normed x 4 bytes a value a token,
+    // else 2: the 8B's down product to 4 rows, the 70B's normed products to 3).
+    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 4, 4096, 14336)));
+    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 2, 8192, 28672)));   // 70B down, 115 KB
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 3, 8192, 28672)));  // 172 KB
+    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 3, 10240, 8192)));
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 4, 10240, 8192)));
     EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 4, 6144, 4096)));
-    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 4, 8192 + 2048, 8192)));  // 70B: too long
     EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 5, 6144, 4096)));
     EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 1, 6144, 4096 + 16)));  // k % 64
     EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kAdd, 1, 6144, 4096)));         // no normed add
