@@ -733,8 +733,8 @@ void CudaBackend::norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, f
 }
 
 // The o / down products (+ residual): to 2 rows on the decode kernels (use_gemv); at 3-4 rows
-// on the tensor-core kernel where it takes them (FP8: it stages the x; bf16 o / down stay on
-// cuBLASLt unless PEREGRINE_BF16_GEMV=mma), else cuBLASLt. H200, decode tok/s at batch 4,
+// on the tensor-core kernel where it takes them (FP8: where it stages the x; bf16: where x fits
+// in 96 KB, gemv_mma.cu's bf16_auto), else cuBLASLt. H200, decode tok/s at batch 4,
 // cuBLASLt / tensor-core kernel (2026-11-29, two rounds): 8B FP8 954.3 / 1,016.6, 959.4 / 1,016.9
 // (1,214.4 once the 8B's down fits the staging limit, gemv_mma.cu); 1B FP8 3,105.6 / 4,608.1,
 // 3,120.0 / 4,618.0: cuBLASLt's FP8 path pays a quantize pass and tiles made for more rows.

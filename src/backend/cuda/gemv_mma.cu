@@ -410,9 +410,20 @@ void dispatch_n(const MmaProduct& p, cudaStream_t stream) {
 // CudaGemvPerf.DecodeProductsOnTensorCores): normed products whose x 3-4 rows share, and the
 // normed gate|up below k 4096, which gemv.cu has no persistent kernel for (1B gate|up at n 1:
 // 21.5 -> 18.2 us). Everywhere else its FMA kernel is as fast or faster (1B q|k|v at n 1: 4.5
-// against 5.5 us; o and down products at every n).
+// against 5.5 us; o and down products at 1-2 rows).
+// And o / down of 3-4 rows whose x fits in kMaxStagedX (two CTAs an SM), which otherwise go to
+// cuBLASLt: H200 decode tok/s at batch 4, cuBLASLt / here / here with no bound (session 30, two
+// rounds): 1B 3,972.5 / 4,321.9 / 4,320.4, 3,972.6 / 4,318.5 / 4,320.8; Qwen3-1.7B 1,969.6 /
+// 2,100.7 / 2,116.0, 1,922.7 / 2,103.6 / 2,074.2; 8B 913.3 / 922.7 / 885.5, 910.1 / 921.9 /
+// 885.8 (its down at 4 rows, 115 KB, loses at one CTA an SM). PEREGRINE_BF16_ADD_MMA=0 | all.
 bool bf16_auto(const MmaProduct& p) {
-    return p.norm != nullptr && (p.n >= 3 || (p.epilogue == Epi::kSilu && p.k < 4096));
+    static const int add_rows = env_equals("PEREGRINE_BF16_ADD_MMA", "0")     ? 0
+                                : env_equals("PEREGRINE_BF16_ADD_MMA", "all") ? 2
+                                                                              : 1;
+    if (p.norm != nullptr) return p.n >= 3 || (p.epilogue == Epi::kSilu && p.k < 4096);
+    return p.epilogue == Epi::kAdd && p.n >= 3 &&
+           (add_rows == 2 ||
+            (add_rows == 1 && static_cast<size_t>(p.n) * token_bytes<false, false>(p.k) <= kMaxStagedX));
 }
 
 int g_mode[2] = {-1, -1};  // by MmaProduct::Weight: 0 off, 1 on, 2 auto, -1 the environment's

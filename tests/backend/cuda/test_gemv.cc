@@ -570,13 +570,18 @@ TEST(CudaGemv, TensorCoreKernelTakesWhatItCanStageAndWhereItIsFaster) {
     using P = cuda::MmaProduct;
     cuda::set_gemv_mma(P::kBf16, 2);  // auto, the default
     cuda::set_gemv_mma(P::kF8, 2);
-    // bf16: the normed gate|up below k 4096 at any n, normed products at 3-4 rows; not o / down.
+    // bf16: the normed gate|up below k 4096 at any n, normed products at 3-4 rows, o / down at
+    // 3-4 rows where x fits in 96 KB (not the 8B's down at 4 rows).
     EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kBf16, true, P::kSilu, 1, 16384, 2048)));
     EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, true, P::kSilu, 1, 28672, 4096)));
     EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kBf16, true, P::kSilu, 3, 28672, 4096)));
     EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, true, P::kPlain, 2, 3072, 2048)));
     EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kBf16, true, P::kPlain, 4, 3072, 2048)));
-    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, false, P::kAdd, 4, 2048, 2048)));
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, false, P::kAdd, 2, 2048, 2048)));
+    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kBf16, false, P::kAdd, 4, 2048, 2048)));
+    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kBf16, false, P::kAdd, 3, 4096, 14336)));   // 86 KB
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, false, P::kAdd, 4, 4096, 14336)));  // 115 KB
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, false, P::kPlain, 4, 2048, 2048)));
     // FP8: every product whose x it can stage within 120 KB (a normed x 4 bytes a value a token,
     // else 2: the 8B's down product to 4 rows, the 70B's normed products to 3).
     EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 4, 4096, 14336)));
