@@ -685,9 +685,10 @@ bool CudaBackend::use_gemv_norm(const Tensor& x, const Tensor& norm_weight, cons
     // 1B bf16 2,882.6 / 2,912.9, 2,871.3 / 2,957.0, 2,863.3 / 2,979.4; 8B bf16 646.0 / 675.0,
     // 647.7 / 674.7, 667.0 / 671.8; 8B FP8 703.1 / 725.3; batch 4: 1B 3,886.7 / 3,948.7, 8B 882.9 /
     // 897.5.
-    // PEREGRINE_GEMV_NORM_MAX_ROWS=2 keeps them on cuBLASLt.
+    // PEREGRINE_GEMV_NORM_MAX_ROWS=2 keeps them on cuBLASLt; 5..8 (kMaxMmaRows) sends products of
+    // 5-8 rows too (x hi alone; a measurement knob, not yet measured against cuBLASLt).
     static const int norm_rows =
-        std::clamp(env_int("PEREGRINE_GEMV_NORM_MAX_ROWS", cuda::kMaxGemvRows), 1, cuda::kMaxGemvRows);
+        std::clamp(env_int("PEREGRINE_GEMV_NORM_MAX_ROWS", cuda::kMaxGemvRows), 1, cuda::kMaxMmaRows);
     return n <= norm_rows && mma_takes(x, norm_weight.ptr<float>(), w, cuda::MmaProduct::kPlain);
 }
 
@@ -738,11 +739,11 @@ void CudaBackend::norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, f
 // cuBLASLt / tensor-core kernel (2026-11-29, two rounds): 8B FP8 954.3 / 1,016.6, 959.4 / 1,016.9
 // (1,214.4 once the 8B's down fits the staging limit, gemv_mma.cu); 1B FP8 3,105.6 / 4,608.1,
 // 3,120.0 / 4,618.0: cuBLASLt's FP8 path pays a quantize pass and tiles made for more rows.
-// PEREGRINE_GEMV_ADD_MAX_ROWS=2 keeps them on cuBLASLt.
+// PEREGRINE_GEMV_ADD_MAX_ROWS=2 keeps them on cuBLASLt; 5..8 as PEREGRINE_GEMV_NORM_MAX_ROWS.
 bool CudaBackend::use_gemv_add(const Tensor& x, const Tensor& w) const {
     if (use_gemv(x, w)) return true;
     static const int add_rows =
-        std::clamp(env_int("PEREGRINE_GEMV_ADD_MAX_ROWS", cuda::kMaxGemvRows), 1, cuda::kMaxGemvRows);
+        std::clamp(env_int("PEREGRINE_GEMV_ADD_MAX_ROWS", cuda::kMaxGemvRows), 1, cuda::kMaxMmaRows);
     return options_.gemv && !options_.batch_invariant && x.dtype == DType::BF16 && x.rows() <= add_rows &&
            mma_takes(x, nullptr, w, cuda::MmaProduct::kAdd);
 }

@@ -141,15 +141,16 @@ struct GemvWeight {
 // out f32 (out_f32) or bf16. n <= max_gemv_rows(w.kind), k a multiple of 8, x and w 16-byte
 // aligned.
 constexpr int kMaxGemvRows = 4;
-// The most rows of x the products below take for a weight of this kind: kMaxGemvRows, and for
-// the GGUF layouts 8, past kMaxGemvRows in slices of kMaxGemvRows rows, each reading the weight
-// once more.
+// The most rows of x the products below take for a weight of this kind: 8. GGUF layouts past
+// kMaxGemvRows in slices of kMaxGemvRows rows, each reading the weight once more; bf16 and FP8
+// past kMaxGemvRows only where the tensor-core kernel takes the product (gemv_mma_takes), else
+// the call fails.
 int max_gemv_rows(GemvWeight::Kind kind);
 // The most rows the backend hands these products for a weight of this kind (more go to
 // cuBLASLt, or for the GGUF layouts to gguf_gemm): 2 for bf16 and FP8, whose products of 3-4 rows
 // cuBLASLt's GEMMs run faster (H200, 8B bf16 decode at batch 4: 878.2 vs 685.5 tok/s),
-// PEREGRINE_GEMV_MAX_ROWS (1..kMaxGemvRows) overriding it (the backend lets normed products of
-// 3-4 rows through where gemv_mma_takes them: CudaBackend::use_gemv_norm); 4 for the GGUF
+// PEREGRINE_GEMV_MAX_ROWS (1..kMaxGemvRows) overriding it (the backend lets products of 3-4
+// rows through where gemv_mma_takes them: CudaBackend::use_gemv_norm / use_gemv_add); 4 for the GGUF
 // layouts, whose products of 5-8 rows gguf_gemm runs faster than slices,
 // PEREGRINE_GGUF_GEMV_MAX_ROWS (1..8) overriding it.
 int gemv_rows_chosen(GemvWeight::Kind kind);

@@ -14,11 +14,30 @@ void check_args(const char* what, int n, int k, const void* x, GemvWeight w) {
         fail(what, ": unsupported shape n ", n, " k ", k, " or misaligned operands");
 }
 
-// A product of n <= 4 rows of bf16 or FP8 weights here, of the GGUF layouts in gemv_gguf.cu.
+// A product of bf16 or FP8 weights here (past kMaxGemvRows rows on the tensor-core kernel
+// alone), of the GGUF layouts in gemv_gguf.cu.
 template <int EPI, bool NORM>
 void run(const void* x, const float* norm, float eps, GemvWeight w, void* out, bool out_f32, int n, int m, int k,
          cudaStream_t stream) {
     if (w.kind > GemvWeight::kF8) return gguf_gemv_rows<EPI, NORM>(x, norm, eps, w, out, out_f32, n, m, k, stream);
+    if (n > kMaxGemvRows) {
+        const MmaProduct p{.x = x,
+                           .norm = norm,
+                           .eps = eps,
+                           .weight = w.kind == GemvWeight::kF8 ? MmaProduct::kF8 : MmaProduct::kBf16,
+                           .w = w.data,
+                           .scale = w.scale,
+                           .out = out,
+                           .out_f32 = out_f32,
+                           .n = n,
+                           .m = m,
+                           .k = k,
+                           .epilogue = static_cast<MmaProduct::Epilogue>(EPI)};
+        if (!gemv_mma(p, stream))
+            fail("decode product of ", n, " rows (k ", k, "): past ", kMaxGemvRows,
+                 " rows only the tensor-core kernel runs it, and it does not take this one");
+        return;
+    }
     const Args a = make_args(x, norm, eps, w, out, out_f32, m, k);
     if (w.kind == GemvWeight::kF8) return dispatch_n<EPI, NORM, kF8>(a, n, stream);
     dispatch_n<EPI, NORM, kBf16>(a, n, stream);
@@ -35,8 +54,8 @@ void set_gguf_gemv_persistent(int mode) {
     g_gguf_persistent = mode;
 }
 
-int max_gemv_rows(GemvWeight::Kind kind) {
-    return kind > GemvWeight::kF8 ? 8 : kMaxGemvRows;
+int max_gemv_rows(GemvWeight::Kind) {
+    return kMaxMmaRows;
 }
 
 // H200, decode tok/s, our products / cuBLASLt's at n = 2, 3, 4 (2026-11-28, one call): 8B bf16

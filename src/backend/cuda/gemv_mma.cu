@@ -4,23 +4,25 @@
 // Why: gemv.cu's kernels turn every e4m3 value into f32 and multiply on the FMA pipe (H200, ncu,
 // 8B gate | up: 0.67 warp instructions issued a cycle a scheduler against bf16's 0.38, 3.0 TB/s
 // against 4.05), and each extra row of x costs a full pass of that arithmetic. Here a 16-byte chunk
-// of e4m3 codes is 8 conversions (e4m3x2 -> f16x2, exact) and 4 mma whatever n (1..4). H200,
+// of e4m3 codes is 8 conversions (e4m3x2 -> f16x2, exact) and 4 mma whatever n (1..8). H200,
 // 2026-11-29, `bench latency` decode tok/s, gemv.cu's kernels -> these: 8B b1 365.7 -> 383.1, b2
 // 532.9 -> 625.6; 1B b1 1,137.7 -> 1,470.9, b2 1,871.1 -> 2,693.6 (PEREGRINE_FP8_GEMV=fma: the old
 // ones). bf16 weights (a chunk: 8 values, 2 mma, no conversion) take it where it was measured
 // faster than gemv.cu's kernel (bf16_auto below).
 //
 // Fragments (warp_mma.cuh): the weight is mma's B (8 weight rows, k), x its A (token j in row j;
-// a normed x's low part in row 8 + j). Lane 4n + q loads the 16 bytes (V values: 16 e4m3, 8 bf16)
-// of weight row n at byte offset 64s + 16q (segment s: a warp load is 8 rows x 64 bytes, 4V
-// values); its values 4i + {0, 1} are mma i's k 2q + {0, 1}, values 4i + {2, 3} its k 8 + 2q +
-// {0, 1}. That permutation of k is the same for x: lane 4j + q reads x[j][4Vs + Vq .. + V - 1].
+// a normed x's low part in row 8 + j at n <= 4, kLo below). Lane 4n + q loads the 16 bytes (V
+// values: 16 e4m3, 8 bf16) of weight row n at byte offset 64s + 16q (segment s: a warp load is 8
+// rows x 64 bytes, 4V values); its values 4i + {0, 1} are mma i's k 2q + {0, 1}, values 4i + {2,
+// 3} its k 8 + 2q + {0, 1}. That permutation of k is the same for x: lane 4j + q reads x[j][4Vs + Vq .. + V - 1].
 // Output row 2q + {0, 1} of token j is on lane 4j + q.
 // x is staged once a CTA in the operand type: f16 times 2^e per token, e putting its largest
 // |value| in [2^14, 2^15) (bf16 values land exact), or bf16 as it is; a normed x (f32 x * norm)
-// is split hi + lo, lo = x - hi (f16: ~22 bits; bf16: ~16). An f16 or bf16 times an e4m3 or bf16
-// value is exact in f32. One pass finds the largest |value| (a normed x kept in shared memory as
-// f32 meanwhile), a second writes the fragments.
+// of n <= 4 rows is split hi + lo, lo = x - hi (f16: ~22 bits; bf16: ~16); of 5-8 rows it is hi
+// alone (f16: 11 bits; bf16: 8, as the bf16 x a norm pass + cuBLASLt would multiply), staged as
+// a plain x: 4 bytes a value would not fit 8 rows of the 8B's x. An f16 or bf16 times an e4m3 or
+// bf16 value is exact in f32. One pass finds the largest |value| (a normed x of n <= 4 rows kept
+// in shared memory as f32 meanwhile, else read again), a second writes the fragments.
 // Work: a unit is 8 weight rows (silu: 4 gate rows and their 4 up rows); a CTA of W warps takes
 // per_cta consecutive units, its warps splitting each unit's k (warp w, group g: segments (Wg +
 // w) * D .. + D - 1), the next group's D loads a lane in flight while it multiplies one.
@@ -31,6 +33,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/pdl.cuh"
@@ -49,25 +52,28 @@ using Epi = MmaProduct::Epilogue;
 // Values in a lane's 16-byte chunk of weight: 16 e4m3 codes (4 mma) or 8 bf16 (2 mma).
 template <bool F8>
 constexpr int kVals = F8 ? 16 : 8;
-// One token's staged x, normed (NORM): 4 bytes a value, mma's A fragments in the order lanes
-// read them. Chunk ch (the V values lane q = ch % 4 multiplies, 4V bytes) holds, for each of its
-// mma i, {hi(4i, 4i+1), lo(4i, 4i+1), hi(4i+2, 4i+3), lo(4i+2, 4i+3)} (operand-type pairs) in 16-byte
-// slot slot_of(ch, i): one 16-byte load a mma. With FP8 (64-byte chunks) slot i ^ ((ch >> 1) & 1)
-// keeps lanes q = 0..3 on distinct banks, and token j + 1 starts 32 bytes further modulo 128
-// than token j; with bf16 (32-byte chunks) slot i and 16 bytes: no bank conflicts either way (k
-// is a multiple of 4V). Piece c (values 8c .. 8c + 7: fragments 2 (c % P) and 2 (c % P) + 1 of
-// chunk c / P, P = V / 8) is bytes [32c, 32c + 32): a normed x is staged there as f32 and
-// converted in place.
-// Not normed: lo is 0, so only the hi pairs are staged, 2 bytes a value, and in that layout they
-// fall in x's own order: mma i of chunk ch reads bytes 2V ch + 8i .. + 7 = {hi(4i, 4i+1),
-// hi(4i+2, 4i+3)}, a 16-byte load two mma. Lanes q = 0..3 read 16 bytes at 2V q (+ 16h): with
-// tokens 16 (FP8, 2V = 32) or 64 (bf16, 2V = 16) bytes further modulo 128, the 8 lanes of a
+// One token's staged x, hi + lo (LO: a normed x of n <= 4 rows): 4 bytes a value, mma's A
+// fragments in the order lanes read them. Chunk ch (the V values lane q = ch % 4 multiplies, 4V
+// bytes) holds, for each of its mma i, {hi(4i, 4i+1), lo(4i, 4i+1), hi(4i+2, 4i+3), lo(4i+2,
+// 4i+3)} (operand-type pairs) in 16-byte slot slot_of(ch, i): one 16-byte load a mma. With FP8
+// (64-byte chunks) slot i ^ ((ch >> 1) & 1) keeps lanes q = 0..3 on distinct banks, and token
+// j + 1 starts 32 bytes further modulo 128 than token j; with bf16 (32-byte chunks) slot i and 16
+// bytes: no bank conflicts either way (k is a multiple of 4V). Piece c (values 8c .. 8c + 7:
+// fragments 2 (c % P) and 2 (c % P) + 1 of chunk c / P, P = V / 8) is bytes [32c, 32c + 32): a
+// normed x is staged there as f32 and converted in place.
+// Not LO: lo is 0 (or dropped), so only the hi pairs are staged, 2 bytes a value, and in that
+// layout they fall in x's own order: mma i of chunk ch reads bytes 2V ch + 8i .. + 7 = {hi(4i,
+// 4i+1), hi(4i+2, 4i+3)}, a 16-byte load two mma. Lanes q = 0..3 read 16 bytes at 2V q (+ 16h):
+// with tokens 16 (FP8, 2V = 32) or 64 (bf16, 2V = 16) bytes further modulo 128, the 8 lanes of a
 // 16-byte load phase (tokens j, j + 1) hit distinct banks. Half the bytes: the 8B's FP8 down
 // product (k 14,336) stages 3 tokens within 96 KB where it staged 1.
-template <bool F8, bool NORM>
+template <bool F8, bool LO>
 __host__ __device__ constexpr int64_t token_bytes(int k) {
-    return NORM ? 4 * int64_t{k} + (F8 ? 32 : 16) : 2 * int64_t{k} + (F8 ? 16 : 64);
+    return LO ? 4 * int64_t{k} + (F8 ? 32 : 16) : 2 * int64_t{k} + (F8 ? 16 : 64);
 }
+// Whether a normed x of N rows is staged hi + lo (4 bytes a value) rather than hi alone.
+template <bool NORM, int N>
+constexpr bool kLo = (NORM && N <= 4);
 template <bool F8>
 __device__ __forceinline__ int slot_of(int ch, int i) {
     return F8 ? i ^ ((ch >> 1) & 1) : i;
@@ -127,6 +133,7 @@ __device__ __forceinline__ float pick(const float (&arr)[N], int j) {
 template <bool F8, int N, int W, int EPI, bool NORM>
 __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, int per_cta) {
     constexpr int V = kVals<F8>, P = V / 8;  // values a lane's chunk, 8-value pieces a chunk
+    constexpr bool LO = kLo<NORM, N>;        // the hi + lo layout (else x's own order, hi alone)
     const char* wb = static_cast<const char*>(a.w);
     extern __shared__ uint4 x_smem[];
     __shared__ float part[2][W][N][8];             // per-warp sums of a unit, two buffers: one barrier a unit
@@ -173,9 +180,9 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
     pdl_wait();
 
     // x: each token's largest |value| (NORM: and sum of x^2), the values kept in shared memory
-    // as f32 (NORM) or read again (FP8, from L1); then each thread writes its pieces' fragments.
+    // as f32 (LO) or read again (from L1); then each thread writes its pieces' fragments.
     char* xb = reinterpret_cast<char*>(x_smem);
-    const int64_t tb = token_bytes<F8, NORM>(k);
+    const int64_t tb = token_bytes<F8, LO>(k);
     const int pieces = k / 8;
     // Only FP8 (its per-token factor) and a normed x (its sum of squares, its f32 copy) need this
     // first pass: a bf16 x that is not normed is staged as it is, unscaled.
@@ -192,7 +199,7 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
                 x_piece<NORM>(a, j, c, v, ss[j]);
 #pragma unroll
                 for (int e = 0; e < 8; ++e) amax[j] = fmaxf(amax[j], fabsf(v[e]));
-                if constexpr (NORM) {
+                if constexpr (LO) {
                     float4* dst = reinterpret_cast<float4*>(xb + j * tb + 32 * c);
                     dst[0] = make_float4(v[0], v[1], v[2], v[3]);
                     dst[1] = make_float4(v[4], v[5], v[6], v[7]);
@@ -230,20 +237,20 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
 #pragma unroll
         for (int j = 0; j < N; ++j) {
             float v[8];
-            if constexpr (NORM) {
+            if constexpr (LO) {
                 const float4* src = reinterpret_cast<const float4*>(xb + j * tb + 32 * c);
                 const float4 v0 = src[0], v1 = src[1];
                 v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
             } else {
                 float unused = 0.0f;
-                x_piece<false>(a, j, c, v, unused);
+                x_piece<NORM>(a, j, c, v, unused);
             }
             uint32_t f[2][4];  // the fragments of mma 2 (c % P) and 2 (c % P) + 1
 #pragma unroll
             for (int h = 0; h < 4; ++h)  // value pairs (2h, 2h + 1)
-                split_pair<F8, NORM>(v[2 * h] * xscale[j], v[2 * h + 1] * xscale[j], f[h / 2][2 * (h % 2)],
-                                     f[h / 2][2 * (h % 2) + 1]);
-            if constexpr (NORM) {
+                split_pair<F8, LO>(v[2 * h] * xscale[j], v[2 * h + 1] * xscale[j], f[h / 2][2 * (h % 2)],
+                                   f[h / 2][2 * (h % 2) + 1]);
+            if constexpr (LO) {
                 char* dst = xb + j * tb + 4 * V * (c / P);
 #pragma unroll
                 for (int t = 0; t < 2; ++t)
@@ -258,7 +265,7 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
 
     const bool has_x = n8 < N;  // lanes holding a token's row of A
     // Lane q's chunk of segment s is chunk 4s + q; (ch >> 1) & 1 = q >> 1 for all of them.
-    constexpr int xv = NORM ? 4 : 2;  // staged bytes a value
+    constexpr int xv = LO ? 4 : 2;  // staged bytes a value
     const char* xl = xb + (has_x ? n8 : 0) * tb + xv * V * q;
     int slot_off[V / 4];
 #pragma unroll
@@ -277,11 +284,11 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
             if (s0 + d >= segs) break;  // warp-uniform
             const char* xp = xl + int64_t{s0 + d} * (4 * xv * V);
             const uint32_t wv[4] = {cur[d].x, cur[d].y, cur[d].z, cur[d].w};
-            uint4 pair = make_uint4(0, 0, 0, 0);  // not NORM: mma i and i + 1's hi pairs (i even)
+            uint4 pair = make_uint4(0, 0, 0, 0);  // not LO: mma i and i + 1's hi pairs (i even)
 #pragma unroll
             for (int i = 0; i < V / 4; ++i) {
                 uint32_t fa[4];
-                if constexpr (NORM) {
+                if constexpr (LO) {
                     uint4 fr = make_uint4(0, 0, 0, 0);
                     if (has_x) fr = *reinterpret_cast<const uint4*>(xp + slot_off[i]);
                     fa[0] = fr.x, fa[1] = fr.y, fa[2] = fr.z, fa[3] = fr.w;
@@ -352,7 +359,7 @@ Plan plan(const MmaProduct& p) {
     Plan pl;
     pl.units = ((EPI == Epi::kSilu ? p.m / 2 : p.m) + RU - 1) / RU;
     pl.slots = sm_count() * resident_ctas<mma_gemv_kernel<F8, N, W, EPI, NORM>>(
-                                32 * W, static_cast<size_t>(N * token_bytes<F8, NORM>(p.k)));
+                                32 * W, static_cast<size_t>(N * token_bytes<F8, kLo<NORM, N>>(p.k)));
     pl.per_cta = (pl.units + pl.slots - 1) / pl.slots;
     pl.grid = (pl.units + pl.per_cta - 1) / pl.per_cta;
     return pl;
@@ -360,7 +367,7 @@ Plan plan(const MmaProduct& p) {
 template <bool F8, int N, int W, int EPI, bool NORM>
 void launch_planned(const MmaProduct& p, const Plan& pl, cudaStream_t stream) {
     launch_pdl(mma_gemv_kernel<F8, N, W, EPI, NORM>, dim3(static_cast<unsigned>(pl.grid)), dim3(32 * W),
-               static_cast<size_t>(N * token_bytes<F8, NORM>(p.k)), stream, p, pl.per_cta);
+               static_cast<size_t>(N * token_bytes<F8, kLo<NORM, N>>(p.k)), stream, p, pl.per_cta);
 }
 
 // CTAs of 4 warps at n <= 2 where each takes several units and they fill the slots, else of 8
@@ -392,18 +399,10 @@ void dispatch_epilogue(const MmaProduct& p, cudaStream_t stream) {
     }
 }
 
-template <bool F8>
-void dispatch_n(const MmaProduct& p, cudaStream_t stream) {
-    switch (p.n) {
-        case 1:
-            return dispatch_epilogue<F8, 1>(p, stream);
-        case 2:
-            return dispatch_epilogue<F8, 2>(p, stream);
-        case 3:
-            return dispatch_epilogue<F8, 3>(p, stream);
-        default:
-            return dispatch_epilogue<F8, 4>(p, stream);
-    }
+// The instantiation for p.n (1..kMaxMmaRows, checked by gemv_mma_takes).
+template <bool F8, int... I>
+void dispatch_n(const MmaProduct& p, cudaStream_t stream, std::integer_sequence<int, I...>) {
+    (void)((p.n == I + 1 && (dispatch_epilogue<F8, I + 1>(p, stream), true)) || ...);
 }
 
 // bf16 by default only where gemv.cu's FMA kernel was measured slower (H200, 2026-11-29,
@@ -456,10 +455,11 @@ void set_gemv_mma(MmaProduct::Weight weight, int mode) {
 bool gemv_mma_takes(const MmaProduct& p) {
     const bool norm = p.norm != nullptr, f8 = p.weight == MmaProduct::kF8;
     const int seg_values = 4 * (f8 ? kVals<true> : kVals<false>);
-    const int64_t tb = f8 ? (norm ? token_bytes<true, true>(p.k) : token_bytes<true, false>(p.k))
-                          : (norm ? token_bytes<false, true>(p.k) : token_bytes<false, false>(p.k));
+    const bool lo = norm && p.n <= 4;  // kLo
+    const int64_t tb = f8 ? (lo ? token_bytes<true, true>(p.k) : token_bytes<true, false>(p.k))
+                          : (lo ? token_bytes<false, true>(p.k) : token_bytes<false, false>(p.k));
     const size_t staged = static_cast<size_t>(p.n) * static_cast<size_t>(tb);
-    return enabled(p) && p.n >= 1 && p.n <= 4 && p.k > 0 && p.k % seg_values == 0 && p.m > 0 &&
+    return enabled(p) && p.n >= 1 && p.n <= kMaxMmaRows && p.k > 0 && p.k % seg_values == 0 && p.m > 0 &&
            (!f8 || p.scale != nullptr) && !(p.epilogue == Epi::kAdd && norm) &&
            !(p.epilogue == Epi::kSilu && p.m % 2 != 0) && staged <= staged_limit() &&
            reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0 &&
@@ -469,9 +469,9 @@ bool gemv_mma_takes(const MmaProduct& p) {
 bool gemv_mma(const MmaProduct& p, cudaStream_t stream) {
     if (!gemv_mma_takes(p)) return false;
     if (p.weight == MmaProduct::kF8)
-        dispatch_n<true>(p, stream);
+        dispatch_n<true>(p, stream, std::make_integer_sequence<int, kMaxMmaRows>());
     else
-        dispatch_n<false>(p, stream);
+        dispatch_n<false>(p, stream, std::make_integer_sequence<int, kMaxMmaRows>());
     return true;
 }
 

@@ -1,5 +1,6 @@
 // Decode products on tensor cores: gemv.cu hands them its FP8 (E4M3, one f32 factor per row) and
-// bf16 products of 1-4 rows of x where they apply (gemv_mma.cu says how and why).
+// bf16 products of 1-8 rows of x where they apply (gemv_mma.cu says how and why; past
+// kMaxGemvRows rows only this kernel runs them).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,6 +8,8 @@
 #include <cstdint>
 
 namespace peregrine::cuda {
+
+constexpr int kMaxMmaRows = 8;  // mma's A has 16 rows: 8 tokens, or 4 of hi + lo
 
 struct MmaProduct {
     enum Epilogue { kPlain, kSilu, kAdd };  // as gemv, gemv_silu, gemv_add
@@ -24,11 +27,11 @@ struct MmaProduct {
 };
 
 // Launches the product and returns true, or returns false without launching where it does not
-// take it (k not a multiple of 64, n outside 1..4, x too long to stage, switched off: then the
-// caller runs its own kernel).
+// take it (k not a multiple of 64, n outside 1..kMaxMmaRows, x too long to stage, switched off:
+// then the caller runs its own kernel).
 bool gemv_mma(const MmaProduct& p, cudaStream_t stream);
 // Whether gemv_mma would take p (out is not looked at): the backend asks it before it hands a
-// normed product of 3-4 rows to the decode kernels rather than to cuBLASLt.
+// product of 3-8 rows to the decode kernels rather than to cuBLASLt.
 bool gemv_mma_takes(const MmaProduct& p);
 
 // Test and measurement hook for one weight kind: 1 on, 0 off, 2 auto (FP8: on; bf16: the
