@@ -14,8 +14,8 @@
 // a normed x's low part in row 8 + j at n <= 4, kLo below). Lane 4n + q loads the 16 bytes (V
 // values: 16 e4m3, 8 bf16) of weight row n at byte offset 64s + 16q (segment s: a warp load is 8
 // rows x 64 bytes, 4V values); its values 4i + {0, 1} are mma i's k 2q + {0, 1}, values 4i + {2,
-// 3} its k 8 + 2q + {0, 1}. That permutation of k is the same for x: lane 4j + q reads x[j][4Vs + Vq .. + V - 1].
-// Output row 2q + {0, 1} of token j is on lane 4j + q.
+// 3} its k 8 + 2q + {0, 1}. That permutation of k is the same for x: lane 4j + q reads
+// x[j][4Vs + Vq .. + V - 1]. Output row 2q + {0, 1} of token j is on lane 4j + q.
 // x is staged once a CTA in the operand type: f16 times 2^e per token, e putting its largest
 // |value| in [2^14, 2^15) (bf16 values land exact), or bf16 as it is; a normed x (f32 x * norm)
 // of n <= 4 rows is split hi + lo, lo = x - hi (f16: ~22 bits; bf16: ~16); of 5-8 rows it is hi
