@@ -554,7 +554,7 @@ TEST(CudaGemvPerf, Report) {
 }
 
 // Which products the tensor-core kernel takes (no GPU needed: gemv_mma_takes launches nothing).
-// The backend sends normed products of 3-4 rows to the decode kernels only where it says yes.
+// The backend sends products of 3-8 rows to the decode kernels only where it says yes.
 TEST(CudaGemv, TensorCoreKernelTakesWhatItCanStageAndWhereItIsFaster) {
     alignas(16) static const float aligned[4] = {};
     const void* p = aligned;
@@ -611,6 +611,15 @@ TEST(CudaGemv, TensorCoreKernelTakesWhatItCanStageAndWhereItIsFaster) {
     P no_scale = product(P::kF8, false, P::kPlain, 1, 4096, 4096);
     no_scale.scale = nullptr;
     EXPECT_FALSE(cuda::gemv_mma_takes(no_scale));
+    // Past 4 rows only this kernel runs bf16 / FP8 products: one it does not take is a clear error
+    // before any launch (x of 6 rows of 32,768 values is 384 KB).
+    const cuda::GemvWeight f8w(static_cast<const uint8_t*>(p), aligned);
+    try {
+        cuda::gemv_add(static_cast<const cuda::bf16_t*>(p), f8w, nullptr, 6, 8, 32768, nullptr);
+        ADD_FAILURE() << "gemv_add of 6 rows with k 32768 ran";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("only the tensor-core kernel runs it"), std::string::npos) << e.what();
+    }
     // Switched on / off by hand.
     cuda::set_gemv_mma(P::kBf16, 1);
     EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kBf16, false, P::kAdd, 1, 2048, 2048)));
