@@ -630,9 +630,10 @@ TEST(CudaGemv, TensorCoreKernelTakesWhatItCanStageAndWhereItIsFaster) {
 }
 
 // The products a decode step runs, Llama 8B and 1B shapes (q|k|v normed, o add, gate|up normed
-// silu, down add), FP8 and bf16 weights, n = 1..4: the tensor-core kernel (gemv_mma.cu) against
-// gemv.cu's FMA kernels, us a call in a CUDA graph over rotating weight copies (> 256 MB, so L2
-// holds none) and TB/s of the weight bytes. PG_GEMV_PERF=1 runs it.
+// silu, down add), FP8 and bf16 weights, n = 1..8: the tensor-core kernel (gemv_mma.cu) against
+// gemv.cu's FMA kernels (n <= 4; past that the tensor-core kernel alone, where it takes the
+// product), us a call in a CUDA graph over rotating weight copies (> 256 MB, so L2 holds none)
+// and TB/s of the weight bytes. PG_GEMV_PERF=1 runs it.
 TEST(CudaGemvPerf, DecodeProductsOnTensorCores) {
     PG_SKIP_WITHOUT_CUDA();
     if (!std::getenv("PG_GEMV_PERF")) GTEST_SKIP() << "a measurement: PG_GEMV_PERF=1 runs it";
@@ -667,14 +668,38 @@ TEST(CudaGemvPerf, DecodeProductsOnTensorCores) {
                 ws.emplace_back(codes);
             }
             DeviceBuffer<float> scale(cuda_test::random_floats(sh.m, rng, 1e-3f, 2e-3f));
-            DeviceBuffer<float> x(cuda_test::random_floats(static_cast<size_t>(4) * sh.k, rng, -3.0f, 3.0f));
-            DeviceBuffer<uint16_t> xb(cuda_test::to_bf16(cuda_test::random_floats(static_cast<size_t>(4) * sh.k, rng)));
-            DeviceBuffer<float> g(cuda_test::random_floats(sh.k, rng, 0.5f, 1.5f)), out(static_cast<size_t>(4) * sh.m);
-            for (int n = 1; n <= 4; ++n) {
+            constexpr int kRows = cuda::kMaxMmaRows;
+            DeviceBuffer<float> x(cuda_test::random_floats(static_cast<size_t>(kRows) * sh.k, rng, -3.0f, 3.0f));
+            DeviceBuffer<uint16_t> xb(
+                cuda_test::to_bf16(cuda_test::random_floats(static_cast<size_t>(kRows) * sh.k, rng)));
+            DeviceBuffer<float> g(cuda_test::random_floats(sh.k, rng, 0.5f, 1.5f)),
+                out(static_cast<size_t>(kRows) * sh.m);
+            for (int n = 1; n <= kRows; ++n) {
                 std::printf("%s %-10s n %d m %5d k %5d (%5.1f MB):", fp8 ? "fp8 " : "bf16", sh.name, n, sh.m, sh.k,
                             bytes / 1e6);
                 for (int mma : {0, 1}) {
                     cuda::set_gemv_mma(kind, mma);
+                    if (n > cuda::kMaxGemvRows) {  // the tensor-core kernel alone, where it takes it
+                        const cuda::MmaProduct probe{
+                            .x = sh.norm ? static_cast<const void*>(x.get()) : static_cast<const void*>(xb.get()),
+                            .norm = sh.norm ? g.get() : nullptr,
+                            .eps = 1e-5f,
+                            .weight = kind,
+                            .w = ws[0].get(),
+                            .scale = scale.get(),
+                            .out = out.get(),
+                            .out_f32 = false,
+                            .n = n,
+                            .m = sh.m,
+                            .k = sh.k,
+                            .epilogue = sh.silu  ? cuda::MmaProduct::kSilu
+                                        : sh.add ? cuda::MmaProduct::kAdd
+                                                 : cuda::MmaProduct::kPlain};
+                        if (mma == 0 || !cuda::gemv_mma_takes(probe)) {
+                            std::printf("  %s %6s", mma ? "mma" : "fma", "-");
+                            continue;
+                        }
+                    }
                     int r = 0;
                     const double us = cuda_test::graph_us_per_call(stream, 2 * copies, [&] {
                         const uint8_t* wp = ws[r++ % copies].get();
