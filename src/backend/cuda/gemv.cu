@@ -20,25 +20,13 @@ template <int EPI, bool NORM>
 void run(const void* x, const float* norm, float eps, GemvWeight w, void* out, bool out_f32, int n, int m, int k,
          cudaStream_t stream) {
     if (w.kind > GemvWeight::kF8) return gguf_gemv_rows<EPI, NORM>(x, norm, eps, w, out, out_f32, n, m, k, stream);
+    const Args a = make_args(x, norm, eps, w, out, out_f32, m, k);
     if (n > kMaxGemvRows) {
-        const MmaProduct p{.x = x,
-                           .norm = norm,
-                           .eps = eps,
-                           .weight = w.kind == GemvWeight::kF8 ? MmaProduct::kF8 : MmaProduct::kBf16,
-                           .w = w.data,
-                           .scale = w.scale,
-                           .out = out,
-                           .out_f32 = out_f32,
-                           .n = n,
-                           .m = m,
-                           .k = k,
-                           .epilogue = static_cast<MmaProduct::Epilogue>(EPI)};
-        if (!gemv_mma(p, stream))
+        if (!gemv_mma(mma_product<EPI>(a, w.kind == GemvWeight::kF8, n), stream))
             fail("decode product of ", n, " rows (k ", k, "): past ", kMaxGemvRows,
                  " rows only the tensor-core kernel runs it, and it does not take this one");
         return;
     }
-    const Args a = make_args(x, norm, eps, w, out, out_f32, m, k);
     if (w.kind == GemvWeight::kF8) return dispatch_n<EPI, NORM, kF8>(a, n, stream);
     dispatch_n<EPI, NORM, kBf16>(a, n, stream);
 }

@@ -731,26 +731,30 @@ bool launch_persistent_by_k(const Args& a, cudaStream_t stream) {
     }
 }
 
+// The product of n rows of x for gemv_mma.cu's tensor-core kernel (bf16 or FP8 weights).
+template <int EPI>
+MmaProduct mma_product(const Args& a, bool f8, int n) {
+    return MmaProduct{.x = a.x,
+                      .norm = a.norm,
+                      .eps = a.eps,
+                      .weight = f8 ? MmaProduct::kF8 : MmaProduct::kBf16,
+                      .w = a.w,
+                      .scale = a.w_scale,
+                      .out = a.out,
+                      .out_f32 = a.out_f32,
+                      .n = n,
+                      .m = a.m,
+                      .k = a.k,
+                      .epilogue = static_cast<MmaProduct::Epilogue>(EPI)};
+}
+
 // Chunks in flight per thread by k (measured on an H100 over the Llama 1B/8B shapes,
 // CudaGemvPerf.Report): rows up to 4096 long want two rows per CTA so there are enough loads
 // at once, longer rows one row with deeper groups. set_gemv_config overrides it.
 template <int N, int EPI, bool NORM, int W>
 void launch(const Args& a, cudaStream_t stream) {
-    if constexpr (W == kF8 || W == kBf16) {  // tensor cores where they take it (gemv_mma.cu)
-        const MmaProduct p{.x = a.x,
-                           .norm = a.norm,
-                           .eps = a.eps,
-                           .weight = W == kF8 ? MmaProduct::kF8 : MmaProduct::kBf16,
-                           .w = a.w,
-                           .scale = a.w_scale,
-                           .out = a.out,
-                           .out_f32 = a.out_f32,
-                           .n = N,
-                           .m = a.m,
-                           .k = a.k,
-                           .epilogue = static_cast<MmaProduct::Epilogue>(EPI)};
-        if (g_rows == 0 && gemv_mma(p, stream)) return;
-    }
+    if constexpr (W == kF8 || W == kBf16)  // tensor cores where they take it (gemv_mma.cu)
+        if (g_rows == 0 && gemv_mma(mma_product<EPI>(a, W == kF8, N), stream)) return;
     if (launch_persistent_by_k<N, EPI, NORM, W>(a, stream)) return;
     const int k = a.k;
     int rows = k <= 4096 ? 2 : 1;

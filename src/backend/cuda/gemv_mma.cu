@@ -11,10 +11,10 @@
 // faster than gemv.cu's kernel (bf16_auto below).
 //
 // Fragments (warp_mma.cuh): the weight is mma's B (8 weight rows, k), x its A (token j in row j;
-// a normed x's low part in row 8 + j at n <= 4, kLo below). Lane 4n + q loads the 16 bytes (V
-// values: 16 e4m3, 8 bf16) of weight row n at byte offset 64s + 16q (segment s: a warp load is 8
-// rows x 64 bytes, 4V values); its values 4i + {0, 1} are mma i's k 2q + {0, 1}, values 4i + {2,
-// 3} its k 8 + 2q + {0, 1}. That permutation of k is the same for x: lane 4j + q reads
+// a normed x's low part in row 8 + j at n <= 4, staged_lo below). Lane 4n + q loads the 16 bytes
+// (V values: 16 e4m3, 8 bf16) of weight row n at byte offset 64s + 16q (segment s: a warp load is
+// 8 rows x 64 bytes, 4V values); its values 4i + {0, 1} are mma i's k 2q + {0, 1}, values 4i +
+// {2, 3} its k 8 + 2q + {0, 1}. That permutation of k is the same for x: lane 4j + q reads
 // x[j][4Vs + Vq .. + V - 1]. Output row 2q + {0, 1} of token j is on lane 4j + q.
 // x is staged once a CTA in the operand type: f16 times 2^e per token, e putting its largest
 // |value| in [2^14, 2^15) (bf16 values land exact), or bf16 as it is; a normed x (f32 x * norm)
@@ -67,13 +67,13 @@ constexpr int kVals = F8 ? 16 : 8;
 // with tokens 16 (FP8, 2V = 32) or 64 (bf16, 2V = 16) bytes further modulo 128, the 8 lanes of a
 // 16-byte load phase (tokens j, j + 1) hit distinct banks. Half the bytes: the 8B's FP8 down
 // product (k 14,336) stages 3 tokens within 96 KB where it staged 1.
-template <bool F8, bool LO>
-__host__ __device__ constexpr int64_t token_bytes(int k) {
-    return LO ? 4 * int64_t{k} + (F8 ? 32 : 16) : 2 * int64_t{k} + (F8 ? 16 : 64);
+__host__ __device__ constexpr int64_t token_bytes(bool f8, bool lo, int k) {
+    return lo ? 4 * int64_t{k} + (f8 ? 32 : 16) : 2 * int64_t{k} + (f8 ? 16 : 64);
 }
-// Whether a normed x of N rows is staged hi + lo (4 bytes a value) rather than hi alone.
-template <bool NORM, int N>
-constexpr bool kLo = (NORM && N <= 4);
+// Whether a normed x of n rows is staged hi + lo (4 bytes a value) rather than hi alone.
+__host__ __device__ constexpr bool staged_lo(bool norm, int n) {
+    return norm && n <= 4;
+}
 template <bool F8>
 __device__ __forceinline__ int slot_of(int ch, int i) {
     return F8 ? i ^ ((ch >> 1) & 1) : i;
@@ -133,7 +133,7 @@ __device__ __forceinline__ float pick(const float (&arr)[N], int j) {
 template <bool F8, int N, int W, int EPI, bool NORM>
 __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, int per_cta) {
     constexpr int V = kVals<F8>, P = V / 8;  // values a lane's chunk, 8-value pieces a chunk
-    constexpr bool LO = kLo<NORM, N>;        // the hi + lo layout (else x's own order, hi alone)
+    constexpr bool LO = staged_lo(NORM, N);  // the hi + lo layout (else x's own order, hi alone)
     const char* wb = static_cast<const char*>(a.w);
     extern __shared__ uint4 x_smem[];
     __shared__ float part[2][W][N][8];             // per-warp sums of a unit, two buffers: one barrier a unit
@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
     // x: each token's largest |value| (NORM: and sum of x^2), the values kept in shared memory
     // as f32 (LO) or read again (from L1); then each thread writes its pieces' fragments.
     char* xb = reinterpret_cast<char*>(x_smem);
-    const int64_t tb = token_bytes<F8, LO>(k);
+    const int64_t tb = token_bytes(F8, LO, k);
     const int pieces = k / 8;
     // Only FP8 (its per-token factor) and a normed x (its sum of squares, its f32 copy) need this
     // first pass: a bf16 x that is not normed is staged as it is, unscaled.
@@ -352,22 +352,23 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
 // (the last fewer), since one with a unit more than the rest would set the kernel's end.
 struct Plan {
     int units, slots, per_cta, grid;
+    size_t smem;  // bytes of staged x a CTA
 };
 template <bool F8, int N, int W, int EPI, bool NORM>
 Plan plan(const MmaProduct& p) {
     constexpr int RU = EPI == Epi::kSilu ? 4 : 8;
     Plan pl;
+    pl.smem = static_cast<size_t>(N * token_bytes(F8, staged_lo(NORM, N), p.k));
     pl.units = ((EPI == Epi::kSilu ? p.m / 2 : p.m) + RU - 1) / RU;
-    pl.slots = sm_count() * resident_ctas<mma_gemv_kernel<F8, N, W, EPI, NORM>>(
-                                32 * W, static_cast<size_t>(N * token_bytes<F8, kLo<NORM, N>>(p.k)));
+    pl.slots = sm_count() * resident_ctas<mma_gemv_kernel<F8, N, W, EPI, NORM>>(32 * W, pl.smem);
     pl.per_cta = (pl.units + pl.slots - 1) / pl.slots;
     pl.grid = (pl.units + pl.per_cta - 1) / pl.per_cta;
     return pl;
 }
 template <bool F8, int N, int W, int EPI, bool NORM>
 void launch_planned(const MmaProduct& p, const Plan& pl, cudaStream_t stream) {
-    launch_pdl(mma_gemv_kernel<F8, N, W, EPI, NORM>, dim3(static_cast<unsigned>(pl.grid)), dim3(32 * W),
-               static_cast<size_t>(N * token_bytes<F8, kLo<NORM, N>>(p.k)), stream, p, pl.per_cta);
+    launch_pdl(mma_gemv_kernel<F8, N, W, EPI, NORM>, dim3(static_cast<unsigned>(pl.grid)), dim3(32 * W), pl.smem,
+               stream, p, pl.per_cta);
 }
 
 // CTAs of 4 warps at n <= 2 where each takes several units and they fill the slots, else of 8
@@ -422,7 +423,7 @@ bool bf16_auto(const MmaProduct& p) {
     if (p.norm != nullptr) return p.n >= 3 || (p.epilogue == Epi::kSilu && p.k < 4096);
     return p.epilogue == Epi::kAdd && p.n >= 3 &&
            (add_rows == 2 ||
-            (add_rows == 1 && static_cast<size_t>(p.n) * token_bytes<false, false>(p.k) <= kMaxStagedX));
+            (add_rows == 1 && static_cast<size_t>(p.n) * token_bytes(false, false, p.k) <= kMaxStagedX));
 }
 
 int g_mode[2] = {-1, -1};  // by MmaProduct::Weight: 0 off, 1 on, 2 auto, -1 the environment's
@@ -455,10 +456,7 @@ void set_gemv_mma(MmaProduct::Weight weight, int mode) {
 bool gemv_mma_takes(const MmaProduct& p) {
     const bool norm = p.norm != nullptr, f8 = p.weight == MmaProduct::kF8;
     const int seg_values = 4 * (f8 ? kVals<true> : kVals<false>);
-    const bool lo = norm && p.n <= 4;  // kLo
-    const int64_t tb = f8 ? (lo ? token_bytes<true, true>(p.k) : token_bytes<true, false>(p.k))
-                          : (lo ? token_bytes<false, true>(p.k) : token_bytes<false, false>(p.k));
-    const size_t staged = static_cast<size_t>(p.n) * static_cast<size_t>(tb);
+    const size_t staged = static_cast<size_t>(p.n) * static_cast<size_t>(token_bytes(f8, staged_lo(norm, p.n), p.k));
     return enabled(p) && p.n >= 1 && p.n <= kMaxMmaRows && p.k > 0 && p.k % seg_values == 0 && p.m > 0 &&
            (!f8 || p.scale != nullptr) && !(p.epilogue == Epi::kAdd && norm) &&
            !(p.epilogue == Epi::kSilu && p.m % 2 != 0) && staged <= staged_limit() &&
