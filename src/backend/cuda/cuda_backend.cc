@@ -685,10 +685,11 @@ bool CudaBackend::use_gemv_norm(const Tensor& x, const Tensor& norm_weight, cons
     // 1B bf16 2,882.6 / 2,912.9, 2,871.3 / 2,957.0, 2,863.3 / 2,979.4; 8B bf16 646.0 / 675.0,
     // 647.7 / 674.7, 667.0 / 671.8; 8B FP8 703.1 / 725.3; batch 4: 1B 3,886.7 / 3,948.7, 8B 882.9 /
     // 897.5.
-    // PEREGRINE_GEMV_NORM_MAX_ROWS=2 keeps them on cuBLASLt; 5..8 (kMaxMmaRows) sends products of
-    // 5-8 rows too (x hi alone; a measurement knob, not yet measured against cuBLASLt).
+    // And FP8 of 5-8 rows (a batch-8 step; x staged hi alone): with o / down there too, 1B FP8
+    // 6,035.4 -> 6,154.2, 8B FP8 even (session 31; bf16 of 5-8 rows: gemv_mma.cu's bf16_auto says
+    // no). PEREGRINE_GEMV_NORM_MAX_ROWS=2 | 4 keeps more rows on cuBLASLt.
     static const int norm_rows =
-        std::clamp(env_int("PEREGRINE_GEMV_NORM_MAX_ROWS", cuda::kMaxGemvRows), 1, cuda::kMaxMmaRows);
+        std::clamp(env_int("PEREGRINE_GEMV_NORM_MAX_ROWS", cuda::kMaxMmaRows), 1, cuda::kMaxMmaRows);
     return n <= norm_rows && mma_takes(x, norm_weight.ptr<float>(), w, cuda::MmaProduct::kPlain);
 }
 
@@ -733,17 +734,20 @@ void CudaBackend::norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, f
                          static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), stream_);
 }
 
-// The o / down products (+ residual): to 2 rows on the decode kernels (use_gemv); at 3-4 rows
+// The o / down products (+ residual): to 2 rows on the decode kernels (use_gemv); at 3-8 rows
 // on the tensor-core kernel where it takes them (FP8: where it stages the x; bf16: where x fits
 // in 96 KB, gemv_mma.cu's bf16_auto), else cuBLASLt. H200, decode tok/s at batch 4,
 // cuBLASLt / tensor-core kernel (2026-11-29, two rounds): 8B FP8 954.3 / 1,016.6, 959.4 / 1,016.9
 // (1,214.4 once the 8B's down fits the staging limit, gemv_mma.cu); 1B FP8 3,105.6 / 4,608.1,
 // 3,120.0 / 4,618.0: cuBLASLt's FP8 path pays a quantize pass and tiles made for more rows.
-// PEREGRINE_GEMV_ADD_MAX_ROWS=2 keeps them on cuBLASLt; 5..8 as PEREGRINE_GEMV_NORM_MAX_ROWS.
+// Likewise at 5-8 rows (a batch-8 step), 4 / 8 rows here (session 31, tok/s): 1B FP8 5,747.6 /
+// 6,035.4 (7,158 once its down fits the staging limit), 8B FP8 1,824.2 / 1,906.9, 1B bf16
+// 6,702.2 / 7,020.5, 8B bf16 1,647.5 / 1,689.8. PEREGRINE_GEMV_ADD_MAX_ROWS=2 | 4 keeps more rows
+// on cuBLASLt.
 bool CudaBackend::use_gemv_add(const Tensor& x, const Tensor& w) const {
     if (use_gemv(x, w)) return true;
     static const int add_rows =
-        std::clamp(env_int("PEREGRINE_GEMV_ADD_MAX_ROWS", cuda::kMaxGemvRows), 1, cuda::kMaxMmaRows);
+        std::clamp(env_int("PEREGRINE_GEMV_ADD_MAX_ROWS", cuda::kMaxMmaRows), 1, cuda::kMaxMmaRows);
     return options_.gemv && !options_.batch_invariant && x.dtype == DType::BF16 && x.rows() <= add_rows &&
            mma_takes(x, nullptr, w, cuda::MmaProduct::kAdd);
 }

@@ -416,11 +416,14 @@ void dispatch_n(const MmaProduct& p, cudaStream_t stream, std::integer_sequence<
 // rounds): 1B 3,972.5 / 4,321.9 / 4,320.4, 3,972.6 / 4,318.5 / 4,320.8; Qwen3-1.7B 1,969.6 /
 // 2,100.7 / 2,116.0, 1,922.7 / 2,103.6 / 2,074.2; 8B 913.3 / 922.7 / 885.5, 910.1 / 921.9 /
 // 885.8 (its down at 4 rows, 115 KB, loses at one CTA an SM). PEREGRINE_BF16_ADD_MMA=0 | all.
+// At 5-8 rows (a batch-8 decode step) the same o / down rule holds: 1B 6,702.2 -> 7,020.5, 8B
+// 1,647.5 -> 1,689.8, Qwen3-1.7B 3,679.8 -> 3,728.1 (session 31); normed bf16 products of 5-8
+// rows stay on cuBLASLt: 8B 1,653.8 -> 1,616.5 there, 1B 6,739.5 -> 6,697.5, Qwen3 even.
 bool bf16_auto(const MmaProduct& p) {
     static const int add_rows = env_equals("PEREGRINE_BF16_ADD_MMA", "0")     ? 0
                                 : env_equals("PEREGRINE_BF16_ADD_MMA", "all") ? 2
                                                                               : 1;
-    if (p.norm != nullptr) return p.n >= 3 || (p.epilogue == Epi::kSilu && p.k < 4096);
+    if (p.norm != nullptr) return p.n <= 4 && (p.n >= 3 || (p.epilogue == Epi::kSilu && p.k < 4096));
     return p.epilogue == Epi::kAdd && p.n >= 3 &&
            (add_rows == 2 ||
             (add_rows == 1 && static_cast<size_t>(p.n) * token_bytes(false, false, p.k) <= kMaxStagedX));
@@ -436,12 +439,14 @@ bool enabled(const MmaProduct& p) {
     return mode == 2 ? p.weight == MmaProduct::kF8 || bf16_auto(p) : mode == 1;
 }
 
-// The most bytes of x a CTA stages: 120 KB (one CTA an SM past ~113 KB), or PEREGRINE_MMA_STAGED_KB
-// (16..200 KB). 120 takes the 8B's down product (k 14,336) at 4 rows, 115 KB, which at 96 KB
+// The most bytes of x a CTA stages: 132 KB (one CTA an SM past ~113 KB), or PEREGRINE_MMA_STAGED_KB
+// (16..200 KB). 120 took the 8B's down product (k 14,336) at 4 rows, 115 KB, which at 96 KB
 // fell back to a quantize pass + cuBLASLt: H200, 8B FP8 decode at batch 4, 96 / 120 KB with o /
-// down of 3-4 rows here (2026-11-29): 1,016.6 / 1,214.4 tok/s. Also newly taken, not measured:
-// the 70B's down product at 2 rows (115 KB) and its normed products at 3 rows (98 KB).
-constexpr size_t kMaxMmaStagedX = 120 * 1024;
+// down of 3-4 rows here (2026-11-29): 1,016.6 / 1,214.4 tok/s. 132 takes the 1B's FP8 down (k
+// 8,192) at 8 rows, 128 KB: 1B FP8 decode at batch 8, 120 / 132 KB (session 31, two rounds):
+// 6,146.4 / 7,172.7, 6,145.8 / 7,144.7. Also taken, not measured: the 70B's FP8 down at 2 rows
+// (115 KB), its normed products at 4 rows (128 KB, hi + lo) and 8 (128 KB, hi), its o at 8.
+constexpr size_t kMaxMmaStagedX = 132 * 1024;
 size_t staged_limit() {
     static const size_t kb = static_cast<size_t>(std::clamp(env_int("PEREGRINE_MMA_STAGED_KB", 0), 0, 200));
     return kb >= 16 ? kb * 1024 : kMaxMmaStagedX;

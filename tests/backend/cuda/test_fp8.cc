@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/gemv_mma.h"
 #include "support/cuda_test_util.h"
 #include "support/golden_util.h"
 
@@ -120,7 +121,7 @@ TEST(CudaFp8, FusedQuantizersMatchTwoSteps) {
 // The backend's matmul / matmul_add with an f8_e4m3 weight: n <= gemv_rows_chosen (2 unless
 // PEREGRINE_GEMV_MAX_ROWS says otherwise) reads the codes in the decode kernel (x stays bf16),
 // larger n quantizes x per token, runs cuBLASLt's FP8 GEMM and applies both
-// factor vectors after; matmul_add keeps x bf16 to kMaxGemvRows (the tensor-core kernel takes
+// factor vectors after; matmul_add keeps x bf16 to kMaxMmaRows (the tensor-core kernel takes
 // every shape here). Each against a double product of exactly those operands.
 // Both GEMM routes: outer-vector factors in cuBLASLt, and unit factors + scale_fp8_product.
 void check_backend_products(bool outer_vectors) {
@@ -140,7 +141,7 @@ void check_backend_products(bool outer_vectors) {
         Tensor wt = dcodes;
         wt.scale = dscale.ptr<float>();
         const int gemv_rows = cuda::gemv_rows_chosen(cuda::GemvWeight::kF8);
-        for (int n : {1, 2, 3, 4, 5, 64, 300}) {
+        for (int n : {1, 2, 3, 4, 5, 8, 9, 64, 300}) {
             std::vector<float> x = cuda_test::round_bf16(cuda_test::random_floats(static_cast<size_t>(n) * k, rng));
             // What a product multiplies: x itself, or its e4m3 codes decoded.
             std::vector<float> xq_values = x;
@@ -159,7 +160,7 @@ void check_backend_products(bool outer_vectors) {
                     }
                 return out;
             };
-            const bool add_exact = n <= cuda::kMaxGemvRows;
+            const bool add_exact = n <= cuda::kMaxMmaRows;
             const std::vector<float> ref = product(n > gemv_rows ? xq_values : x);
             const std::vector<float> ref_add = add_exact == (n <= gemv_rows) ? ref : product(add_exact ? x : xq_values);
             std::vector<float> res = cuda_test::random_floats(ref.size(), rng);

@@ -588,19 +588,25 @@ TEST(CudaGemv, TensorCoreKernelTakesWhatItCanStageAndWhereItIsFaster) {
     EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kBf16, false, P::kAdd, 3, 4096, 14336)));   // 86 KB
     EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, false, P::kAdd, 4, 4096, 14336)));  // 115 KB
     EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, false, P::kPlain, 4, 2048, 2048)));
-    // FP8: every product whose x it can stage within 120 KB (a normed x 4 bytes a value a token,
-    // else 2: the 8B's down product to 4 rows, the 70B's normed products to 3).
+    // At 5-8 rows: o / down where x fits in 96 KB, no normed product.
+    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kBf16, false, P::kAdd, 8, 2048, 2048)));
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, false, P::kAdd, 8, 2048, 8192)));  // 128 KB
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, true, P::kPlain, 8, 3072, 2048)));
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, true, P::kSilu, 5, 16384, 2048)));
+    // FP8: every product whose x it can stage within 132 KB (a normed x 4 bytes a value a token,
+    // else 2: the 8B's down product to 4 rows, the 70B's normed products to 4).
     EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 4, 4096, 14336)));
     EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 2, 8192, 28672)));   // 70B down, 115 KB
     EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 3, 8192, 28672)));  // 172 KB
-    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 3, 10240, 8192)));
-    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 4, 10240, 8192)));
+    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 4, 10240, 8192)));  // 128 KB
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 4, 10240, 8448)));
     EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 4, 6144, 4096)));
-    // Past 4 rows a normed x is staged hi alone, 2 bytes a value: to 8 rows of the 8B's and of the
-    // 70B's to 7, where at 4 rows the 70B's (hi + lo) did not fit.
+    // Past 4 rows a normed x is staged hi alone, 2 bytes a value: to 8 rows of the 8B's and the
+    // 70B's, and the 1B's down at 8 rows (128 KB); not the 8B's down past 4.
     EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 8, 6144, 4096)));
-    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 7, 10240, 8192)));
-    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 8, 10240, 8192)));
+    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 8, 10240, 8192)));
+    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 8, 2048, 8192)));
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 5, 4096, 14336)));  // 140 KB
     EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 9, 6144, 4096)));
     EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 1, 6144, 4096 + 16)));  // k % 64
     EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kAdd, 1, 6144, 4096)));         // no normed add
