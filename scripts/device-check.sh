@@ -83,19 +83,21 @@ if want nopdl; then  # the same decode with programmatic dependent launch off, f
     m=$(model_dir llama-3.2-1b)
     PEREGRINE_PDL=0 run_bench 1b_decode_b1_nopdl latency --model "$m" --batch-size 1 --input-len 128 --output-len 128
 fi
-if want fp8; then  # --quantization fp8 beside bf16 (issue #23): decode, offline throughput, prefill
+if want fp8; then  # --quantization fp8 (and with --fp8-lm-head) beside bf16 (issue #23): decode, offline, prefill
     # (FP8_DECODE_ONLY=1: decode alone)
     for shape in llama-3.2-1b llama-3.1-8b; do
         m=$(model_dir "$shape")
         tag=${shape#llama-}
-        for q in none fp8; do
+        for q in none fp8 fp8head; do
+            args=(--quantization "${q%head}")
+            [[ $q == fp8head ]] && args+=(--fp8-lm-head)
             run_bench "${tag}_decode_b1_$q" latency --model "$m" --batch-size 1 --input-len 128 --output-len 128 \
-                --quantization $q
+                "${args[@]}"
             [[ -n ${FP8_DECODE_ONLY:-} ]] && continue
             run_bench "${tag}_offline_256_$q" throughput --model "$m" --num-prompts 256 --input-len 128 \
-                --output-len 128 --iters 2 --quantization $q
+                --output-len 128 --iters 2 "${args[@]}"
             run_bench "${tag}_prefill_512_$q" throughput --model "$m" --num-prompts 64 --input-len 512 \
-                --output-len 1 --max-num-batched-tokens 8192 --quantization $q
+                --output-len 1 --max-num-batched-tokens 8192 "${args[@]}"
         done
     done
 fi

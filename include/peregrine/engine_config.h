@@ -52,6 +52,9 @@ struct EngineConfig {
     // Weight quantization applied at load: "none" or "fp8" (CUDA: every layer matrix to E4M3 with
     // a factor per output row; the embedding and LM head stay as loaded).
     std::string quantization = "none";
+    // With quantization "fp8": the LM head too (E4M3 rows, a factor each; a tied head gets an FP8
+    // copy, the embedding stays as loaded). Fewer bytes a decode step, logits less exact.
+    bool fp8_lm_head = false;
     // CUDA: GGUF Q8_0 / Q4_0 / Q4_K / Q6_K matrices become bf16 on the device, as before they
     // stayed quantized (more memory; bf16's product speed). The CPU refuses it.
     bool dequantize_gguf = false;

@@ -56,6 +56,9 @@ class Backend : public DeviceServices {
     // Places an untied LM head (only ever multiplied, never gathered like the embedding): by
     // default as place_weight does; a backend may keep it in a product-only layout.
     virtual Tensor place_lm_head(const Tensor& host) { return place_weight(host, true); }
+    // The LM head of a model whose head is its embedding, from the placed embedding: that tensor
+    // itself, or a copy in another layout (the CUDA backend's FP8 head).
+    virtual Tensor place_tied_head(const Tensor& placed_embedding) { return placed_embedding; }
     // Places the token embedding (gathered by embedding(); with tied_head also the LM head's
     // product weight): by default as place_weight's matrices.
     virtual Tensor place_embedding(const Tensor& host, bool tied_head) {

@@ -125,6 +125,9 @@ void add_engine_options(CLI::App* cmd, EngineConfig& o) {
                     "Weights quantized at load: none | fp8 (CUDA: layer matrices to FP8 E4M3 with a factor per "
                     "output row, activations quantized per token; embedding and LM head stay as loaded). Default none")
         ->check(CLI::IsMember({"none", "fp8"}));
+    cmd->add_flag("--fp8-lm-head", o.fp8_lm_head,
+                  "CUDA, with --quantization fp8: the LM head to FP8 too (a tied head as an FP8 copy): fewer bytes "
+                  "a decode step (8B: 1.05 -> 0.53 GB), logits less exact");
     cmd->add_flag("--dequantize-gguf", o.dequantize_gguf,
                   "CUDA: convert a GGUF's Q8_0 / Q4_0 / Q4_K / Q6_K matrices to bf16 at load instead of keeping "
                   "them quantized on the GPU (more memory, bf16's product speed)");

@@ -22,7 +22,9 @@ ModelWeights place_weights(const ModelWeights& w, const ModelConfig& c, Backend&
     out.embed = w.embed.empty() ? w.embed : backend.place_embedding(w.embed, tied);
     out.final_norm = vec(w.final_norm);
     // A tied head is the embedding's placement; an untied one may stay in a product-only layout.
-    out.lm_head = w.lm_head.empty() ? w.lm_head : tied ? out.embed : backend.place_lm_head(w.lm_head);
+    out.lm_head = w.lm_head.empty() ? w.lm_head
+                  : tied            ? backend.place_tied_head(out.embed)
+                                    : backend.place_lm_head(w.lm_head);
     for (int i = first; i < first + count; ++i) {
         LayerWeights host = w.layers[i];
         if (!c.qk_norm) host.q_norm = host.k_norm = Tensor();  // the blocks apply qk-norm where these are set

@@ -39,6 +39,9 @@ void EngineConfig::validate() const {
     if (!one_of(kv_eviction, {"lru", "lfu", "fifo"}))
         fail("kv_eviction must be lru, lfu or fifo, got '", kv_eviction, "'");
     if (!one_of(quantization, {"none", "fp8"})) fail("quantization must be none or fp8, got '", quantization, "'");
+    if (fp8_lm_head && quantization != "fp8")
+        fail("--fp8-lm-head quantizes the LM head with the layers: it needs --quantization fp8, got '", quantization,
+             "'");
     if (!one_of(task, {"generate", "embed"})) fail("task must be generate or embed, got '", task, "'");
     if (!one_of(pooling_type, {"", "last", "mean", "cls"}))
         fail("pooling_type must be last, mean or cls, got '", pooling_type, "'");

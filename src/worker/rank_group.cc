@@ -59,7 +59,7 @@ std::string fingerprint(const EngineConfig& c) {
                    " max_num_seqs=", c.max_num_seqs, " max_num_batched_tokens=", c.max_num_batched_tokens,
                    " tp=", c.tensor_parallel_size, " pp=", c.pipeline_parallel_size, " enforce_eager=", c.enforce_eager,
                    " batch_invariant=", c.batch_invariant, " quantization=", c.quantization,
-                   " disable_custom_all_reduce=", c.disable_custom_all_reduce);
+                   " fp8_lm_head=", c.fp8_lm_head, " disable_custom_all_reduce=", c.disable_custom_all_reduce);
 }
 
 }  // namespace

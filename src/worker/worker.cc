@@ -37,6 +37,7 @@ std::unique_ptr<Backend> make_backend(const EngineConfig& c, int device_index) {
         co.graphs = !c.enforce_eager;
         co.batch_invariant = c.batch_invariant;
         co.fp8_weights = c.quantization == "fp8";
+        co.fp8_lm_head = c.fp8_lm_head;
         co.gguf_quantized = !c.dequantize_gguf;
         co.max_graph_batch = c.max_num_seqs > 0 ? std::min(c.max_num_seqs, 256) : 256;
         // cuda:K picks the GPU of a replica alone; a model-parallel rank gets its place's.

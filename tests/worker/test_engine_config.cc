@@ -105,5 +105,19 @@ TEST(EngineConfigDefaults, CpuRefusesCudaOnlyWeightOptions) {
     }
 }
 
+// --fp8-lm-head quantizes the head with the layers: without --quantization fp8 it is refused.
+TEST(EngineConfigDefaults, Fp8LmHeadNeedsFp8Layers) {
+    EngineConfig c;
+    c.fp8_lm_head = true;
+    try {
+        c.validate();
+        ADD_FAILURE() << "--fp8-lm-head accepted without --quantization fp8";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("needs --quantization fp8"), std::string::npos) << e.what();
+    }
+    c.quantization = "fp8";
+    c.validate();
+}
+
 }  // namespace
 }  // namespace peregrine

@@ -79,6 +79,8 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
         fail("--device cuda: ", device_name_, " is compute capability ", prop.major, ".", prop.minor,
              "; this build has kernels for sm_90a (Hopper) only");
     fp8_outer_vectors_ = options_.fp8_outer_vectors;
+    if (options_.fp8_lm_head && !options_.fp8_weights)
+        fail("--fp8-lm-head quantizes the LM head with the layers: it needs --quantization fp8");
     if (options_.fp8_weights && options_.batch_invariant)
         fail("--quantization fp8 with --batch-invariant: the batch-invariant products are bf16 only; drop one");
     PG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -312,14 +314,23 @@ Tensor CudaBackend::place_stacked(const std::vector<Tensor>& parts, bool matrix)
     return dev;
 }
 
-Tensor CudaBackend::quantize_weight(const Tensor& w) {
+Tensor CudaBackend::place_lm_head(const Tensor& host) {
+    const Tensor head = place_layer_matrix({host});
+    return options_.fp8_lm_head ? quantize_weight(head) : head;
+}
+
+Tensor CudaBackend::place_tied_head(const Tensor& placed_embedding) {
+    return options_.fp8_lm_head ? quantize_weight(placed_embedding, /*keep=*/true) : placed_embedding;
+}
+
+Tensor CudaBackend::quantize_weight(const Tensor& w, bool keep) {
     if (w.empty() || w.dtype != DType::BF16 || w.ndim != 2 || w.cols() % 16 != 0) return w;
     const int64_t rows = w.rows(), cols = w.cols();
     Tensor q = allocate_fp8_weight(rows, cols);
     cuda::quantize_rows_e4m3(bf(w), q.ptr<uint8_t>(), const_cast<float*>(q.scale), rows, cols, stream_);
     // The bf16 matrix goes where this backend made it (stacked or converted from the host); a
     // device tensor handed in (dummy weights) belongs to its loader.
-    if (auto it = std::find(owned_.begin(), owned_.end(), w.data); it != owned_.end()) {
+    if (auto it = std::find(owned_.begin(), owned_.end(), w.data); !keep && it != owned_.end()) {
         synchronize();
         PG_CUDA_CHECK(cudaFree(w.data));
         owned_.erase(it);

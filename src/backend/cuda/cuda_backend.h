@@ -30,6 +30,9 @@ struct CudaOptions {
     // to E4M3 with one factor per output row; decode products read the FP8 bytes (gemv), larger
     // ones run cuBLASLt FP8 GEMMs on inputs quantized per token.
     bool fp8_weights = false;
+    // --fp8-lm-head (with fp8_weights): the LM head to E4M3 as well; a tied head as an FP8 copy
+    // (place_tied_head), the embedding kept for its gathers.
+    bool fp8_lm_head = false;
     // FP8 GEMMs with both factor vectors in cuBLASLt (outer-vector scaling) where it has an
     // algorithm; false: always unit-factor GEMMs + scale_fp8_product (tests cover that path).
     bool fp8_outer_vectors = true;
@@ -66,8 +69,11 @@ class CudaBackend final : public Backend {
     void upload(const void* src, const Tensor& dst) override;
     void download(const Tensor& src, void* dst) override;
     Tensor place_weight(const Tensor& host, bool matrix) override;
-    // A GGUF LM head stays quantized (place_layer_matrix); others as place_weight.
-    Tensor place_lm_head(const Tensor& host) override { return place_layer_matrix({host}); }
+    // A GGUF LM head stays quantized (place_layer_matrix); others as place_weight, then to FP8
+    // with fp8_lm_head.
+    Tensor place_lm_head(const Tensor& host) override;
+    // With fp8_lm_head an FP8 copy of a bf16 embedding (which stays for its gathers), else itself.
+    Tensor place_tied_head(const Tensor& placed_embedding) override;
     // A GGUF embedding stays quantized too (gathered by gguf_embedding; the dequantize buffer
     // grows for it only when it is also the head).
     Tensor place_embedding(const Tensor& host, bool tied_head) override {
@@ -210,8 +216,8 @@ class CudaBackend final : public Backend {
     struct Gemm;  // a cached cuBLASLt plan for one (n, m, k, out dtype)
     struct Graph;
     // An f8_e4m3 copy of a placed bf16 matrix (per-row factors); the bf16 one is freed where this
-    // backend owns it. Matrices whose k is not a multiple of 16 (cuBLASLt FP8) stay bf16.
-    Tensor quantize_weight(const Tensor& w);
+    // backend owns it, unless keep. Matrices whose k is not a multiple of 16 (cuBLASLt FP8) stay bf16.
+    Tensor quantize_weight(const Tensor& w, bool keep = false);
     // FP8 prefill inputs quantized where they are made (as quantize_rows_e4m3 would quantize the
     // bf16 row, bit for bit), skipping the bf16 row: x is f8_e4m3 with Tensor::scale at its row
     // factors (fp8_pair); matmul and matmul_add take such an x for an f8_e4m3 weight.
@@ -258,6 +264,8 @@ class CudaBackend final : public Backend {
     bool use_gemv_norm(const Tensor& x, const Tensor& norm_weight, const Tensor& w) const;
     // The same for the o / down products, which add into the residual stream (matmul_add).
     bool use_gemv_add(const Tensor& x, const Tensor& w) const;
+    // The same for a plain FP8 product of up to 8 rows (the tensor-core kernel, x kept bf16).
+    bool use_gemv_fp8(const Tensor& x, const Tensor& w) const;
     void ensure_attention_workspace(size_t bytes);
     // The attention arguments of this step's batch over one layer's caches (no q, no workspace).
     cuda::AttentionArgs attention_args(const Tensor& k_cache, const Tensor& v_cache, int num_heads, int head_dim,

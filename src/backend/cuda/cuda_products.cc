@@ -79,9 +79,9 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, c
         // One k order per element whatever n is (tensor cores, no split-K across CTAs).
         cuda::gemm_invariant(bf(x), bf(w), out.data, out.dtype == DType::F32, static_cast<int>(n), static_cast<int>(m),
                              static_cast<int>(k), stream_);
-    } else if (use_gemv(x, w)) {
-        // Batch-1..2 decode (GGUF layouts: to 4 rows): our weight-streaming kernel
-        // beats cuBLASLt's skinny tiles (cuda::gemv_rows_chosen).
+    } else if (use_gemv(x, w) || use_gemv_fp8(x, w)) {
+        // Batch-1..2 decode (GGUF layouts: to 4 rows; FP8: to 8 on tensor cores): our
+        // weight-streaming kernels beat cuBLASLt's skinny tiles (cuda::gemv_rows_chosen).
         cuda::gemv(bf(x), gemv_weight(w), out.data, out.dtype == DType::F32, static_cast<int>(n), static_cast<int>(m),
                    static_cast<int>(k), stream_);
     } else {
@@ -132,6 +132,14 @@ bool mma_takes(const Tensor& x, const float* norm, const Tensor& w, cuda::MmaPro
                                  .epilogue = epilogue});
 }
 }  // namespace
+
+// A plain FP8 product of 3-8 rows (the FP8 LM head, a tensor-parallel rank's o / down) on the
+// tensor-core kernel, x kept bf16, as the o / down products with their residual (use_gemv_add)
+// rather than a quantize pass + cuBLASLt's FP8 tiles.
+bool CudaBackend::use_gemv_fp8(const Tensor& x, const Tensor& w) const {
+    return options_.gemv && !options_.batch_invariant && x.dtype == DType::BF16 && w.dtype == DType::F8_E4M3 &&
+           x.rows() <= cuda::kMaxMmaRows && mma_takes(x, nullptr, w, cuda::MmaProduct::kPlain);
+}
 
 bool CudaBackend::use_gemv_norm(const Tensor& x, const Tensor& norm_weight, const Tensor& w) const {
     if (!options_.gemv || options_.batch_invariant || x.dtype != DType::F32 || !is_product_weight(w) ||

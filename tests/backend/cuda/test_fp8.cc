@@ -118,11 +118,10 @@ TEST(CudaFp8, FusedQuantizersMatchTwoSteps) {
     PG_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
-// The backend's matmul / matmul_add with an f8_e4m3 weight: n <= gemv_rows_chosen (2 unless
-// PEREGRINE_GEMV_MAX_ROWS says otherwise) reads the codes in the decode kernel (x stays bf16),
-// larger n quantizes x per token, runs cuBLASLt's FP8 GEMM and applies both
-// factor vectors after; matmul_add keeps x bf16 to kMaxMmaRows (the tensor-core kernel takes
-// every shape here). Each against a double product of exactly those operands.
+// The backend's matmul / matmul_add with an f8_e4m3 weight: n <= kMaxMmaRows reads the codes in
+// the decode kernels (x stays bf16; the tensor-core kernel takes every shape here), larger n
+// quantizes x per token, runs cuBLASLt's FP8 GEMM and applies both factor vectors after. Each
+// against a double product of exactly those operands.
 // Both GEMM routes: outer-vector factors in cuBLASLt, and unit factors + scale_fp8_product.
 void check_backend_products(bool outer_vectors) {
     std::mt19937 rng(9);
@@ -140,7 +139,6 @@ void check_backend_products(bool outer_vectors) {
         b.upload(wscale.data(), dscale);
         Tensor wt = dcodes;
         wt.scale = dscale.ptr<float>();
-        const int gemv_rows = cuda::gemv_rows_chosen(cuda::GemvWeight::kF8);
         for (int n : {1, 2, 3, 4, 5, 8, 9, 64, 300}) {
             std::vector<float> x = cuda_test::round_bf16(cuda_test::random_floats(static_cast<size_t>(n) * k, rng));
             // What a product multiplies: x itself, or its e4m3 codes decoded.
@@ -160,9 +158,8 @@ void check_backend_products(bool outer_vectors) {
                     }
                 return out;
             };
-            const bool add_exact = n <= cuda::kMaxMmaRows;
-            const std::vector<float> ref = product(n > gemv_rows ? xq_values : x);
-            const std::vector<float> ref_add = add_exact == (n <= gemv_rows) ? ref : product(add_exact ? x : xq_values);
+            const bool exact = n <= cuda::kMaxMmaRows;
+            const std::vector<float> ref = product(exact ? x : xq_values);
             std::vector<float> res = cuda_test::random_floats(ref.size(), rng);
             Tensor dx = b.allocate(DType::BF16, {n, k}), out = b.allocate(DType::F32, {n, m});
             Tensor outb = b.allocate(DType::BF16, {n, m}), resid = b.allocate(DType::F32, {n, m});
@@ -178,14 +175,14 @@ void check_backend_products(bool outer_vectors) {
             b.download(outb, got_b.data());
             b.download(resid, got_res.data());
             std::vector<float> want_res = res;
-            for (size_t i = 0; i < ref.size(); ++i) want_res[i] += ref_add[i];
+            for (size_t i = 0; i < ref.size(); ++i) want_res[i] += ref[i];
             const std::string where = std::string(outer_vectors ? "outer " : "pass ") + "m " + std::to_string(m) +
                                       " k " + std::to_string(k) + " n " + std::to_string(n);
             // The GEMM path rounds its unscaled product to bf16 before the factors (relative 2^-9).
-            const double tol = n > gemv_rows ? 4e-3 : 1e-5;
+            const double tol = exact ? 1e-5 : 4e-3;
             EXPECT_LT(cuda_test::rel_error(got, ref), tol) << where;
             EXPECT_LT(cuda_test::rel_error(cuda_test::from_bf16(got_b), ref), 8e-3) << where;
-            EXPECT_LT(cuda_test::rel_error(got_res, want_res), add_exact ? 1e-5 : 4e-3) << where;
+            EXPECT_LT(cuda_test::rel_error(got_res, want_res), tol) << where;
             for (Tensor* t : {&dx, &out, &outb, &resid, &scratch}) b.release(*t);
         }
         b.release(dcodes);
@@ -289,6 +286,46 @@ TEST(CudaFp8, TextTrainedModelAgreesOnHeldOutText) {
         EXPECT_GE(h.agree(), chunk == 1 ? 0.975 : 0.95) << "chunk " << chunk;
         EXPECT_LE(h.mean_kl, chunk == 1 ? 5e-3 : 1e-2) << "chunk " << chunk;
     }
+}
+
+// --fp8-lm-head: the head in FP8 beside the FP8 layers, against bf16: the trained fixture's tied
+// head (an FP8 copy; the embedding's gathers stay bf16) over its held-out text, and qwen2-tiny's
+// untied one. Each model's logits must differ from those of FP8 layers alone (the head was
+// quantized); the bounds catch a wrong factor or layout, the figures are printed.
+TEST(CudaFp8, LmHeadInFp8AgreesOnHeldOutText) {
+    PG_SKIP_WITHOUT_CUDA();
+    using testing::TestModel;
+    CudaOptions layers, head;
+    layers.fp8_weights = head.fp8_weights = head.fp8_lm_head = true;
+    const std::string path = testing::data_dir() + "/text-trained";
+    TestModel ref(path, std::make_unique<CudaBackend>()), q(path, std::make_unique<CudaBackend>(head));
+    TestModel l(path, std::make_unique<CudaBackend>(layers));
+    for (int chunk : {0, 1}) {
+        std::printf("fp8 weights and head, chunk %d: ", chunk);
+        const testing::HeldOutAgreement h = testing::text_trained_agreement(
+            [&](const std::vector<int32_t>& ids) { return ref.all_logits(ids, chunk); },
+            [&](const std::vector<int32_t>& ids) { return q.all_logits(ids, chunk); }, ref.vocab());
+        EXPECT_GE(h.agree(), 0.9) << "chunk " << chunk;
+        EXPECT_LE(h.mean_kl, 2e-2) << "chunk " << chunk;
+        const std::vector<int32_t> ids = {1, 2, 3, 4, 5, 6, 7, 8};
+        EXPECT_NE(q.all_logits(ids, chunk), l.all_logits(ids, chunk)) << "chunk " << chunk << ": the head is not FP8";
+    }
+    const std::string untied = testing::data_dir() + "/qwen2-tiny";
+    TestModel uref(untied, std::make_unique<CudaBackend>()), uq(untied, std::make_unique<CudaBackend>(head));
+    TestModel ul(untied, std::make_unique<CudaBackend>(layers));
+    const auto g = testing::read_json_file(untied + "/golden.json");
+    const std::vector<int32_t> ids = g["prompt_ids"].get<std::vector<int32_t>>();
+    for (int chunk : {0, 1}) {
+        const std::vector<float> a = uref.all_logits(ids, chunk), b = uq.all_logits(ids, chunk);
+        const testing::LogitStats s = testing::compare_logits(a, b, uref.vocab());
+        std::printf("fp8 weights and head, qwen2_tiny chunk %d: mean KL %.3g vs bf16, argmax agreement %.4f\n", chunk,
+                    s.mean_kl, s.argmax_agree);
+        EXPECT_LE(s.mean_kl, 1e-2) << "chunk " << chunk;
+        EXPECT_NE(b, ul.all_logits(ids, chunk)) << "chunk " << chunk << ": the untied head is not FP8";
+    }
+    CudaOptions bad;
+    bad.fp8_lm_head = true;
+    EXPECT_THROW(CudaBackend{bad}, Error);
 }
 
 }  // namespace
