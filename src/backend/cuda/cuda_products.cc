@@ -131,14 +131,24 @@ bool mma_takes(const Tensor& x, const float* norm, const Tensor& w, cuda::MmaPro
                                  .k = static_cast<int>(x.cols()),
                                  .epilogue = epilogue});
 }
+
+// The most rows of a normed or non-normed product the backend hands the tensor-core
+// kernel: cuda::kMmaRowsDefault (8), or PEREGRINE_GEMV_NORM_MAX_ROWS / PEREGRINE_GEMV_ADD_MAX_ROWS
+// (1..16; 9-16 run on its 16-row kernel, not measured against cuBLASLt yet).
+int mma_max_rows(bool norm) {
+    static const int rows[2] = {
+        std::clamp(env_int("PEREGRINE_GEMV_ADD_MAX_ROWS", cuda::kMmaRowsDefault), 1, cuda::kMaxMmaRows),
+        std::clamp(env_int("PEREGRINE_GEMV_NORM_MAX_ROWS", cuda::kMmaRowsDefault), 1, cuda::kMaxMmaRows)};
+    return rows[norm ? 1 : 0];
+}
 }  // namespace
 
 // A plain FP8 product of 3-8 rows (the FP8 LM head, a tensor-parallel rank's o / down) on the
 // tensor-core kernel, x kept bf16, as the o / down products with their residual (use_gemv_add)
-// rather than a quantize pass + cuBLASLt's FP8 tiles.
+// rather than a quantize pass + cuBLASLt's FP8 tiles; bounded as they are.
 bool CudaBackend::use_gemv_fp8(const Tensor& x, const Tensor& w) const {
     return options_.gemv && !options_.batch_invariant && x.dtype == DType::BF16 && w.dtype == DType::F8_E4M3 &&
-           x.rows() <= cuda::kMaxMmaRows && mma_takes(x, nullptr, w, cuda::MmaProduct::kPlain);
+           x.rows() <= mma_max_rows(false) && mma_takes(x, nullptr, w, cuda::MmaProduct::kPlain);
 }
 
 bool CudaBackend::use_gemv_norm(const Tensor& x, const Tensor& norm_weight, const Tensor& w) const {
@@ -157,9 +167,7 @@ bool CudaBackend::use_gemv_norm(const Tensor& x, const Tensor& norm_weight, cons
     // And FP8 of 5-8 rows (a batch-8 step; x staged hi alone): with o / down there too, 1B FP8
     // 6,035.4 -> 6,154.2, 8B FP8 even (session 31; bf16 of 5-8 rows: gemv_mma.cu's bf16_auto says
     // no). PEREGRINE_GEMV_NORM_MAX_ROWS=2 | 4 keeps more rows on cuBLASLt.
-    static const int norm_rows =
-        std::clamp(env_int("PEREGRINE_GEMV_NORM_MAX_ROWS", cuda::kMaxMmaRows), 1, cuda::kMaxMmaRows);
-    return n <= norm_rows && mma_takes(x, norm_weight.ptr<float>(), w, cuda::MmaProduct::kPlain);
+    return n <= mma_max_rows(true) && mma_takes(x, norm_weight.ptr<float>(), w, cuda::MmaProduct::kPlain);
 }
 
 void CudaBackend::norm_matmul(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w,
@@ -215,9 +223,7 @@ void CudaBackend::norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, f
 // on cuBLASLt.
 bool CudaBackend::use_gemv_add(const Tensor& x, const Tensor& w) const {
     if (use_gemv(x, w)) return true;
-    static const int add_rows =
-        std::clamp(env_int("PEREGRINE_GEMV_ADD_MAX_ROWS", cuda::kMaxMmaRows), 1, cuda::kMaxMmaRows);
-    return options_.gemv && !options_.batch_invariant && x.dtype == DType::BF16 && x.rows() <= add_rows &&
+    return options_.gemv && !options_.batch_invariant && x.dtype == DType::BF16 && x.rows() <= mma_max_rows(false) &&
            mma_takes(x, nullptr, w, cuda::MmaProduct::kAdd);
 }
 

@@ -1,5 +1,5 @@
 // Decode products on tensor cores: gemv.cu hands them its FP8 (E4M3, one f32 factor per row) and
-// bf16 products of 1-8 rows of x where they apply (gemv_mma.cu says how and why; past
+// bf16 products of 1-16 rows of x where they apply (gemv_mma.cu says how and why; past
 // kMaxGemvRows rows only this kernel runs them).
 #pragma once
 
@@ -9,7 +9,15 @@
 
 namespace peregrine::cuda {
 
-constexpr int kMaxMmaRows = 8;  // mma's A has 16 rows: 8 tokens, or 4 of hi + lo
+// mma's A has 16 rows: 16 tokens of x (hi alone), or 4 of hi + lo. Products of 1-8 rows have a
+// kernel each; 9-16 rows share the 16-row one (rows past n masked).
+constexpr int kMaxMmaRows = 16;
+// The rows the backend sends here by default (cuda_products.cc's knobs raise it to kMaxMmaRows).
+constexpr int kMmaRowsDefault = 8;
+// The kernel's rows for a product of n rows (1..kMaxMmaRows): n, or 16 past 8.
+constexpr int mma_rows(int n) {
+    return n <= 8 ? n : 16;
+}
 
 struct MmaProduct {
     enum Epilogue { kPlain, kSilu, kAdd };  // as gemv, gemv_silu, gemv_add
