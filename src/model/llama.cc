@@ -14,8 +14,11 @@ Tensor view(const Tensor& buf, int64_t rows, int64_t cols) {
 }
 
 // Places the weights through the backend, which chooses each layer's layout (place_layer).
-// Layers [first, first + count) only: a pipeline stage places its own.
-ModelWeights place_weights(const ModelWeights& w, const ModelConfig& c, Backend& backend, int first, int count) {
+// Layers [first, first + count) only: a pipeline stage places its own. A lazy load's layers are
+// made here one at a time (LoadedModel::make_layer) and what placing did not keep released.
+ModelWeights place_weights(const LoadedModel& model, Backend& backend, int first, int count) {
+    const ModelWeights& w = model.weights;
+    const ModelConfig& c = model.config;
     auto vec = [&](const Tensor& t) { return t.empty() ? t : backend.place_weight(t, false); };
     ModelWeights out;
     const bool tied = !w.lm_head.empty() && w.lm_head.data == w.embed.data;
@@ -26,9 +29,11 @@ ModelWeights place_weights(const ModelWeights& w, const ModelConfig& c, Backend&
                   : tied            ? backend.place_tied_head(out.embed)
                                     : backend.place_lm_head(w.lm_head);
     for (int i = first; i < first + count; ++i) {
-        LayerWeights host = w.layers[i];
+        const LayerWeights made = model.make_layer ? model.make_layer(i) : LayerWeights();
+        LayerWeights host = model.make_layer ? made : w.layers[i];
         if (!c.qk_norm) host.q_norm = host.k_norm = Tensor();  // the blocks apply qk-norm where these are set
         out.layers.push_back(backend.place_layer(host));
+        if (model.layer_placed) model.layer_placed(made, out.layers.back());
     }
     return out;
 }
@@ -39,7 +44,7 @@ LlamaModel::LlamaModel(const LoadedModel& model, Backend& backend, const ModelPa
     const StageLayers stage = stage_layers(config_.num_layers, pp_ ? pp_->rank() : 0, pp_ ? pp_->size() : 1);
     first_layer_ = stage.first;
     num_stage_layers_ = stage.count;
-    weights_ = place_weights(model.weights, config_, backend, stage.first, stage.count);
+    weights_ = place_weights(model, backend, stage.first, stage.count);
     Communicator* tp = tp_;
     const int size = tp ? tp->size() : 1, rank = tp ? tp->rank() : 0;
     if (config_.tp.size != size || config_.tp.rank != rank)

@@ -47,6 +47,14 @@ struct LoadedModel {
     // quantization blocks) under tensor parallelism; FP8 tensors dequantized to bf16 at load.
     std::vector<std::vector<uint8_t>> sliced;
     std::shared_ptr<void> backend_memory;  // weights allocated through a backend (dummy load)
+
+    // A load that makes its layers when they are placed (a lazy dummy load; weights.layers then
+    // holds empty layers): make_layer(i) returns layer i's weights, which the model places at
+    // once, then hands them to layer_placed with the placed layer, which releases what the
+    // placed layer does not point into. So at most one layer's weights exist beside the placed
+    // ones. Empty where weights.layers holds every layer.
+    std::function<LayerWeights(int)> make_layer;
+    std::function<void(const LayerWeights& made, const LayerWeights& placed)> layer_placed;
 };
 
 // `path`: a folder with config.json, a .safetensors file inside one, or a .gguf file.
@@ -80,8 +88,12 @@ std::unique_ptr<LoadedModel> open_model_config(const std::string& path);
 class Backend;
 // With pp.stages > 1, only the stage's layers are allocated (the others stay empty; each layer
 // draws the values it would draw in a one-stage load).
+// lazy_layers: the layers are made as the model places them (LoadedModel::make_layer), the same
+// values, so a backend that copies or quantizes them at placement (stacked q|k|v, FP8) never
+// holds every layer twice: a 70B quantized to FP8 fits where its bf16 layers would not.
 std::unique_ptr<LoadedModel> load_dummy_model(const std::string& path, Backend& backend, uint64_t seed = 0,
-                                              float scale = 0.02f, TensorParallel tp = {}, PipelineStage pp = {});
+                                              float scale = 0.02f, TensorParallel tp = {}, PipelineStage pp = {},
+                                              bool lazy_layers = false);
 
 // The embedded default model's folder: $PEREGRINE_MODELS or models/ next to the source tree,
 // or next to the binary.

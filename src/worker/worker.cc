@@ -160,7 +160,8 @@ void Worker::load_model() {
     const std::string path = config_.model.empty() ? default_model_path() : config_.model;
     const auto t0 = Clock::now();
     loaded_ = config_.load_format == "dummy"
-                  ? load_dummy_model(path, *backend_, config_.dummy_seed, 0.02f, place_.tp, place_.pp)
+                  ? load_dummy_model(path, *backend_, config_.dummy_seed, 0.02f, place_.tp, place_.pp,
+                                     /*lazy_layers=*/true)
                   : peregrine::load_model(path, opt);
     const ModelParallel par = place_.connect ? place_.connect(*backend_) : ModelParallel{};
     own_model_ = create_model(*loaded_, *backend_, par);  // places the weights
