@@ -123,7 +123,8 @@ void add_engine_options(CLI::App* cmd, EngineConfig& o) {
                   "or on how its prompt was chunked (greedy output as when run alone; slower)");
     cmd->add_option("--quantization", o.quantization,
                     "Weights quantized at load: none | fp8 (CUDA: layer matrices to FP8 E4M3 with a factor per "
-                    "output row, activations quantized per token; embedding and LM head stay as loaded). Default none")
+                    "output row, activations quantized per token; embedding and LM head stay as loaded, unless "
+                    "--fp8-lm-head). Default none")
         ->check(CLI::IsMember({"none", "fp8"}));
     cmd->add_flag("--fp8-lm-head", o.fp8_lm_head,
                   "CUDA, with --quantization fp8: the LM head to FP8 too (a tied head as an FP8 copy): fewer bytes "

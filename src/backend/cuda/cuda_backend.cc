@@ -123,7 +123,8 @@ CudaBackend::~CudaBackend() {
 }
 
 std::string CudaBackend::name() const {
-    return "cuda (" + device_name_ + ", " + std::to_string(sm_count_) + " SMs, bf16, cuBLASLt" +
+    const char* fp8 = options_.fp8_lm_head ? ", FP8 layers and LM head" : options_.fp8_weights ? ", FP8 layers" : "";
+    return "cuda (" + device_name_ + ", " + std::to_string(sm_count_) + " SMs, bf16" + fp8 + ", cuBLASLt" +
            (options_.graphs ? ", CUDA graphs)" : ", eager)");
 }
 
