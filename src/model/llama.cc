@@ -29,8 +29,8 @@ ModelWeights place_weights(const LoadedModel& model, Backend& backend, int first
                   : tied            ? backend.place_tied_head(out.embed)
                                     : backend.place_lm_head(w.lm_head);
     for (int i = first; i < first + count; ++i) {
-        const LayerWeights made = model.make_layer ? model.make_layer(i) : LayerWeights();
-        LayerWeights host = model.make_layer ? made : w.layers[i];
+        const LayerWeights made = model.make_layer ? model.make_layer(i) : w.layers[i];
+        LayerWeights host = made;
         if (!c.qk_norm) host.q_norm = host.k_norm = Tensor();  // the blocks apply qk-norm where these are set
         out.layers.push_back(backend.place_layer(host));
         if (model.layer_placed) model.layer_placed(made, out.layers.back());

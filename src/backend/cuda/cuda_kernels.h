@@ -141,10 +141,10 @@ struct GemvWeight {
 // out f32 (out_f32) or bf16. n <= max_gemv_rows(w.kind), k a multiple of 8, x and w 16-byte
 // aligned.
 constexpr int kMaxGemvRows = 4;
-// The most rows of x the products below take for a weight of this kind: 8. GGUF layouts past
-// kMaxGemvRows in slices of kMaxGemvRows rows, each reading the weight once more; bf16 and FP8
-// past kMaxGemvRows only where the tensor-core kernel takes the product (gemv_mma_takes), else
-// the call fails.
+// The most rows of x the products below take for a weight of this kind: kMaxMmaRows (gemv_mma.h,
+// 16). GGUF layouts past kMaxGemvRows in slices of kMaxGemvRows rows, each reading the weight
+// once more; bf16 and FP8 past kMaxGemvRows only where the tensor-core kernel takes the product
+// (gemv_mma_takes), else the call fails.
 int max_gemv_rows(GemvWeight::Kind kind);
 // The most rows the backend hands these products for a weight of this kind (more go to
 // cuBLASLt, or for the GGUF layouts to gguf_gemm): 2 for bf16 and FP8, whose products of 3-4 rows

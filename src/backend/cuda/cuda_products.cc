@@ -141,14 +141,19 @@ int mma_max_rows(bool norm) {
         std::clamp(env_int("PEREGRINE_GEMV_NORM_MAX_ROWS", cuda::kMmaRowsDefault), 1, cuda::kMaxMmaRows)};
     return rows[norm ? 1 : 0];
 }
+
+// A non-normed product (bf16 x, to mma_max_rows(false) rows) for the tensor-core kernel.
+bool mma_unnormed(const CudaOptions& o, const Tensor& x, const Tensor& w, cuda::MmaProduct::Epilogue epilogue) {
+    return o.gemv && !o.batch_invariant && x.dtype == DType::BF16 && x.rows() <= mma_max_rows(false) &&
+           mma_takes(x, nullptr, w, epilogue);
+}
 }  // namespace
 
 // A plain FP8 product of 3-8 rows (the FP8 LM head, a tensor-parallel rank's o / down) on the
 // tensor-core kernel, x kept bf16, as the o / down products with their residual (use_gemv_add)
 // rather than a quantize pass + cuBLASLt's FP8 tiles; bounded as they are.
 bool CudaBackend::use_gemv_fp8(const Tensor& x, const Tensor& w) const {
-    return options_.gemv && !options_.batch_invariant && x.dtype == DType::BF16 && w.dtype == DType::F8_E4M3 &&
-           x.rows() <= mma_max_rows(false) && mma_takes(x, nullptr, w, cuda::MmaProduct::kPlain);
+    return w.dtype == DType::F8_E4M3 && mma_unnormed(options_, x, w, cuda::MmaProduct::kPlain);
 }
 
 bool CudaBackend::use_gemv_norm(const Tensor& x, const Tensor& norm_weight, const Tensor& w) const {
@@ -222,9 +227,7 @@ void CudaBackend::norm_matmul_silu(const Tensor& x, const Tensor& norm_weight, f
 // 6,702.2 / 7,020.5, 8B bf16 1,647.5 / 1,689.8. PEREGRINE_GEMV_ADD_MAX_ROWS=2 | 4 keeps more rows
 // on cuBLASLt.
 bool CudaBackend::use_gemv_add(const Tensor& x, const Tensor& w) const {
-    if (use_gemv(x, w)) return true;
-    return options_.gemv && !options_.batch_invariant && x.dtype == DType::BF16 && x.rows() <= mma_max_rows(false) &&
-           mma_takes(x, nullptr, w, cuda::MmaProduct::kAdd);
+    return use_gemv(x, w) || mma_unnormed(options_, x, w, cuda::MmaProduct::kAdd);
 }
 
 void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& residual, const Tensor& scratch) {

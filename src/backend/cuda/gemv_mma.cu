@@ -106,10 +106,14 @@ __device__ __forceinline__ void split_pair(float s0, float s1, uint32_t& hi, uin
     }
 }
 
-// Piece c (8 values) of token j's x: NORM x * norm (adding x^2 to ss), else the bf16 values.
-template <bool NORM>
+// Piece c (8 values) of token j's x: NORM x * norm (adding x^2 to ss), else the bf16 values;
+// WIDE (the 16-row kernel): zeros for a row past a.n.
+template <bool NORM, bool WIDE>
 __device__ __forceinline__ void x_piece(const MmaProduct& a, int j, int c, float (&v)[8], float& ss) {
-    if constexpr (NORM) {
+    if (WIDE && j >= a.n) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = 0.0f;
+    } else if constexpr (NORM) {
         float x[8], g[8];
         load_normed_piece(static_cast<const float*>(a.x), a.norm, a.k, j, c, x, g);
 #pragma unroll
@@ -201,12 +205,7 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
 #pragma unroll
             for (int j = 0; j < N; ++j) {
                 float v[8];
-                if (!kWide || j < a.n) {
-                    x_piece<NORM>(a, j, c, v, ss[j]);
-                } else {
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) v[e] = 0.0f;
-                }
+                x_piece<NORM, kWide>(a, j, c, v, ss[j]);
 #pragma unroll
                 for (int e = 0; e < 8; ++e) amax[j] = fmaxf(amax[j], fabsf(v[e]));
                 if constexpr (LO) {
@@ -251,12 +250,9 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
                 const float4* src = reinterpret_cast<const float4*>(xb + j * tb + 32 * c);
                 const float4 v0 = src[0], v1 = src[1];
                 v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
-            } else if (!kWide || j < a.n) {
-                float unused = 0.0f;
-                x_piece<NORM>(a, j, c, v, unused);
             } else {
-#pragma unroll
-                for (int e = 0; e < 8; ++e) v[e] = 0.0f;
+                float unused = 0.0f;
+                x_piece<NORM, kWide>(a, j, c, v, unused);
             }
             uint32_t f[2][4];  // the fragments of mma 2 (c % P) and 2 (c % P) + 1
 #pragma unroll
