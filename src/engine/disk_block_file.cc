@@ -117,6 +117,11 @@ void DiskBlockFile::wait_done(std::chrono::milliseconds timeout) {
     done_cv_.wait_for(lock, timeout, [&] { return !done_.empty(); });
 }
 
+bool DiskBlockFile::wait_writes(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return done_cv_.wait_for(lock, timeout, [&] { return queued_writes_ == 0; });
+}
+
 void DiskBlockFile::run() {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {

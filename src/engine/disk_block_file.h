@@ -61,6 +61,9 @@ class DiskBlockFile {
     std::vector<Done> take_done();
     // Blocks until an answer is waiting or `timeout` passed.
     void wait_done(std::chrono::milliseconds timeout);
+    // Blocks until every write asked for so far has reached the file (or failed), or `timeout`
+    // passed; returns whether none is left.
+    bool wait_writes(std::chrono::milliseconds timeout);
 
     uint64_t bytes_written() const { return bytes_written_.load(); }  // of good writes
     uint64_t bytes_read() const { return bytes_read_.load(); }        // of good reads
@@ -83,7 +86,7 @@ class DiskBlockFile {
     std::mutex mu_;
     std::condition_variable work_cv_, done_cv_;
     std::deque<Job> queue_;
-    size_t queued_writes_ = 0;
+    size_t queued_writes_ = 0;  // queued or running
     std::vector<Done> done_;
     bool stop_ = false;
     std::atomic<uint64_t> bytes_written_{0}, bytes_read_{0};

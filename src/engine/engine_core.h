@@ -84,6 +84,7 @@ class EngineCore {
     EngineStats stats() const;
 
     const BlockManager& block_manager() const { return blocks_; }
+    DiskBlockFile* disk_file() const { return disk_.get(); }  // null without a disk tier
     const Scheduler& scheduler() const { return scheduler_; }
     // Live sequences (pinned prefixes' holders included), for invariant checks in tests.
     std::vector<const Sequence*> live_sequences() const;

@@ -457,17 +457,21 @@ bool enabled(const MmaProduct& p) {
     return mode == 2 ? p.weight == MmaProduct::kF8 || bf16_auto(p) : mode == 1;
 }
 
-// The most bytes of x a CTA stages: 132 KB (one CTA an SM past ~113 KB), or PEREGRINE_MMA_STAGED_KB
-// (16..200 KB). 120 took the 8B's down product (k 14,336) at 4 rows, 115 KB, which at 96 KB
-// fell back to a quantize pass + cuBLASLt: H200, 8B FP8 decode at batch 4, 96 / 120 KB with o /
-// down of 3-4 rows here (2026-11-29): 1,016.6 / 1,214.4 tok/s. 132 takes the 1B's FP8 down (k
-// 8,192) at 8 rows, 128 KB: 1B FP8 decode at batch 8, 120 / 132 KB (session 31, two rounds):
-// 6,146.4 / 7,172.7, 6,145.8 / 7,144.7. Also taken, not measured: the 70B's FP8 down at 2 rows
-// (115 KB), its normed products at 4 rows (128 KB, hi + lo) and 8 (128 KB, hi), its o at 8.
+// The most bytes of x a CTA stages (one CTA an SM past ~113 KB), by layout: 132 KB for hi alone
+// (5-8 rows, or a non-normed x), 120 KB for hi + lo (a normed x of 1-4 rows); or
+// PEREGRINE_MMA_STAGED_KB (16..200 KB) for both. 120 took the 8B's down product (k 14,336) at 4
+// rows, 115 KB, which at 96 KB fell back to a quantize pass + cuBLASLt: H200, 8B FP8 decode at
+// batch 4, 96 / 120 KB with o / down of 3-4 rows here (2026-11-29): 1,016.6 / 1,214.4 tok/s. 132
+// takes the 1B's FP8 down (k 8,192) at 8 rows, 128 KB: 1B FP8 decode at batch 8, 120 / 132 KB
+// (session 31, two rounds): 6,146.4 / 7,172.7, 6,145.8 / 7,144.7; and the 70B's FP8 normed
+// products and o at 8 rows (128 KB): 70B FP8 batch 8 290.9 / 296.0 (session 32). Its normed
+// products at 4 rows (128 KB, hi + lo) lose there: 70B FP8 batch 4 162.3 at 120 KB (cuBLASLt)
+// against 144.9 at 132 (session 32, dummy weights, H200), hence 120 for that layout.
 constexpr size_t kMaxMmaStagedX = 132 * 1024;
-size_t staged_limit() {
+constexpr size_t kMaxMmaStagedLoX = 120 * 1024;
+size_t staged_limit(bool lo) {
     static const size_t kb = static_cast<size_t>(std::clamp(env_int("PEREGRINE_MMA_STAGED_KB", 0), 0, 200));
-    return kb >= 16 ? kb * 1024 : kMaxMmaStagedX;
+    return kb >= 16 ? kb * 1024 : lo ? kMaxMmaStagedLoX : kMaxMmaStagedX;
 }
 
 }  // namespace
@@ -479,11 +483,11 @@ void set_gemv_mma(MmaProduct::Weight weight, int mode) {
 bool gemv_mma_takes(const MmaProduct& p) {
     const bool norm = p.norm != nullptr, f8 = p.weight == MmaProduct::kF8;
     const int seg_values = 4 * (f8 ? kVals<true> : kVals<false>);
-    const size_t staged =
-        static_cast<size_t>(mma_rows(p.n)) * static_cast<size_t>(token_bytes(f8, staged_lo(norm, p.n), p.k));
+    const bool lo = staged_lo(norm, p.n);
+    const size_t staged = static_cast<size_t>(mma_rows(p.n)) * static_cast<size_t>(token_bytes(f8, lo, p.k));
     return enabled(p) && p.n >= 1 && p.n <= kMaxMmaRows && p.k > 0 && p.k % seg_values == 0 && p.m > 0 &&
            (!f8 || p.scale != nullptr) && !(p.epilogue == Epi::kAdd && norm) &&
-           !(p.epilogue == Epi::kSilu && p.m % 2 != 0) && staged <= staged_limit() &&
+           !(p.epilogue == Epi::kSilu && p.m % 2 != 0) && staged <= staged_limit(lo) &&
            reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0 &&
            (!norm || reinterpret_cast<uintptr_t>(p.norm) % 16 == 0);
 }
