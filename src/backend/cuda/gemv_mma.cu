@@ -19,9 +19,10 @@
 // x[j][4Vs + Vq .. + V - 1]. Output row 2q + {0, 1} of token j is on lane 4j + q.
 // x is staged once a CTA in the operand type: f16 times 2^e per token, e putting its largest
 // |value| in [2^14, 2^15) (bf16 values land exact), or bf16 as it is; a normed x (f32 x * norm)
-// of n <= 4 rows is split hi + lo, lo = x - hi (f16: ~22 bits; bf16: ~16); of 5-16 rows it is hi
-// alone (f16: 11 bits; bf16: 8, as the bf16 x a norm pass + cuBLASLt would multiply), staged as
-// a plain x: 4 bytes a value would not fit 8 rows of the 8B's x. An f16 or bf16 times an e4m3 or
+// of n <= 4 rows times bf16 weights is split hi + lo, lo = x - hi (bf16: ~16 bits); of 5-16 rows,
+// and of any rows times FP8 weights (staged_lo), it is hi alone (f16: 11 bits; bf16: 8, as the
+// bf16 x a norm pass + cuBLASLt would multiply), staged as a plain x: 4 bytes a value would not
+// fit 8 rows of the 8B's x. An f16 or bf16 times an e4m3 or
 // bf16 value is exact in f32. One pass finds the largest |value| (a normed x of n <= 4 rows kept
 // in shared memory as f32 meanwhile, else read again), a second writes the fragments.
 // Work: a unit is 8 weight rows (silu: 4 gate rows and their 4 up rows); a CTA of W warps takes
@@ -53,7 +54,7 @@ using Epi = MmaProduct::Epilogue;
 // Values in a lane's 16-byte chunk of weight: 16 e4m3 codes (4 mma) or 8 bf16 (2 mma).
 template <bool F8>
 constexpr int kVals = F8 ? 16 : 8;
-// One token's staged x, hi + lo (LO: a normed x of n <= 4 rows): 4 bytes a value, mma's A
+// One token's staged x, hi + lo (LO: a normed x of n <= 4 rows, staged_lo): 4 bytes a value, mma's A
 // fragments in the order lanes read them. Chunk ch (the V values lane q = ch % 4 multiplies, 4V
 // bytes) holds, for each of its mma i, {hi(4i, 4i+1), lo(4i, 4i+1), hi(4i+2, 4i+3), lo(4i+2,
 // 4i+3)} (operand-type pairs) in 16-byte slot slot_of(ch, i): one 16-byte load a mma. With FP8
@@ -71,8 +72,9 @@ constexpr int kVals = F8 ? 16 : 8;
 __host__ __device__ constexpr int64_t token_bytes(bool f8, bool lo, int k) {
     return lo ? 4 * int64_t{k} + (f8 ? 32 : 16) : 2 * int64_t{k} + (f8 ? 16 : 64);
 }
-// Whether a normed x of n rows is staged hi + lo (4 bytes a value) rather than hi alone.
-__host__ __device__ constexpr bool staged_lo(bool norm, int n) {
+// Whether a normed x of n rows may be staged hi + lo (4 bytes a value) rather than hi alone
+// (the kernel's LO; FP8 products take it only where fp8_lo below says).
+__host__ __device__ constexpr bool lo_rows(bool norm, int n) {
     return norm && n <= 4;
 }
 template <bool F8>
@@ -135,10 +137,11 @@ __device__ __forceinline__ float pick(const float (&arr)[N], int j) {
     return v;
 }
 
-template <bool F8, int N, int W, int EPI, bool NORM>
+// LO: x staged hi + lo (lo_rows only), else in x's own order, hi alone.
+template <bool F8, int N, int W, int EPI, bool NORM, bool LO>
 __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, int per_cta) {
     constexpr int V = kVals<F8>, P = V / 8;  // values a lane's chunk, 8-value pieces a chunk
-    constexpr bool LO = staged_lo(NORM, N);  // the hi + lo layout (else x's own order, hi alone)
+    static_assert(!LO || lo_rows(NORM, N), "hi + lo: a normed x of 1..4 rows");
     // 16 rows for products of 9-16: tokens 8..15 in A's rows 8-15; rows past a.n staged as 0,
     // their sums not written.
     constexpr bool kWide = N > 8;
@@ -370,20 +373,20 @@ struct Plan {
     int units, slots, per_cta, grid;
     size_t smem;  // bytes of staged x a CTA
 };
-template <bool F8, int N, int W, int EPI, bool NORM>
+template <bool F8, int N, int W, int EPI, bool NORM, bool LO>
 Plan plan(const MmaProduct& p) {
     constexpr int RU = EPI == Epi::kSilu ? 4 : 8;
     Plan pl;
-    pl.smem = static_cast<size_t>(N * token_bytes(F8, staged_lo(NORM, N), p.k));
+    pl.smem = static_cast<size_t>(N * token_bytes(F8, LO, p.k));
     pl.units = ((EPI == Epi::kSilu ? p.m / 2 : p.m) + RU - 1) / RU;
-    pl.slots = sm_count() * resident_ctas<mma_gemv_kernel<F8, N, W, EPI, NORM>>(32 * W, pl.smem);
+    pl.slots = sm_count() * resident_ctas<mma_gemv_kernel<F8, N, W, EPI, NORM, LO>>(32 * W, pl.smem);
     pl.per_cta = (pl.units + pl.slots - 1) / pl.slots;
     pl.grid = (pl.units + pl.per_cta - 1) / pl.per_cta;
     return pl;
 }
-template <bool F8, int N, int W, int EPI, bool NORM>
+template <bool F8, int N, int W, int EPI, bool NORM, bool LO>
 void launch_planned(const MmaProduct& p, const Plan& pl, cudaStream_t stream) {
-    launch_pdl(mma_gemv_kernel<F8, N, W, EPI, NORM>, dim3(static_cast<unsigned>(pl.grid)), dim3(32 * W), pl.smem,
+    launch_pdl(mma_gemv_kernel<F8, N, W, EPI, NORM, LO>, dim3(static_cast<unsigned>(pl.grid)), dim3(32 * W), pl.smem,
                stream, p, pl.per_cta);
 }
 
@@ -392,15 +395,41 @@ void launch_planned(const MmaProduct& p, const Plan& pl, cudaStream_t stream) {
 // wave). H200, CudaGemvPerf.DecodeProductsOnTensorCores (FP8), 4 / 8 warps (us): 8B gate|up n 1 32.2 / 35.9, n 2
 // 34.8 / 36.8, n 3 45.1 / 38.4, n 4 47.5 / 39.9; n 1 q|k|v 12.4 / 10.6, down 25.9 / 19.6, o 7.5 /
 // 7.6 (bf16: not measured). PEREGRINE_FP8_MMA_WARPS = 4 | 8 forces one (measurement knob).
-template <bool F8, int N, int EPI, bool NORM>
+template <bool F8, int N, int EPI, bool NORM, bool LO = false>
 void launch(const MmaProduct& p, cudaStream_t stream) {
     static const int forced = env_int("PEREGRINE_FP8_MMA_WARPS", 0);
     if (forced == 4 || (forced != 8 && N <= 2)) {  // only then are 4-warp CTAs a candidate
-        const Plan p4 = plan<F8, N, 4, EPI, NORM>(p);
+        const Plan p4 = plan<F8, N, 4, EPI, NORM, LO>(p);
         if (forced == 4 || (p4.per_cta >= 4 && p4.units >= 0.85 * static_cast<double>(p4.per_cta) * p4.slots))
-            return launch_planned<F8, N, 4, EPI, NORM>(p, p4, stream);
+            return launch_planned<F8, N, 4, EPI, NORM, LO>(p, p4, stream);
     }
-    launch_planned<F8, N, 8, EPI, NORM>(p, plan<F8, N, 8, EPI, NORM>(p), stream);
+    launch_planned<F8, N, 8, EPI, NORM, LO>(p, plan<F8, N, 8, EPI, NORM, LO>(p), stream);
+}
+
+// Whether p's x is staged hi + lo: a normed x of 1-4 rows of bf16 weights, and of FP8 weights
+// only with PEREGRINE_FP8_NORM_LO=1. FP8 takes f16 hi alone (11 bits against E4M3's 4; half the
+// staged bytes, no lo pass): H200, decode tok/s, hi + lo / hi alone (session 32): 8B FP8 batch 1
+// 392.3 / 404.7, 392.3 / 405.0, batch 2 721.4 / 756.2, batch 4 1,213.9 / 1,334.6; 1B FP8 batch 1
+// 1,509.7 / 1,552.9, batch 4 4,598.5 / 4,836.9; 70B FP8 batch 1 54.1 / 56.1, batch 4 154.5 /
+// 170.8. Trained fixture decode agreement with bf16 0.9810 / 0.9805 (CudaFp8.TextTrained*).
+int g_fp8_lo = -1;  // set_fp8_norm_lo
+bool staged_lo(const MmaProduct& p) {
+    static const bool fp8_env = env_equals("PEREGRINE_FP8_NORM_LO", "1");
+    const bool fp8_lo = g_fp8_lo >= 0 ? g_fp8_lo == 1 : fp8_env;
+    return lo_rows(p.norm != nullptr, p.n) && (p.weight != MmaProduct::kF8 || fp8_lo);
+}
+
+// A normed product, x staged as staged_lo(p) says (bf16 weights: hi + lo at 1-4 rows).
+template <bool F8, int N, int EPI>
+void launch_normed(const MmaProduct& p, cudaStream_t stream) {
+    if constexpr (!lo_rows(true, N)) {
+        launch<F8, N, EPI, true, false>(p, stream);
+    } else if constexpr (!F8) {
+        launch<F8, N, EPI, true, true>(p, stream);
+    } else {
+        if (staged_lo(p)) return launch<F8, N, EPI, true, true>(p, stream);
+        launch<F8, N, EPI, true, false>(p, stream);
+    }
 }
 
 template <bool F8, int N>
@@ -408,11 +437,11 @@ void dispatch_epilogue(const MmaProduct& p, cudaStream_t stream) {
     const bool norm = p.norm != nullptr;
     switch (p.epilogue) {
         case Epi::kSilu:
-            return norm ? launch<F8, N, Epi::kSilu, true>(p, stream) : launch<F8, N, Epi::kSilu, false>(p, stream);
+            return norm ? launch_normed<F8, N, Epi::kSilu>(p, stream) : launch<F8, N, Epi::kSilu, false>(p, stream);
         case Epi::kAdd:
             return launch<F8, N, Epi::kAdd, false>(p, stream);
         default:
-            return norm ? launch<F8, N, Epi::kPlain, true>(p, stream) : launch<F8, N, Epi::kPlain, false>(p, stream);
+            return norm ? launch_normed<F8, N, Epi::kPlain>(p, stream) : launch<F8, N, Epi::kPlain, false>(p, stream);
     }
 }
 
@@ -458,7 +487,7 @@ bool enabled(const MmaProduct& p) {
 }
 
 // The most bytes of x a CTA stages (one CTA an SM past ~113 KB), by layout: 132 KB for hi alone
-// (5-8 rows, or a non-normed x), 120 KB for hi + lo (a normed x of 1-4 rows); or
+// (a non-normed x, a normed one of 5-8 rows or times FP8 weights), 120 KB for hi + lo; or
 // PEREGRINE_MMA_STAGED_KB (16..200 KB) for both. 120 took the 8B's down product (k 14,336) at 4
 // rows, 115 KB, which at 96 KB fell back to a quantize pass + cuBLASLt: H200, 8B FP8 decode at
 // batch 4, 96 / 120 KB with o / down of 3-4 rows here (2026-11-29): 1,016.6 / 1,214.4 tok/s. 132
@@ -480,10 +509,14 @@ void set_gemv_mma(MmaProduct::Weight weight, int mode) {
     g_mode[weight] = mode;
 }
 
+void set_fp8_norm_lo(int mode) {
+    g_fp8_lo = mode;
+}
+
 bool gemv_mma_takes(const MmaProduct& p) {
     const bool norm = p.norm != nullptr, f8 = p.weight == MmaProduct::kF8;
     const int seg_values = 4 * (f8 ? kVals<true> : kVals<false>);
-    const bool lo = staged_lo(norm, p.n);
+    const bool lo = staged_lo(p);
     const size_t staged = static_cast<size_t>(mma_rows(p.n)) * static_cast<size_t>(token_bytes(f8, lo, p.k));
     return enabled(p) && p.n >= 1 && p.n <= kMaxMmaRows && p.k > 0 && p.k % seg_values == 0 && p.m > 0 &&
            (!f8 || p.scale != nullptr) && !(p.epilogue == Epi::kAdd && norm) &&

@@ -47,5 +47,9 @@ bool gemv_mma_takes(const MmaProduct& p);
 // PEREGRINE_FP8_GEMV = mma (default) | fma, PEREGRINE_BF16_GEMV = auto (default) | mma | fma,
 // fma being gemv.cu's kernels.
 void set_gemv_mma(MmaProduct::Weight weight, int mode);
+// Test and measurement hook: how a normed x of 1-4 rows is staged for FP8 weights: 1 hi + lo
+// (~f32), 0 f16 hi alone (half the bytes), -1 (default) the environment decides
+// (PEREGRINE_FP8_NORM_LO = 1; else hi alone).
+void set_fp8_norm_lo(int mode);
 
 }  // namespace peregrine::cuda

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -322,9 +323,13 @@ void check_every_entry_point(bool fp8, DType gguf = DType::F32, DType layout_of_
             want[5] = res;
             for (size_t i = 0; i < res.size(); ++i) want[5][i] += static_cast<float>(plain[i]);
             const char* names[] = {"gemv f32", "gemv bf16", "gemv_silu", "gemv_norm", "gemv_norm_silu", "gemv_add"};
-            // Past 4 rows the tensor-core kernel stages a normed x's hi part alone (f16 / bf16).
-            const double norm_tol = mma_only ? (fp8 ? 1e-3 : 4e-3) : 1e-5;
-            const double tol[] = {1e-5, 8e-3, 8e-3, norm_tol, 8e-3, 1e-5};
+            // The tensor-core kernel stages a normed x's hi part alone (f16 / bf16) past 4 rows, and
+            // for FP8 weights at 1-4 rows too unless set_fp8_norm_lo(1) (the mma pass below).
+            auto tols = [&](bool hi_alone) {
+                const double norm_tol = hi_alone ? (fp8 ? 1e-3 : 4e-3) : 1e-5;
+                return std::array<double, 6>{1e-5, 8e-3, 8e-3, norm_tol, 8e-3, 1e-5};
+            };
+            std::array<double, 6> tol = tols(mma_only || fp8);
 
             DeviceBuffer<uint16_t> dx(cuda_test::to_bf16(x)), dw(cuda_test::to_bf16(w));
             DeviceBuffer<uint8_t> dcodes(codes);
@@ -404,6 +409,15 @@ void check_every_entry_point(bool fp8, DType gguf = DType::F32, DType layout_of_
             if (!quant) {
                 cuda::set_gemv_mma(mma_weight, 1);
                 check(run_all(), " (mma)");
+                if (fp8 && !mma_only) {  // a normed x of 1-4 rows the other way too
+                    for (const int lo : {0, 1}) {
+                        cuda::set_fp8_norm_lo(lo);
+                        tol = tols(lo == 0);
+                        check(run_all(), lo == 0 ? " (mma, hi alone)" : " (mma, hi + lo)");
+                    }
+                    cuda::set_fp8_norm_lo(-1);
+                    tol = tols(false);  // gemv.cu's kernels below: x in f32
+                }
                 cuda::set_gemv_mma(mma_weight, mma_only ? -1 : 0);
                 if (mma_only) continue;
             }
@@ -594,15 +608,19 @@ TEST(CudaGemv, TensorCoreKernelTakesWhatItCanStageAndWhereItIsFaster) {
     EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, false, P::kAdd, 8, 2048, 8192)));  // 128 KB
     EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, true, P::kPlain, 8, 3072, 2048)));
     EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kBf16, true, P::kSilu, 5, 16384, 2048)));
-    // FP8: every product whose x it can stage within 132 KB, 120 KB for a normed x of 1-4 rows
-    // (4 bytes a value a token, else 2): the 8B's down product to 4 rows, the 70B's normed
-    // products to 3 (at 4 rows, 128 KB, cuBLASLt was faster).
+    // FP8: every product whose x it can stage within 132 KB (2 bytes a value a token): the 8B's
+    // down product to 4 rows, the 70B's normed products to 8.
     EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 4, 4096, 14336)));
-    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 2, 8192, 28672)));    // 70B down, 115 KB
-    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 3, 8192, 28672)));   // 172 KB
-    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 3, 10240, 8192)));   // 96 KB
-    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 4, 10240, 8192)));  // 128 KB, hi + lo
+    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 2, 8192, 28672)));   // 70B down, 115 KB
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, false, P::kAdd, 3, 8192, 28672)));  // 172 KB
+    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 4, 10240, 8192)));  // 64 KB
     EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 4, 6144, 4096)));
+    // A normed x of 1-4 rows staged hi + lo (4 bytes a value), to 120 KB: the 70B's normed
+    // products to 3 rows (at 4, 128 KB, cuBLASLt was faster).
+    cuda::set_fp8_norm_lo(1);
+    EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 3, 10240, 8192)));   // 96 KB
+    EXPECT_FALSE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 4, 10240, 8192)));  // 128 KB
+    cuda::set_fp8_norm_lo(-1);
     // Past 4 rows a normed x is staged hi alone, 2 bytes a value: to 8 rows of the 8B's and the
     // 70B's, and the 1B's down at 8 rows (128 KB); not the 8B's down past 4.
     EXPECT_TRUE(cuda::gemv_mma_takes(product(P::kF8, true, P::kPlain, 8, 6144, 4096)));
