@@ -142,7 +142,7 @@ struct GemvWeight {
 // aligned.
 constexpr int kMaxGemvRows = 4;
 // The most rows of x the products below take for a weight of this kind: kMaxMmaRows (gemv_mma.h,
-// 16). GGUF layouts past kMaxGemvRows in slices of kMaxGemvRows rows, each reading the weight
+// 8). GGUF layouts past kMaxGemvRows in slices of kMaxGemvRows rows, each reading the weight
 // once more; bf16 and FP8 past kMaxGemvRows only where the tensor-core kernel takes the product
 // (gemv_mma_takes), else the call fails.
 int max_gemv_rows(GemvWeight::Kind kind);

@@ -132,16 +132,12 @@ bool mma_takes(const Tensor& x, const float* norm, const Tensor& w, cuda::MmaPro
                                  .epilogue = epilogue});
 }
 
-// The most rows of a normed or non-normed product the backend hands the tensor-core
-// kernel: cuda::kMmaRowsDefault (8), or PEREGRINE_GEMV_NORM_MAX_ROWS / PEREGRINE_GEMV_ADD_MAX_ROWS
-// (1..16; 9-16 run on its 16-row kernel, which loses to cuBLASLt: H200, batch 16 decode tok/s,
-// 8 / 16 here, two rounds (session 32): 1B FP8 10,855.5 / 7,812.1, 10,896.4 / 7,826.8; 8B FP8
-// 3,496.7 / 2,426.3, 3,488.0 / 2,453.8; bf16 even: 1B 13,124.9 / 13,083.5, 12,685.9 / 13,607.6;
-// 8B 3,164.8 / 3,176.8, 3,183.0 / 3,187.7).
+// The most rows of a normed or non-normed product the backend hands the tensor-core kernel:
+// cuda::kMaxMmaRows (8), or fewer by PEREGRINE_GEMV_NORM_MAX_ROWS / PEREGRINE_GEMV_ADD_MAX_ROWS.
 int mma_max_rows(bool norm) {
     static const int rows[2] = {
-        std::clamp(env_int("PEREGRINE_GEMV_ADD_MAX_ROWS", cuda::kMmaRowsDefault), 1, cuda::kMaxMmaRows),
-        std::clamp(env_int("PEREGRINE_GEMV_NORM_MAX_ROWS", cuda::kMmaRowsDefault), 1, cuda::kMaxMmaRows)};
+        std::clamp(env_int("PEREGRINE_GEMV_ADD_MAX_ROWS", cuda::kMaxMmaRows), 1, cuda::kMaxMmaRows),
+        std::clamp(env_int("PEREGRINE_GEMV_NORM_MAX_ROWS", cuda::kMaxMmaRows), 1, cuda::kMaxMmaRows)};
     return rows[norm ? 1 : 0];
 }
 

@@ -11,15 +11,14 @@
 // faster than gemv.cu's kernel (bf16_auto below).
 //
 // Fragments (warp_mma.cuh): the weight is mma's B (8 weight rows, k), x its A (token j in row j;
-// a normed x's low part in row 8 + j at n <= 4, staged_lo below; at 9-16 rows token 8 + j in row
-// 8 + j, the 16-row kernel masking rows past n). Lane 4n + q loads the 16 bytes
+// a normed x's low part in row 8 + j at n <= 4, staged_lo below). Lane 4n + q loads the 16 bytes
 // (V values: 16 e4m3, 8 bf16) of weight row n at byte offset 64s + 16q (segment s: a warp load is
 // 8 rows x 64 bytes, 4V values); its values 4i + {0, 1} are mma i's k 2q + {0, 1}, values 4i +
 // {2, 3} its k 8 + 2q + {0, 1}. That permutation of k is the same for x: lane 4j + q reads
 // x[j][4Vs + Vq .. + V - 1]. Output row 2q + {0, 1} of token j is on lane 4j + q.
 // x is staged once a CTA in the operand type: f16 times 2^e per token, e putting its largest
 // |value| in [2^14, 2^15) (bf16 values land exact), or bf16 as it is; a normed x (f32 x * norm)
-// of n <= 4 rows times bf16 weights is split hi + lo, lo = x - hi (bf16: ~16 bits); of 5-16 rows,
+// of n <= 4 rows times bf16 weights is split hi + lo, lo = x - hi (bf16: ~16 bits); of 5-8 rows,
 // and of any rows times FP8 weights (staged_lo), it is hi alone (f16: 11 bits; bf16: 8, as the
 // bf16 x a norm pass + cuBLASLt would multiply), staged as a plain x: 4 bytes a value would not
 // fit 8 rows of the 8B's x. An f16 or bf16 times an e4m3 or
@@ -108,14 +107,10 @@ __device__ __forceinline__ void split_pair(float s0, float s1, uint32_t& hi, uin
     }
 }
 
-// Piece c (8 values) of token j's x: NORM x * norm (adding x^2 to ss), else the bf16 values;
-// WIDE (the 16-row kernel): zeros for a row past a.n.
-template <bool NORM, bool WIDE>
+// Piece c (8 values) of token j's x: NORM x * norm (adding x^2 to ss), else the bf16 values.
+template <bool NORM>
 __device__ __forceinline__ void x_piece(const MmaProduct& a, int j, int c, float (&v)[8], float& ss) {
-    if (WIDE && j >= a.n) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = 0.0f;
-    } else if constexpr (NORM) {
+    if constexpr (NORM) {
         float x[8], g[8];
         load_normed_piece(static_cast<const float*>(a.x), a.norm, a.k, j, c, x, g);
 #pragma unroll
@@ -141,11 +136,8 @@ __device__ __forceinline__ float pick(const float (&arr)[N], int j) {
 template <bool F8, int N, int W, int EPI, bool NORM, bool LO>
 __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, int per_cta) {
     constexpr int V = kVals<F8>, P = V / 8;  // values a lane's chunk, 8-value pieces a chunk
+    static_assert(N >= 1 && N <= kMaxMmaRows, "1..8 rows");
     static_assert(!LO || lo_rows(NORM, N), "hi + lo: a normed x of 1..4 rows");
-    // 16 rows for products of 9-16: tokens 8..15 in A's rows 8-15; rows past a.n staged as 0,
-    // their sums not written.
-    constexpr bool kWide = N > 8;
-    static_assert(N <= 8 || (N == 16 && !LO), "1..8 rows, or 16 of x hi alone");
     const char* wb = static_cast<const char*>(a.w);
     extern __shared__ uint4 x_smem[];
     __shared__ float part[2][W][N][8];             // per-warp sums of a unit, two buffers: one barrier a unit
@@ -208,7 +200,7 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
 #pragma unroll
             for (int j = 0; j < N; ++j) {
                 float v[8];
-                x_piece<NORM, kWide>(a, j, c, v, ss[j]);
+                x_piece<NORM>(a, j, c, v, ss[j]);
 #pragma unroll
                 for (int e = 0; e < 8; ++e) amax[j] = fmaxf(amax[j], fabsf(v[e]));
                 if constexpr (LO) {
@@ -255,7 +247,7 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
                 v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
             } else {
                 float unused = 0.0f;
-                x_piece<NORM, kWide>(a, j, c, v, unused);
+                x_piece<NORM>(a, j, c, v, unused);
             }
             uint32_t f[2][4];  // the fragments of mma 2 (c % P) and 2 (c % P) + 1
 #pragma unroll
@@ -296,8 +288,7 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
             if (s0 + d >= segs) break;  // warp-uniform
             const char* xp = xl + int64_t{s0 + d} * (4 * xv * V);
             const uint32_t wv[4] = {cur[d].x, cur[d].y, cur[d].z, cur[d].w};
-            uint4 pair = make_uint4(0, 0, 0, 0);   // not LO: mma i and i + 1's hi pairs (i even)
-            uint4 pair8 = make_uint4(0, 0, 0, 0);  // kWide: the same of token n8 + 8 (A's row n8 + 8)
+            uint4 pair = make_uint4(0, 0, 0, 0);  // not LO: mma i and i + 1's hi pairs (i even)
 #pragma unroll
             for (int i = 0; i < V / 4; ++i) {
                 uint32_t fa[4];
@@ -305,11 +296,10 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
                     uint4 fr = make_uint4(0, 0, 0, 0);
                     if (has_x) fr = *reinterpret_cast<const uint4*>(xp + slot_off[i]);
                     fa[0] = fr.x, fa[1] = fr.y, fa[2] = fr.z, fa[3] = fr.w;
-                } else {  // one 16-byte load two mma; rows 8-15 (lo) 0, or kWide tokens 8..15
+                } else {  // one 16-byte load two mma; rows 8-15 (lo) 0
                     if (i % 2 == 0 && has_x) pair = *reinterpret_cast<const uint4*>(xp + 8 * i);
-                    if (kWide && i % 2 == 0) pair8 = *reinterpret_cast<const uint4*>(xp + 8 * tb + 8 * i);
-                    fa[0] = i % 2 == 0 ? pair.x : pair.z, fa[1] = kWide ? (i % 2 == 0 ? pair8.x : pair8.z) : 0u;
-                    fa[2] = i % 2 == 0 ? pair.y : pair.w, fa[3] = kWide ? (i % 2 == 0 ? pair8.y : pair8.w) : 0u;
+                    fa[0] = i % 2 == 0 ? pair.x : pair.z, fa[1] = 0u;
+                    fa[2] = i % 2 == 0 ? pair.y : pair.w, fa[3] = 0u;
                 }
                 if constexpr (F8) {
                     const uint32_t b0 = f16x2_of_e4m3x2(wv[i]), b1 = f16x2_of_e4m3x2(wv[i] >> 16);
@@ -321,12 +311,7 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
         }
         if (++g < groups) continue;
         // Unit b is complete: the warps' sums in a fixed order, then the epilogue.
-        if constexpr (kWide) {  // D's rows n8 and n8 + 8 are two tokens
-            part[buf][warp][n8][2 * q] = acc0[0] + acc1[0];
-            part[buf][warp][n8][2 * q + 1] = acc0[1] + acc1[1];
-            part[buf][warp][n8 + 8][2 * q] = acc0[2] + acc1[2];
-            part[buf][warp][n8 + 8][2 * q + 1] = acc0[3] + acc1[3];
-        } else if (has_x) {  // row n8 + 8 is token n8's lo part (or 0)
+        if (has_x) {  // row n8 + 8 is token n8's lo part (or 0)
             part[buf][warp][n8][2 * q] = (acc0[0] + acc0[2]) + (acc1[0] + acc1[2]);
             part[buf][warp][n8][2 * q + 1] = (acc0[1] + acc0[3]) + (acc1[1] + acc1[3]);
         }
@@ -342,7 +327,7 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
         if constexpr (EPI == Epi::kSilu) {
             if (threadIdx.x < 4 * N) {
                 const int j = threadIdx.x / 4, p = threadIdx.x % 4, pair = b * 4 + p;
-                if (pair < rows && (!kWide || j < a.n)) {
+                if (pair < rows) {
                     const float gv = total(j, p, pair), uv = total(j, 4 + p, rows + pair);
                     static_cast<__nv_bfloat16*>(a.out)[int64_t{j} * rows + pair] =
                         __float2bfloat16_rn(gv / (1.0f + expf(-gv)) * uv);
@@ -350,7 +335,7 @@ __global__ void __launch_bounds__(32 * W) mma_gemv_kernel(const MmaProduct a, in
             }
         } else if (threadIdx.x < 8 * N) {
             const int j = threadIdx.x / 8, r = threadIdx.x % 8, row = b * 8 + r;
-            if (row < m && (!kWide || j < a.n)) {
+            if (row < m) {
                 const int64_t idx = int64_t{j} * m + row;
                 const float v = total(j, r, row);
                 if (EPI == Epi::kAdd)
@@ -445,11 +430,9 @@ void dispatch_epilogue(const MmaProduct& p, cudaStream_t stream) {
     }
 }
 
-// The instantiation for p.n (1..kMaxMmaRows, checked by gemv_mma_takes): one a row count to 8,
-// then the 16-row one.
+// The instantiation for p.n (1..kMaxMmaRows, checked by gemv_mma_takes).
 template <bool F8, int... I>
 void dispatch_n(const MmaProduct& p, cudaStream_t stream, std::integer_sequence<int, I...>) {
-    if (mma_rows(p.n) == 16) return dispatch_epilogue<F8, 16>(p, stream);
     (void)((p.n == I + 1 && (dispatch_epilogue<F8, I + 1>(p, stream), true)) || ...);
 }
 
@@ -473,7 +456,7 @@ bool bf16_auto(const MmaProduct& p) {
     if (p.norm != nullptr) return p.n <= 4 && (p.n >= 3 || (p.epilogue == Epi::kSilu && p.k < 4096));
     return p.epilogue == Epi::kAdd && p.n >= 3 &&
            (add_rows == 2 ||
-            (add_rows == 1 && static_cast<size_t>(mma_rows(p.n)) * token_bytes(false, false, p.k) <= kMaxStagedX));
+            (add_rows == 1 && static_cast<size_t>(p.n) * token_bytes(false, false, p.k) <= kMaxStagedX));
 }
 
 int g_mode[2] = {-1, -1};  // by MmaProduct::Weight: 0 off, 1 on, 2 auto, -1 the environment's
@@ -517,7 +500,7 @@ bool gemv_mma_takes(const MmaProduct& p) {
     const bool norm = p.norm != nullptr, f8 = p.weight == MmaProduct::kF8;
     const int seg_values = 4 * (f8 ? kVals<true> : kVals<false>);
     const bool lo = staged_lo(p);
-    const size_t staged = static_cast<size_t>(mma_rows(p.n)) * static_cast<size_t>(token_bytes(f8, lo, p.k));
+    const size_t staged = static_cast<size_t>(p.n) * static_cast<size_t>(token_bytes(f8, lo, p.k));
     return enabled(p) && p.n >= 1 && p.n <= kMaxMmaRows && p.k > 0 && p.k % seg_values == 0 && p.m > 0 &&
            (!f8 || p.scale != nullptr) && !(p.epilogue == Epi::kAdd && norm) &&
            !(p.epilogue == Epi::kSilu && p.m % 2 != 0) && staged <= staged_limit(lo) &&
@@ -528,9 +511,9 @@ bool gemv_mma_takes(const MmaProduct& p) {
 bool gemv_mma(const MmaProduct& p, cudaStream_t stream) {
     if (!gemv_mma_takes(p)) return false;
     if (p.weight == MmaProduct::kF8)
-        dispatch_n<true>(p, stream, std::make_integer_sequence<int, 8>());
+        dispatch_n<true>(p, stream, std::make_integer_sequence<int, kMaxMmaRows>());
     else
-        dispatch_n<false>(p, stream, std::make_integer_sequence<int, 8>());
+        dispatch_n<false>(p, stream, std::make_integer_sequence<int, kMaxMmaRows>());
     return true;
 }
 

@@ -1,5 +1,5 @@
 // Decode products on tensor cores: gemv.cu hands them its FP8 (E4M3, one f32 factor per row) and
-// bf16 products of 1-16 rows of x where they apply (gemv_mma.cu says how and why; past
+// bf16 products of 1-8 rows of x where they apply (gemv_mma.cu says how and why; past
 // kMaxGemvRows rows only this kernel runs them).
 #pragma once
 
@@ -9,15 +9,10 @@
 
 namespace peregrine::cuda {
 
-// mma's A has 16 rows: 16 tokens of x (hi alone), or 4 of hi + lo. Products of 1-8 rows have a
-// kernel each; 9-16 rows share the 16-row one (rows past n masked).
-constexpr int kMaxMmaRows = 16;
-// The rows the backend sends here by default (cuda_products.cc's knobs raise it to kMaxMmaRows).
-constexpr int kMmaRowsDefault = 8;
-// The kernel's rows for a product of n rows (1..kMaxMmaRows): n, or 16 past 8.
-constexpr int mma_rows(int n) {
-    return n <= 8 ? n : 16;
-}
+// mma's A has 16 rows: 8 tokens of x (hi alone, the other 8 rows 0), or 4 of hi + lo; a kernel
+// for each row count. (A 16-row kernel, tokens 8-15 in rows 8-15, lost to cuBLASLt at batch 16 by
+// 28-30% on FP8, even on bf16: H200, session 32. Removed.)
+constexpr int kMaxMmaRows = 8;
 
 struct MmaProduct {
     enum Epilogue { kPlain, kSilu, kAdd };  // as gemv, gemv_silu, gemv_add

@@ -118,7 +118,7 @@ TEST(CudaFp8, FusedQuantizersMatchTwoSteps) {
     PG_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
-// The backend's matmul / matmul_add with an f8_e4m3 weight: n <= kMmaRowsDefault reads the codes in
+// The backend's matmul / matmul_add with an f8_e4m3 weight: n <= kMaxMmaRows reads the codes in
 // the decode kernels (x stays bf16; the tensor-core kernel takes every shape here), larger n
 // quantizes x per token, runs cuBLASLt's FP8 GEMM and applies both factor vectors after. Each
 // against a double product of exactly those operands.
@@ -158,7 +158,7 @@ void check_backend_products(bool outer_vectors) {
                     }
                 return out;
             };
-            const bool exact = n <= cuda::kMmaRowsDefault;
+            const bool exact = n <= cuda::kMaxMmaRows;
             const std::vector<float> ref = product(exact ? x : xq_values);
             std::vector<float> res = cuda_test::random_floats(ref.size(), rng);
             Tensor dx = b.allocate(DType::BF16, {n, k}), out = b.allocate(DType::F32, {n, m});
