@@ -21,9 +21,9 @@
 // of n <= 4 rows times bf16 weights is split hi + lo, lo = x - hi (bf16: ~16 bits); of 5-8 rows,
 // and of any rows times FP8 weights (staged_lo), it is hi alone (f16: 11 bits; bf16: 8, as the
 // bf16 x a norm pass + cuBLASLt would multiply), staged as a plain x: 4 bytes a value would not
-// fit 8 rows of the 8B's x. An f16 or bf16 times an e4m3 or
-// bf16 value is exact in f32. One pass finds the largest |value| (a normed x of n <= 4 rows kept
-// in shared memory as f32 meanwhile, else read again), a second writes the fragments.
+// fit 8 rows of the 8B's x. An f16 or bf16 times an e4m3 or bf16 value is exact in f32. One pass
+// finds the largest |value| (an x staged hi + lo kept in shared memory as f32 meanwhile, else
+// read again), a second writes the fragments.
 // Work: a unit is 8 weight rows (silu: 4 gate rows and their 4 up rows); a CTA of W warps takes
 // per_cta consecutive units, its warps splitting each unit's k (warp w, group g: segments (Wg +
 // w) * D .. + D - 1), the next group's D loads a lane in flight while it multiplies one.
@@ -72,7 +72,7 @@ __host__ __device__ constexpr int64_t token_bytes(bool f8, bool lo, int k) {
     return lo ? 4 * int64_t{k} + (f8 ? 32 : 16) : 2 * int64_t{k} + (f8 ? 16 : 64);
 }
 // Whether a normed x of n rows may be staged hi + lo (4 bytes a value) rather than hi alone
-// (the kernel's LO; FP8 products take it only where fp8_lo below says).
+// (the kernel's LO; staged_lo below says where a product takes it).
 __host__ __device__ constexpr bool lo_rows(bool norm, int n) {
     return norm && n <= 4;
 }
