@@ -1,4 +1,5 @@
 // `--load-format dummy`: a model's shape from its config, with random weights.
+#include <algorithm>
 #include <string>
 
 #include "backend/backend.h"
@@ -24,7 +25,7 @@ std::unique_ptr<LoadedModel> load_dummy_model(const std::string& path, Backend& 
     m->config = shard_config(m->config, tp, m->path);
     // The rank's shapes: heads, kv heads and intermediate size are the shard's; the embedding
     // and LM head hold the rank's vocabulary rows.
-    const ModelConfig c = m->config;
+    const ModelConfig& c = m->config;  // make_layer keeps a copy
     const int64_t vocab_rows = c.vocab_rows();
     const DType mat = backend.activation_dtype();
 
@@ -101,8 +102,8 @@ std::unique_ptr<LoadedModel> load_dummy_model(const std::string& path, Backend& 
             const std::vector<const Tensor*> kept = layer_tensors(placed);
             for (const Tensor* t : layer_tensors(made)) {
                 if (t->empty()) continue;
-                bool aliased = false;
-                for (const Tensor* p : kept) aliased = aliased || (!p->empty() && p->data == t->data);
+                const bool aliased =
+                    std::any_of(kept.begin(), kept.end(), [t](const Tensor* p) { return p->data == t->data; });
                 Tensor x = *t;
                 if (aliased)
                     owned->push_back(x);

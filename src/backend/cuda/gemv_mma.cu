@@ -4,7 +4,7 @@
 // Why: gemv.cu's kernels turn every e4m3 value into f32 and multiply on the FMA pipe (H200, ncu,
 // 8B gate | up: 0.67 warp instructions issued a cycle a scheduler against bf16's 0.38, 3.0 TB/s
 // against 4.05), and each extra row of x costs a full pass of that arithmetic. Here a 16-byte chunk
-// of e4m3 codes is 8 conversions (e4m3x2 -> f16x2, exact) and 4 mma whatever n (1..16). H200,
+// of e4m3 codes is 8 conversions (e4m3x2 -> f16x2, exact) and 4 mma whatever n (1..8). H200,
 // 2026-11-29, `bench latency` decode tok/s, gemv.cu's kernels -> these: 8B b1 365.7 -> 383.1, b2
 // 532.9 -> 625.6; 1B b1 1,137.7 -> 1,470.9, b2 1,871.1 -> 2,693.6 (PEREGRINE_FP8_GEMV=fma: the old
 // ones). bf16 weights (a chunk: 8 values, 2 mma, no conversion) take it where it was measured
